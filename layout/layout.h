@@ -1,0 +1,131 @@
+// Pure planning of where every parameter lives in the contiguous param/grad buffers, and which
+// data-parallel rank owns it. No tensors, no communicator: descriptors in, a plan out.
+//
+// Everything downstream obeys the plan: buffers/ allocates one ParamAndGradBuffer per
+// PerBufferParamLayout and makes params views at `start`; ddp/ reduce-scatters and all-gathers whole
+// buckets in shards of `shard_size`; the distributed optimizers step the ranges each rank owns;
+// checkpoint/ writes each param from its owner. Ownership is derived from the layout
+// (PerBufferParamLayout::OwnerOf), never stored twice.
+#ifndef ORTHOSHARD_LAYOUT_LAYOUT_H_
+#define ORTHOSHARD_LAYOUT_LAYOUT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+
+namespace orthoshard::layout {
+
+// Which optimizer manages a parameter. Muon-managed params need whole-matrix ownership.
+enum class ParamRole { kMuon, kAdam };
+
+// One model parameter, as the model defines it.
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // global shape; numel is the product (1 for a scalar)
+  DType dtype = DType::kBFloat16;
+  ParamRole role = ParamRole::kAdam;
+  bool expert = false;            // MoE expert param: planned over the expert data-parallel size
+  bool shared_embedding = false;  // tied input/output embedding: gets a bucket of its own
+
+  int64_t numel() const;
+};
+
+// How a buffer's params are placed.
+enum class Strategy {
+  kDistOpt,      // ZeRO-1 byte-level layout; params may straddle shard boundaries
+  kMegatronLpt,  // Megatron-LM's layer-wise layout (longest-processing-time packing), the baseline
+  kLayerwise,    // orthoshard's shard-aligned layout (default for Muon-managed buffers)
+};
+
+const char* StrategyName(Strategy strategy);                       // "distopt", ...
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);  // kInvalidArgument if unknown
+
+// Params that must not share a buffer. Buffers are ordered by this key (see operator<).
+struct BufferKey {
+  DType param_dtype = DType::kBFloat16;
+  DType grad_dtype = DType::kFloat32;
+  bool expert = false;
+  bool layerwise = false;  // managed by the layer-wise (Muon) optimizer: shard-aligned layout
+
+  bool operator==(const BufferKey& other) const;
+  bool operator!=(const BufferKey& other) const { return !(*this == other); }
+  bool operator<(const BufferKey& other) const;
+  std::string ToString() const;  // e.g. "bf16/fp32/dense/layerwise"
+};
+
+// Where one param lives inside its buffer.
+struct ParamPlacement {
+  std::string name;
+  int param_index = -1;  // index into the ParamSpec list given to ComputeFullParamLayout
+  int64_t start = 0;     // [start, end) in elements of the buffer
+  int64_t end = 0;
+  int bucket = -1;       // index into PerBufferParamLayout::buckets
+
+  int64_t numel() const { return end - start; }
+};
+
+// A contiguous run of the buffer that is reduce-scattered / all-gathered as one collective.
+// [start, end) is split into `dp` shards of `shard_size` elements: shard r is
+// [start + r * shard_size, start + (r + 1) * shard_size). end - start == dp * shard_size.
+struct Bucket {
+  int64_t start = 0;
+  int64_t end = 0;
+  int64_t shard_size = 0;
+
+  int64_t numel() const { return end - start; }
+};
+
+// The plan for one buffer.
+struct PerBufferParamLayout {
+  BufferKey key;
+  Strategy strategy = Strategy::kDistOpt;
+  int dp = 1;                          // data-parallel size this buffer is sharded over
+  std::vector<ParamPlacement> params;  // in buffer order (increasing start)
+  std::vector<Bucket> buckets;         // in buffer order; bucket ids increase in backprop order
+  int64_t unpadded_numel = 0;          // sum of param numels
+
+  // Total elements including padding (end of the last bucket).
+  int64_t numel() const;
+  // Rank whose shard holds `param` entirely, or -1 if the param straddles a shard boundary (only
+  // possible with Strategy::kDistOpt).
+  int OwnerOf(const ParamPlacement& param) const;
+  // [begin, end) in buffer elements of shard `rank` of bucket `bucket`.
+  std::pair<int64_t, int64_t> ShardRange(int bucket, int rank) const;
+  // Placement of the param named `name`, or nullptr.
+  const ParamPlacement* Find(absl::string_view name) const;
+};
+
+// The plan for a whole model: one PerBufferParamLayout per BufferKey present, ordered by key.
+struct FullParamLayout {
+  std::vector<PerBufferParamLayout> buffers;
+
+  // (buffer index, placement) of the param named `name`; {-1, nullptr} if absent.
+  std::pair<int, const ParamPlacement*> Find(absl::string_view name) const;
+};
+
+struct LayoutOptions {
+  int dp = 1;                // data-parallel size for dense params
+  int expert_dp = 0;         // data-parallel size for expert params; 0 means `dp`
+  // Soft minimum bucket size in elements; std::nullopt puts each buffer in one bucket.
+  std::optional<int64_t> bucket_size;
+  // Strategy for Muon-managed (layer-wise) buffers. Adam-managed buffers always use kDistOpt.
+  // With kDistOpt here, Muon-managed params share the byte-level layout (plain ZeRO-1).
+  Strategy muon_strategy = Strategy::kLayerwise;
+  // Gradient dtype of every buffer; std::nullopt means the param dtype.
+  std::optional<DType> grad_dtype = DType::kFloat32;
+};
+
+// Plans every buffer. `params` are in model-definition (forward) order.
+// Errors: kInvalidArgument naming the param for an empty name, a duplicate name, a non-positive
+// dimension, or a non-2-D Muon param; kInvalidArgument for dp < 1, expert_dp < 0 or bucket_size < 1.
+absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSpec>& params,
+                                                        const LayoutOptions& options);
+
+}  // namespace orthoshard::layout
+
+#endif  // ORTHOSHARD_LAYOUT_LAYOUT_H_

@@ -1,0 +1,78 @@
+"""Build macros shared by every orthoshard package: one place for compiler flags and test wiring."""
+
+load("@cuda//:defs.bzl", "NVCC")
+
+ORTHOSHARD_COPTS = [
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-Wno-sign-compare",
+    "-Wno-missing-field-initializers",
+]
+
+# Preprocessor flags for code that includes c10d (ProcessGroup, Store, Gloo backend) headers.
+C10D_DEFINES = ["USE_DISTRIBUTED", "USE_C10D_GLOO"]
+
+def os_cc_library(name, copts = [], **kwargs):
+    native.cc_library(name = name, copts = ORTHOSHARD_COPTS + copts, **kwargs)
+
+def os_cc_binary(name, copts = [], **kwargs):
+    native.cc_binary(name = name, copts = ORTHOSHARD_COPTS + copts, **kwargs)
+
+def os_cc_test(name, copts = [], deps = [], gtest_main = True, **kwargs):
+    """A GoogleTest test; links gtest_main unless the test brings its own main()."""
+    main = ["//third_party:gtest_main"] if gtest_main else ["//third_party:gtest"]
+    native.cc_test(name = name, copts = ORTHOSHARD_COPTS + copts, deps = deps + main, **kwargs)
+
+def os_cc_benchmark(name, copts = [], deps = [], benchmark_main = True, tags = [], **kwargs):
+    """A Google Benchmark binary: `bazel run //pkg:name_benchmark`. Not a test: timings are noisy."""
+    main = ["//third_party:benchmark_main"] if benchmark_main else ["//third_party:benchmark"]
+    native.cc_binary(
+        name = name,
+        copts = ORTHOSHARD_COPTS + copts,
+        deps = deps + main,
+        tags = tags + ["benchmark"],
+        **kwargs
+    )
+
+def os_cuda_library(name, srcs, hdrs = [], deps = [], nvcc_flags = [], **kwargs):
+    """CUDA kernels compiled by nvcc (absolute path, as nvcc finds its headers relative to itself).
+
+    Built only under --config=cuda; otherwise the library is empty, so targets may depend on it
+    unconditionally and guard their calls with `#ifdef ORTHOSHARD_CUDA`. `.cu` files must not include
+    LibTorch headers: they take raw pointers and a cudaStream_t.
+    """
+    objects = []
+    for src in srcs:
+        obj = name + "_" + src.replace("/", "_").replace(".cu", ".pic.o")
+        native.genrule(
+            name = obj.replace(".", "_"),
+            srcs = [src] + hdrs,
+            outs = [obj],
+            cmd = " ".join([
+                "NVCC_TMP=$$(mktemp -d) && TMPDIR=$$NVCC_TMP",
+                NVCC,
+                "-std=c++17 -O3 --compiler-options=-fPIC -I.",
+                "-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90",
+                " ".join(nvcc_flags),
+                "-c $(location %s) -o $@" % src,
+                "&& rm -rf $$NVCC_TMP",
+            ]),
+            tools = ["@cuda//:check.h"],
+            tags = ["manual"],
+            local = True,
+        )
+        objects.append(":" + obj)
+    native.cc_library(
+        name = name,
+        srcs = select({
+            "//third_party:cuda_enabled": objects,
+            "//conditions:default": [],
+        }),
+        hdrs = hdrs,
+        deps = deps + select({
+            "//third_party:cuda_enabled": ["@cuda//:cudart"],
+            "//conditions:default": [],
+        }),
+        **kwargs
+    )
