@@ -46,12 +46,15 @@ def _torch_repository_impl(rctx):
     for d in _HEADER_DIRS:
         rctx.symlink(torch_dir + "/include/" + d, "include/" + d)
 
+    # tools/setup installs the nvidia-cuda-runtime and nvidia-cuda-cupti wheels next to torch; a system
+    # CUDA 13 toolkit works too.
     cuda_home = rctx.os.environ.get("CUDA_PATH", "") or "/usr/local/cuda"
-    cuda_lib = _find_dir(rctx, [cuda_home + "/lib64", cuda_home + "/lib"], "libcudart.so.13")
-    cupti_lib = _find_dir(rctx, [cuda_home + "/lib64", cuda_home + "/lib", cuda_home + "/extras/CUPTI/lib64"], "libcupti.so.13")
+    wheel_lib = torch_dir + "/../nvidia/cu13/lib"
+    cuda_lib = _find_dir(rctx, [wheel_lib, cuda_home + "/lib64", cuda_home + "/lib"], "libcudart.so.13")
+    cupti_lib = _find_dir(rctx, [wheel_lib, cuda_home + "/lib64", cuda_home + "/lib", cuda_home + "/extras/CUPTI/lib64"], "libcupti.so.13")
     if cuda_lib == None or cupti_lib == None:
         fail(("libtorch_cpu.so of the torch %s wheel needs libcudart.so.13 and libcupti.so.13; " +
-              "not found under %s (set CUDA_PATH). tools/setup checks this.") % (_PINNED_VERSION, cuda_home))
+              "not found in %s or under %s. Run tools/setup.") % (_PINNED_VERSION, wheel_lib, cuda_home))
     torch_lib = torch_dir + "/lib"
     cpu_dirs = [torch_lib, cuda_lib]
     if cupti_lib != cuda_lib:
@@ -63,7 +66,7 @@ def _torch_repository_impl(rctx):
     nvidia = rctx.path(torch_dir + "/../nvidia")
     if nvidia.exists:
         for sub in nvidia.readdir():
-            if rctx.path(str(sub) + "/lib").exists:
+            if rctx.path(str(sub) + "/lib").exists and str(sub) + "/lib" not in cpu_dirs:
                 cuda_dirs.append(str(sub) + "/lib")
 
     rctx.file("BUILD.bazel", """
