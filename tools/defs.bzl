@@ -19,10 +19,20 @@ def os_cc_library(name, copts = [], **kwargs):
 def os_cc_binary(name, copts = [], **kwargs):
     native.cc_binary(name = name, copts = ORTHOSHARD_COPTS + copts, **kwargs)
 
-def os_cc_test(name, copts = [], deps = [], gtest_main = True, **kwargs):
-    """A GoogleTest test; links gtest_main unless the test brings its own main()."""
+def os_cc_test(name, copts = [], deps = [], gtest_main = True, linkstatic = True, **kwargs):
+    """A GoogleTest test; links gtest_main unless the test brings its own main().
+
+    Links our own libraries statically (as binaries do): one executable per test instead of a `.so` per
+    library, and `--as-needed` on the system libraries sees every reference.
+    """
     main = ["//third_party:gtest_main"] if gtest_main else ["//third_party:gtest"]
-    native.cc_test(name = name, copts = ORTHOSHARD_COPTS + copts, deps = deps + main, **kwargs)
+    native.cc_test(
+        name = name,
+        copts = ORTHOSHARD_COPTS + copts,
+        deps = deps + main,
+        linkstatic = linkstatic,
+        **kwargs
+    )
 
 def os_cc_benchmark(name, copts = [], deps = [], benchmark_main = True, tags = [], **kwargs):
     """A Google Benchmark binary: `bazel run //pkg:name_benchmark`. Not a test: timings are noisy."""
