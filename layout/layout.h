@@ -50,7 +50,9 @@ struct BufferKey {
   DType param_dtype = DType::kBFloat16;
   DType grad_dtype = DType::kFloat32;
   bool expert = false;
-  bool layerwise = false;  // managed by the layer-wise (Muon) optimizer: shard-aligned layout
+  // Managed by the layer-wise (Muon) optimizer with a shard-aligned layout: true for Muon params
+  // unless LayoutOptions::muon_strategy is kDistOpt (then they share the byte-level buffer).
+  bool layerwise = false;
 
   bool operator==(const BufferKey& other) const;
   bool operator!=(const BufferKey& other) const { return !(*this == other); }
@@ -81,6 +83,12 @@ struct Bucket {
 };
 
 // The plan for one buffer.
+//
+// Offsets follow Megatron's convention: buckets are laid out from offset 0 in backprop order, so
+// bucket 0 (at the start of the buffer) holds the params whose gradients are ready first (the
+// last layers) and the first layers sit at the end. Bucket ids therefore increase both with the
+// buffer offset and in backprop order. Within a bucket of a shard-aligned strategy, params are
+// grouped by owning shard (not in model order); with kDistOpt they follow backprop order.
 struct PerBufferParamLayout {
   BufferKey key;
   Strategy strategy = Strategy::kDistOpt;
@@ -91,10 +99,11 @@ struct PerBufferParamLayout {
 
   // Total elements including padding (end of the last bucket).
   int64_t numel() const;
-  // Rank whose shard holds `param` entirely, or -1 if the param straddles a shard boundary (only
-  // possible with Strategy::kDistOpt).
+  // Rank whose shard holds `param` entirely, i.e. (start - bucket.start) / shard_size, or -1 if the
+  // param straddles a shard boundary (only possible with Strategy::kDistOpt).
   int OwnerOf(const ParamPlacement& param) const;
-  // [begin, end) in buffer elements of shard `rank` of bucket `bucket`.
+  // [begin, end) in buffer elements of shard `rank` of bucket `bucket`. Preconditions:
+  // 0 <= bucket < buckets.size(), 0 <= rank < dp.
   std::pair<int64_t, int64_t> ShardRange(int bucket, int rank) const;
   // Placement of the param named `name`, or nullptr.
   const ParamPlacement* Find(absl::string_view name) const;
@@ -120,7 +129,10 @@ struct LayoutOptions {
   std::optional<DType> grad_dtype = DType::kFloat32;
 };
 
-// Plans every buffer. `params` are in model-definition (forward) order.
+// Plans every buffer. `params` are in model-definition (forward) order; backprop order is its
+// reverse. Params are grouped by BufferKey (param dtype, grad dtype, expert, layer-wise); expert
+// buffers are sharded over expert_dp. Deterministic: the same input gives the same plan on every
+// rank. Metrics of a plan: layout/metrics.h.
 // Errors: kInvalidArgument naming the param for an empty name, a duplicate name, a non-positive
 // dimension, or a non-2-D Muon param; kInvalidArgument for dp < 1, expert_dp < 0 or bucket_size < 1.
 absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSpec>& params,

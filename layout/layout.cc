@@ -1,0 +1,252 @@
+#include "layout/layout.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "layout/internal/planning.h"
+
+namespace orthoshard::layout {
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const char* StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDistOpt:
+      return "distopt";
+    case Strategy::kMegatronLpt:
+      return "megatron_lpt";
+    case Strategy::kLayerwise:
+      return "layerwise";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
+  for (Strategy s : {Strategy::kDistOpt, Strategy::kMegatronLpt, Strategy::kLayerwise}) {
+    if (name == StrategyName(s)) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "strategy '", name, "' is unknown; expected one of layerwise, megatron_lpt, distopt"));
+}
+
+namespace {
+auto KeyTuple(const BufferKey& k) {
+  return std::make_tuple(static_cast<int>(k.param_dtype), static_cast<int>(k.grad_dtype), k.expert,
+                         k.layerwise);
+}
+}  // namespace
+
+bool BufferKey::operator==(const BufferKey& other) const {
+  return KeyTuple(*this) == KeyTuple(other);
+}
+bool BufferKey::operator<(const BufferKey& other) const {
+  return KeyTuple(*this) < KeyTuple(other);
+}
+std::string BufferKey::ToString() const {
+  return absl::StrCat(DTypeName(param_dtype), "/", DTypeName(grad_dtype), "/",
+                      expert ? "expert" : "dense", "/", layerwise ? "layerwise" : "distopt");
+}
+
+int64_t PerBufferParamLayout::numel() const { return buckets.empty() ? 0 : buckets.back().end; }
+
+int PerBufferParamLayout::OwnerOf(const ParamPlacement& param) const {
+  if (param.bucket < 0 || param.bucket >= static_cast<int>(buckets.size())) return -1;
+  const Bucket& b = buckets[param.bucket];
+  if (b.shard_size <= 0 || param.end <= param.start) return -1;
+  const int64_t first = (param.start - b.start) / b.shard_size;
+  const int64_t last = (param.end - 1 - b.start) / b.shard_size;
+  return first == last ? static_cast<int>(first) : -1;
+}
+
+std::pair<int64_t, int64_t> PerBufferParamLayout::ShardRange(int bucket, int rank) const {
+  const Bucket& b = buckets[bucket];
+  return {b.start + rank * b.shard_size, b.start + (rank + 1) * b.shard_size};
+}
+
+const ParamPlacement* PerBufferParamLayout::Find(absl::string_view name) const {
+  for (const ParamPlacement& p : params) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::pair<int, const ParamPlacement*> FullParamLayout::Find(absl::string_view name) const {
+  for (int i = 0; i < static_cast<int>(buffers.size()); ++i) {
+    if (const ParamPlacement* p = buffers[i].Find(name)) return {i, p};
+  }
+  return {-1, nullptr};
+}
+
+namespace internal_layout {
+
+int64_t BucketEndDivisor(int dp) { return std::lcm(static_cast<int64_t>(dp), int64_t{128}); }
+
+int64_t ShardDivisor(int dp) { return std::lcm(kParamAlignment, BucketEndDivisor(dp) / dp); }
+
+double NsCost(const ParamSpec& spec) {
+  if (spec.shape.size() != 2) return static_cast<double>(spec.numel());
+  const double m = static_cast<double>(std::max(spec.shape[0], spec.shape[1]));
+  const double n = static_cast<double>(std::min(spec.shape[0], spec.shape[1]));
+  return m * n * n;
+}
+
+void EmitShardAlignedBucket(const std::vector<ParamSpec>& specs, const ShardPacking& packing,
+                            PerBufferParamLayout* out) {
+  const int64_t bucket_start = out->numel();
+  const int bucket_id = static_cast<int>(out->buckets.size());
+  const int dp = static_cast<int>(packing.shards.size());
+  for (int r = 0; r < dp; ++r) {
+    int64_t cursor = bucket_start + r * packing.shard_size;
+    for (int index : packing.shards[r]) {
+      cursor = Pad64(cursor);
+      const int64_t numel = specs[index].numel();
+      out->params.push_back(ParamPlacement{specs[index].name, index, cursor, cursor + numel,
+                                           bucket_id});
+      out->unpadded_numel += numel;
+      cursor += numel;
+    }
+  }
+  out->buckets.push_back(
+      Bucket{bucket_start, bucket_start + dp * packing.shard_size, packing.shard_size});
+}
+
+// ZeRO-1 byte-level layout, as Megatron's DistributedOptimizer lays out a buffer: backprop order,
+// 64-aligned param starts, a bucket closes once it holds >= bucket_size elements, bucket ends
+// padded to lcm(dp, 128), a shared embedding isolated in a bucket of its own.
+void PlanDistOpt(const BufferInput& input, PerBufferParamLayout* out) {
+  const std::vector<ParamSpec>& specs = *input.specs;
+  const int64_t end_divisor = BucketEndDivisor(input.dp);
+  int64_t bucket_start = 0;
+  int64_t cursor = 0;
+  bool open = false;
+  auto close_bucket = [&]() {
+    if (!open) return;
+    const int64_t end = PadTo(cursor, end_divisor);
+    out->buckets.push_back(Bucket{bucket_start, end, (end - bucket_start) / input.dp});
+    bucket_start = cursor = end;
+    open = false;
+  };
+  for (auto it = input.indices.rbegin(); it != input.indices.rend(); ++it) {
+    const ParamSpec& spec = specs[*it];
+    if (spec.shared_embedding) close_bucket();
+    const int64_t start = Pad64(cursor);
+    const int64_t numel = spec.numel();
+    out->params.push_back(ParamPlacement{spec.name, *it, start, start + numel,
+                                         static_cast<int>(out->buckets.size())});
+    out->unpadded_numel += numel;
+    cursor = start + numel;
+    open = true;
+    if (spec.shared_embedding ||
+        (input.bucket_size.has_value() && cursor - bucket_start >= *input.bucket_size)) {
+      close_bucket();
+    }
+  }
+  close_bucket();
+}
+
+}  // namespace internal_layout
+
+namespace {
+
+absl::Status ValidateParams(const std::vector<ParamSpec>& params) {
+  std::set<std::string> names;
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    const ParamSpec& p = params[i];
+    if (p.name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param at index ", i, ": name is empty; expected a unique non-empty name"));
+    }
+    if (!names.insert(p.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' (index ", i,
+                                                     "): duplicate name; names must be unique"));
+    }
+    for (int d = 0; d < static_cast<int>(p.shape.size()); ++d) {
+      if (p.shape[d] <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("param '", p.name, "' (index ", i, "): dimension ", d, " is ",
+                         p.shape[d], "; expected > 0"));
+      }
+    }
+    if (p.role == ParamRole::kMuon && p.shape.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", p.name, "' (index ", i, "): role muon needs a 2-D shape, got [",
+          absl::StrJoin(p.shape, ","), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const LayoutOptions& options) {
+  if (options.dp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("dp is ", options.dp, "; expected >= 1"));
+  }
+  if (options.expert_dp < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert_dp is ", options.expert_dp, "; expected >= 0 (0 means dp)"));
+  }
+  if (options.bucket_size.has_value() && *options.bucket_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket_size is ", *options.bucket_size, "; expected >= 1 (or none for one bucket)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSpec>& params,
+                                                        const LayoutOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  RETURN_IF_ERROR(ValidateParams(params));
+  const bool shard_aligned_muon = options.muon_strategy != Strategy::kDistOpt;
+  std::map<BufferKey, std::vector<int>> groups;
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    const ParamSpec& p = params[i];
+    BufferKey key;
+    key.param_dtype = p.dtype;
+    key.grad_dtype = options.grad_dtype.value_or(p.dtype);
+    key.expert = p.expert;
+    key.layerwise = shard_aligned_muon && p.role == ParamRole::kMuon;
+    groups[key].push_back(i);
+  }
+  FullParamLayout full;
+  for (auto& [key, indices] : groups) {
+    PerBufferParamLayout buffer;
+    buffer.key = key;
+    buffer.strategy = key.layerwise ? options.muon_strategy : Strategy::kDistOpt;
+    buffer.dp = key.expert && options.expert_dp > 0 ? options.expert_dp : options.dp;
+    internal_layout::BufferInput input;
+    input.specs = &params;
+    input.indices = indices;
+    input.dp = buffer.dp;
+    input.bucket_size = options.bucket_size;
+    switch (buffer.strategy) {
+      case Strategy::kDistOpt:
+        internal_layout::PlanDistOpt(input, &buffer);
+        break;
+      case Strategy::kMegatronLpt:
+        internal_layout::PlanMegatronLpt(input, &buffer);
+        break;
+      case Strategy::kLayerwise:
+        internal_layout::PlanLayerwise(input, &buffer);
+        break;
+    }
+    std::sort(buffer.params.begin(), buffer.params.end(),
+              [](const ParamPlacement& a, const ParamPlacement& b) { return a.start < b.start; });
+    full.buffers.push_back(std::move(buffer));
+  }
+  return full;
+}
+
+}  // namespace orthoshard::layout

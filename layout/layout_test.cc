@@ -1,0 +1,343 @@
+// Unit tests of the public layout API and the cases Megatron-LM's own layout tests cover
+// (test_layer_wise_param_layout.py): uniform exact fit, remainder, mixed sizes, shared-embedding
+// isolation, dp divisibility, global alignment, backprop order, every param exactly once, dp 1.
+// The shard-aligned cases run for both Strategy::kLayerwise and Strategy::kMegatronLpt.
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "layout/layout.h"
+#include "layout/metrics.h"
+#include "layout/testing/invariants.h"
+
+namespace orthoshard::layout {
+namespace {
+
+using ::orthoshard::testing::IsOk;
+using ::orthoshard::testing::StatusIs;
+using ::testing::HasSubstr;
+
+ParamSpec Muon(std::string name, int64_t rows, int64_t cols) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = {rows, cols};
+  p.role = ParamRole::kMuon;
+  return p;
+}
+
+ParamSpec Adam(std::string name, std::vector<int64_t> shape) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  return p;
+}
+
+std::vector<ParamSpec> Uniform(int count, int64_t rows, int64_t cols) {
+  std::vector<ParamSpec> params;
+  for (int i = 0; i < count; ++i) params.push_back(Muon(absl::StrCat("w", i), rows, cols));
+  return params;
+}
+
+// Plans `params` and returns the single buffer (the tests use one BufferKey).
+PerBufferParamLayout PlanOne(const std::vector<ParamSpec>& params, const LayoutOptions& options) {
+  absl::StatusOr<FullParamLayout> layout = ComputeFullParamLayout(params, options);
+  EXPECT_THAT(layout, IsOk());
+  EXPECT_THAT(testing::CheckLayoutInvariants(*layout, params, options), IsOk());
+  EXPECT_EQ(layout->buffers.size(), 1u);
+  return layout->buffers.front();
+}
+
+class ShardAlignedTest : public ::testing::TestWithParam<Strategy> {
+ protected:
+  LayoutOptions Options(int dp, std::optional<int64_t> bucket_size = std::nullopt) const {
+    LayoutOptions options;
+    options.dp = dp;
+    options.bucket_size = bucket_size;
+    options.muon_strategy = GetParam();
+    return options;
+  }
+};
+
+TEST_P(ShardAlignedTest, UniformExactFit) {
+  // 8 params of 256 elements over 4 shards: two per shard, no padding.
+  const PerBufferParamLayout b = PlanOne(Uniform(8, 16, 16), Options(4));
+  ASSERT_EQ(b.buckets.size(), 1u);
+  EXPECT_EQ(b.buckets[0].shard_size, 512);
+  EXPECT_EQ(b.numel(), 2048);
+  EXPECT_EQ(b.unpadded_numel, 2048);
+  std::vector<int> per_rank(4, 0);
+  for (const ParamPlacement& p : b.params) ++per_rank[b.OwnerOf(p)];
+  EXPECT_EQ(per_rank, std::vector<int>({2, 2, 2, 2}));
+}
+
+TEST_P(ShardAlignedTest, Remainder) {
+  // 5 params of 256 over 4 shards: one shard holds two, so every shard is 512.
+  const PerBufferParamLayout b = PlanOne(Uniform(5, 16, 16), Options(4));
+  ASSERT_EQ(b.buckets.size(), 1u);
+  EXPECT_EQ(b.buckets[0].shard_size, 512);
+  EXPECT_EQ(b.unpadded_numel, 1280);
+  std::multiset<int> counts;
+  std::vector<int> per_rank(4, 0);
+  for (const ParamPlacement& p : b.params) ++per_rank[b.OwnerOf(p)];
+  counts.insert(per_rank.begin(), per_rank.end());
+  EXPECT_EQ(counts, std::multiset<int>({1, 1, 1, 2}));
+}
+
+TEST_P(ShardAlignedTest, MixedSizes) {
+  const std::vector<ParamSpec> params = {Muon("a", 40, 25), Muon("b", 10, 50), Muon("c", 20, 15),
+                                         Muon("d", 10, 20)};
+  const PerBufferParamLayout b = PlanOne(params, Options(2));
+  ASSERT_EQ(b.buckets.size(), 1u);
+  // {a} | {b, c, d}: b and c are followed by 64-aligned starts, 512 + 320 + 200 = 1032, rounded
+  // to the shard divisor 64.
+  EXPECT_EQ(b.buckets[0].shard_size, 1088);
+  EXPECT_NE(b.OwnerOf(*b.Find("a")), b.OwnerOf(*b.Find("b")));
+}
+
+TEST_P(ShardAlignedTest, SharedEmbeddingIsIsolated) {
+  std::vector<ParamSpec> params = Uniform(4, 16, 16);
+  ParamSpec embedding = Muon("embedding", 64, 16);
+  embedding.shared_embedding = true;
+  params.insert(params.begin() + 2, embedding);  // forward: w0 w1 embedding w2 w3
+  const PerBufferParamLayout b = PlanOne(params, Options(2));
+  ASSERT_EQ(b.buckets.size(), 3u);
+  const ParamPlacement* e = b.Find("embedding");
+  EXPECT_EQ(e->bucket, 1);  // after the chunk {w3, w2}, before {w1, w0}
+  EXPECT_EQ(b.Find("w3")->bucket, 0);
+  EXPECT_EQ(b.Find("w0")->bucket, 2);
+  EXPECT_EQ(b.buckets[1].shard_size, 1024);
+  for (const ParamPlacement& p : b.params) {
+    if (p.name != "embedding") {
+      EXPECT_NE(p.bucket, 1) << p.name;
+    }
+  }
+}
+
+TEST_P(ShardAlignedTest, DpDivisibility) {
+  for (int dp : {2, 3, 4, 8, 16}) {
+    SCOPED_TRACE(dp);
+    const PerBufferParamLayout b = PlanOne(Uniform(2 * dp, 9, 37), Options(dp));  // 333 each
+    const int64_t end_divisor = std::lcm(int64_t{dp}, int64_t{128});
+    for (const Bucket& bucket : b.buckets) {
+      EXPECT_EQ(bucket.numel() % end_divisor, 0);
+      EXPECT_EQ(bucket.shard_size % std::lcm(int64_t{64}, end_divisor / dp), 0);
+      // Two 333-element params per shard: 64 + 333 rounded up = 448 -> shard divisor.
+      EXPECT_GE(bucket.shard_size, 384 + 333);
+    }
+  }
+}
+
+TEST_P(ShardAlignedTest, GlobalAlignment) {
+  const PerBufferParamLayout b = PlanOne(
+      {Muon("a", 7, 13), Muon("b", 333, 1), Muon("c", 100, 3), Muon("d", 5, 5)}, Options(3, 200));
+  for (const ParamPlacement& p : b.params) EXPECT_EQ(p.start % 64, 0) << p.name;
+  for (const Bucket& bucket : b.buckets) {
+    EXPECT_EQ(bucket.start % std::lcm(3, 128), 0);
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(b.ShardRange(&bucket - b.buckets.data(), r).first % 64, 0);
+  }
+}
+
+TEST_P(ShardAlignedTest, BackpropOrder) {
+  // Small buckets: the last layer's params land in bucket 0, the first layer's in the last one.
+  const std::vector<ParamSpec> params = Uniform(16, 32, 32);
+  const PerBufferParamLayout b = PlanOne(params, Options(2, 2048));
+  ASSERT_GT(b.buckets.size(), 1u);
+  EXPECT_EQ(b.Find("w15")->bucket, 0);
+  EXPECT_EQ(b.Find("w0")->bucket, static_cast<int>(b.buckets.size()) - 1);
+  int previous = 0;
+  for (int i = 15; i >= 0; --i) {
+    const int bucket = b.Find(absl::StrCat("w", i))->bucket;
+    EXPECT_GE(bucket, previous);
+    previous = bucket;
+  }
+}
+
+TEST_P(ShardAlignedTest, EveryParamExactlyOnce) {
+  std::vector<ParamSpec> params = Uniform(7, 100, 3);
+  params.push_back(Adam("norm", {100}));
+  ParamSpec expert = Muon("expert", 10, 10);
+  expert.expert = true;
+  params.push_back(expert);
+  LayoutOptions options = Options(4, 500);
+  options.expert_dp = 2;
+  ASSERT_OK_AND_ASSIGN(FullParamLayout layout, ComputeFullParamLayout(params, options));
+  EXPECT_THAT(testing::CheckLayoutInvariants(layout, params, options), IsOk());
+  ASSERT_EQ(layout.buffers.size(), 3u);
+  std::multiset<std::string> names;
+  for (const auto& b : layout.buffers) {
+    for (const auto& p : b.params) names.insert(p.name);
+  }
+  EXPECT_EQ(names.size(), params.size());
+  for (const ParamSpec& p : params) EXPECT_EQ(names.count(p.name), 1u) << p.name;
+  EXPECT_EQ(layout.buffers[layout.Find("expert").first].dp, 2);
+}
+
+TEST_P(ShardAlignedTest, DpOne) {
+  const PerBufferParamLayout b = PlanOne({Muon("a", 10, 10), Muon("b", 64, 2)}, Options(1));
+  ASSERT_EQ(b.buckets.size(), 1u);
+  for (const ParamPlacement& p : b.params) EXPECT_EQ(b.OwnerOf(p), 0);
+  EXPECT_EQ(b.numel(), 256);  // 100 -> 128, +128 = 256, bucket end to lcm(1, 128)
+}
+
+TEST_P(ShardAlignedTest, DpLargerThanParamCount) {
+  const PerBufferParamLayout b = PlanOne(Uniform(3, 16, 16), Options(8));
+  ASSERT_EQ(b.buckets.size(), 1u);
+  EXPECT_EQ(b.buckets[0].shard_size, 256);
+  EXPECT_EQ(b.numel(), 8 * 256);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, ShardAlignedTest,
+                         ::testing::Values(Strategy::kLayerwise, Strategy::kMegatronLpt),
+                         [](const ::testing::TestParamInfo<Strategy>& info) {
+                           return std::string(StrategyName(info.param));
+                         });
+
+TEST(DistOptTest, ByteLevelLayoutStraddlesShards) {
+  LayoutOptions options;
+  options.dp = 4;
+  options.muon_strategy = Strategy::kDistOpt;
+  const std::vector<ParamSpec> params = {Muon("a", 10, 30), Adam("b", {100})};
+  const PerBufferParamLayout b = PlanOne(params, options);
+  EXPECT_FALSE(b.key.layerwise);
+  EXPECT_EQ(b.strategy, Strategy::kDistOpt);
+  ASSERT_EQ(b.buckets.size(), 1u);
+  // Backprop order: b at 0, a at 128; end 428 padded to lcm(4, 128) = 512.
+  EXPECT_EQ(b.Find("b")->start, 0);
+  EXPECT_EQ(b.Find("a")->start, 128);
+  EXPECT_EQ(b.numel(), 512);
+  EXPECT_EQ(b.buckets[0].shard_size, 128);
+  EXPECT_EQ(b.OwnerOf(*b.Find("b")), 0);
+  EXPECT_EQ(b.OwnerOf(*b.Find("a")), -1);  // [128, 428) spans shards 1..3
+}
+
+TEST(DistOptTest, BucketClosesAtBucketSizeAndSharedEmbeddingIsAlone) {
+  ParamSpec embedding = Adam("embedding", {1000});
+  embedding.shared_embedding = true;
+  const std::vector<ParamSpec> params = {embedding, Adam("x", {300}), Adam("y", {300}),
+                                         Adam("z", {300})};
+  LayoutOptions options;
+  options.dp = 2;
+  options.bucket_size = 500;
+  const PerBufferParamLayout b = PlanOne(params, options);
+  ASSERT_EQ(b.buckets.size(), 3u);  // {z, y}, {x}, {embedding}
+  EXPECT_EQ(b.Find("z")->bucket, 0);
+  EXPECT_EQ(b.Find("y")->bucket, 0);
+  EXPECT_EQ(b.Find("x")->bucket, 1);
+  EXPECT_EQ(b.Find("embedding")->bucket, 2);
+}
+
+TEST(LayoutTest, BuffersSplitByKey) {
+  ParamSpec expert = Muon("expert", 8, 8);
+  expert.expert = true;
+  ParamSpec fp32 = Adam("fp32", {8});
+  fp32.dtype = DType::kFloat32;
+  const std::vector<ParamSpec> params = {Muon("m", 8, 8), Adam("a", {8}), expert, fp32};
+  LayoutOptions options;
+  options.dp = 2;
+  options.grad_dtype = std::nullopt;
+  ASSERT_OK_AND_ASSIGN(FullParamLayout layout, ComputeFullParamLayout(params, options));
+  EXPECT_THAT(testing::CheckLayoutInvariants(layout, params, options), IsOk());
+  std::vector<std::string> keys;
+  for (const auto& b : layout.buffers) keys.push_back(b.key.ToString());
+  EXPECT_THAT(keys, ::testing::ElementsAre("fp32/fp32/dense/distopt", "bf16/bf16/dense/distopt",
+                                           "bf16/bf16/dense/layerwise",
+                                           "bf16/bf16/expert/layerwise"));
+  EXPECT_EQ(layout.Find("missing").first, -1);
+  EXPECT_EQ(layout.Find("missing").second, nullptr);
+}
+
+TEST(LayoutTest, ParseStrategy) {
+  for (Strategy s : {Strategy::kDistOpt, Strategy::kMegatronLpt, Strategy::kLayerwise}) {
+    ASSERT_OK_AND_ASSIGN(Strategy parsed, ParseStrategy(StrategyName(s)));
+    EXPECT_EQ(parsed, s);
+  }
+  EXPECT_THAT(ParseStrategy("lpt"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("strategy 'lpt' is unknown; expected one of layerwise")));
+}
+
+TEST(LayoutTest, RejectsBadParams) {
+  LayoutOptions options;
+  const auto error = [&](std::vector<ParamSpec> params) {
+    return ComputeFullParamLayout(params, options).status();
+  };
+  EXPECT_THAT(error({Adam("", {1})}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("param at index 0: name is empty")));
+  EXPECT_THAT(error({Adam("a", {1}), Adam("a", {2})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'a' (index 1): duplicate name")));
+  EXPECT_THAT(error({Adam("a", {4, 0})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'a' (index 0): dimension 1 is 0; expected > 0")));
+  ParamSpec vector = Adam("v", {8});
+  vector.role = ParamRole::kMuon;
+  EXPECT_THAT(error({vector}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'v' (index 0): role muon needs a 2-D shape, got [8]")));
+}
+
+TEST(LayoutTest, RejectsBadOptions) {
+  const std::vector<ParamSpec> params = {Adam("a", {1})};
+  LayoutOptions options;
+  options.dp = 0;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp is 0; expected >= 1")));
+  options.dp = 1;
+  options.expert_dp = -1;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert_dp is -1")));
+  options.expert_dp = 0;
+  options.bucket_size = 0;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bucket_size is 0")));
+}
+
+TEST(LayoutTest, ScalarParamHasOneElement) {
+  ParamSpec scalar = Adam("s", {});
+  EXPECT_EQ(scalar.numel(), 1);
+  const PerBufferParamLayout b = PlanOne({scalar}, LayoutOptions());
+  EXPECT_EQ(b.unpadded_numel, 1);
+}
+
+TEST(InvariantCheckerTest, DetectsBrokenLayouts) {
+  const std::vector<ParamSpec> params = Uniform(4, 16, 16);
+  LayoutOptions options;
+  options.dp = 2;
+  ASSERT_OK_AND_ASSIGN(FullParamLayout layout, ComputeFullParamLayout(params, options));
+  FullParamLayout overlap = layout;
+  overlap.buffers[0].params[1].start = overlap.buffers[0].params[0].start + 64;
+  overlap.buffers[0].params[1].end = overlap.buffers[0].params[1].start + 256;
+  EXPECT_FALSE(testing::CheckLayoutInvariants(overlap, params, options).ok());
+  FullParamLayout crossing = layout;
+  crossing.buffers[0].buckets[0].shard_size /= 2;
+  EXPECT_FALSE(testing::CheckLayoutInvariants(crossing, params, options).ok());
+  FullParamLayout missing = layout;
+  missing.buffers[0].params.pop_back();
+  EXPECT_FALSE(testing::CheckLayoutInvariants(missing, params, options).ok());
+}
+
+TEST(MetricsTest, CountsPaddingImbalanceAndOwnership) {
+  // 3 equal params over 2 shards: shard 0 holds two, shard 1 one.
+  LayoutOptions options;
+  options.dp = 2;
+  const std::vector<ParamSpec> params = Uniform(3, 16, 16);
+  const PerBufferParamLayout b = PlanOne(params, options);
+  const BufferMetrics m = ComputeBufferMetrics(b, params);
+  EXPECT_EQ(m.buckets, 1);
+  EXPECT_EQ(m.padded_numel, 1024);
+  EXPECT_DOUBLE_EQ(m.padding_fraction, (1024.0 - 768) / 768);
+  std::multiset<int64_t> numel(m.rank_numel.begin(), m.rank_numel.end());
+  EXPECT_EQ(numel, std::multiset<int64_t>({256, 512}));
+  EXPECT_DOUBLE_EQ(m.numel_imbalance, 512.0 / 384);
+  EXPECT_DOUBLE_EQ(m.ns_cost_imbalance, 2.0 / 1.5);
+  ASSERT_EQ(m.bucket_ns_cost_imbalance.size(), 1u);
+  EXPECT_DOUBLE_EQ(m.bucket_ns_cost_imbalance[0], 2.0 / 1.5);
+}
+
+}  // namespace
+}  // namespace orthoshard::layout

@@ -1,0 +1,37 @@
+// `bazel run //layout:plan -- --model=SPEC.json|--preset=NAME --dp=N [--expert_dp=N]
+//   [--strategy=layerwise|megatron_lpt|distopt] [--bucket_size=N|none]`
+// prints the parameter layout and its metrics as one JSON document. Bad input: a message on
+// stderr and exit code 2.
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "layout/plan.h"
+
+ABSL_FLAG(std::string, model, "", "Path to SPEC.json: {\"params\": [...]} in forward order");
+ABSL_FLAG(std::string, preset, "", "Preset model: gpt8b, llama3_8b_gqa, moe_60x256");
+ABSL_FLAG(int, dp, 0, "Data-parallel size (>= 1)");
+ABSL_FLAG(int, expert_dp, 0, "Expert data-parallel size; 0 means --dp");
+ABSL_FLAG(std::string, strategy, "layerwise",
+          "Layout of Muon-managed buffers: layerwise, megatron_lpt or distopt");
+ABSL_FLAG(std::string, bucket_size, "",
+          "Elements per bucket, or none for one bucket; default max(40M, 1M * dp)");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  orthoshard::layout::PlanRequest request;
+  request.model = absl::GetFlag(FLAGS_model);
+  request.preset = absl::GetFlag(FLAGS_preset);
+  request.dp = absl::GetFlag(FLAGS_dp);
+  request.expert_dp = absl::GetFlag(FLAGS_expert_dp);
+  request.strategy = absl::GetFlag(FLAGS_strategy);
+  request.bucket_size = absl::GetFlag(FLAGS_bucket_size);
+  absl::StatusOr<std::string> json = orthoshard::layout::RunPlan(request);
+  if (!json.ok()) {
+    std::fprintf(stderr, "plan: %s\n", std::string(json.status().message()).c_str());
+    return orthoshard::layout::ExitCodeFor(json.status());
+  }
+  std::fwrite(json->data(), 1, json->size(), stdout);
+  return 0;
+}
