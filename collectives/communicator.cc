@@ -1,0 +1,102 @@
+#include "collectives/communicator.h"
+
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace orthoshard::collectives {
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+  }
+  return "unknown";
+}
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kBarrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+OpKind KindOf(const CollectiveOp& op) {
+  struct Visitor {
+    OpKind operator()(const AllReduceOp&) const { return OpKind::kAllReduce; }
+    OpKind operator()(const ReduceScatterOp&) const { return OpKind::kReduceScatter; }
+    OpKind operator()(const AllGatherOp&) const { return OpKind::kAllGather; }
+    OpKind operator()(const BroadcastOp&) const { return OpKind::kBroadcast; }
+  };
+  return std::visit(Visitor{}, op);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> Communicator::AllReduce(at::Tensor tensor,
+                                                              const AllReduceOptions& options) {
+  std::vector<CollectiveOp> ops;
+  ops.push_back(AllReduceOp{std::move(tensor), options});
+  return LaunchGroup(std::move(ops));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> Communicator::ReduceScatter(
+    at::Tensor input, at::Tensor output, const ReduceScatterOptions& options) {
+  std::vector<CollectiveOp> ops;
+  ops.push_back(ReduceScatterOp{std::move(input), std::move(output), options});
+  return LaunchGroup(std::move(ops));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> Communicator::AllGather(at::Tensor input, at::Tensor output,
+                                                              const AllGatherOptions& options) {
+  std::vector<CollectiveOp> ops;
+  ops.push_back(AllGatherOp{std::move(input), std::move(output), options});
+  return LaunchGroup(std::move(ops));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> Communicator::Broadcast(at::Tensor tensor,
+                                                              const BroadcastOptions& options) {
+  std::vector<CollectiveOp> ops;
+  ops.push_back(BroadcastOp{std::move(tensor), options});
+  return LaunchGroup(std::move(ops));
+}
+
+absl::StatusOr<std::vector<int64_t>> ResolveShardSizes(const std::vector<int64_t>& shard_sizes,
+                                                       int64_t total, int size) {
+  if (shard_sizes.empty()) {
+    if (total % size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("equal shards need a numel divisible by ", size, " ranks; got ", total));
+    }
+    return std::vector<int64_t>(size, total / size);
+  }
+  if (static_cast<int>(shard_sizes.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_sizes has ", shard_sizes.size(),
+                                                   " entries, expected one per rank (", size, ")"));
+  }
+  for (int64_t s : shard_sizes) {
+    if (s < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shard_sizes has a negative entry: [",
+                                                     absl::StrJoin(shard_sizes, ","), "]"));
+    }
+  }
+  const int64_t sum = std::accumulate(shard_sizes.begin(), shard_sizes.end(), int64_t{0});
+  if (sum != total) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_sizes [", absl::StrJoin(shard_sizes, ","),
+                                                   "] sum to ", sum, ", expected numel ", total));
+  }
+  return shard_sizes;
+}
+
+}  // namespace orthoshard::collectives

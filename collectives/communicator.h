@@ -1,0 +1,177 @@
+// The Communicator interface: asynchronous collectives (all-reduce, tensor-form reduce-scatter and
+// all-gather, broadcast, barrier, grouped launches) over the ranks of one data-parallel group, with
+// a Work handle per launch and logical traffic counters. Backends: Gloo on CPU
+// (gloo_communicator.h).
+//
+// Cross-rank contract (as NCCL's "group semantics" and c10d's ProcessGroup):
+//   - Every rank must launch the same collectives, with the same kinds, element counts, dtypes and
+//     options, in the same order. Launches are matched by their position in that order (the
+//     "collective sequence number" that error messages print as `#N`); a mismatch is undefined
+//     behaviour of the engine (usually a hang until the timeout, or garbage).
+//   - A launch only enqueues the work. Tensors passed to a launch must stay alive and untouched
+//     until Wait() returns. Results are only defined after Wait() returns OK: finishing steps
+//     (AVG division, copying a reduce-scatter shard, unpacking uneven all-gathers) run inside Wait.
+//   - Wait(timeout) returns OK once this rank's part of the collective completed; it does not
+//     imply that other ranks have finished theirs. Every Work must be waited on, in any order.
+//   - A failed or timed-out collective leaves the communicator unusable: every later launch may
+//     fail. Destroy it (destruction returns within the configured timeout) and fail the job.
+//   - Error codes from Wait: kDeadlineExceeded when `timeout` passed first; kUnavailable when the
+//     engine reported a failure (a peer died, closed the connection or timed out). Messages name
+//     the collective and its sequence number, and the ranks that had not launched it when that can
+//     be known.
+#ifndef ORTHOSHARD_COLLECTIVES_COMMUNICATOR_H_
+#define ORTHOSHARD_COLLECTIVES_COMMUNICATOR_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace orthoshard::collectives {
+
+enum class ReduceOp {
+  kSum,
+  kAvg,  // the sum divided by the number of ranks; floating-point dtypes only
+};
+const char* ReduceOpName(ReduceOp op);  // "sum", "avg"
+
+// Kinds of collective, for traffic counters and error messages.
+enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+inline constexpr int kNumOpKinds = 5;
+const char* OpKindName(OpKind kind);  // "all_reduce", "reduce_scatter", ...
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  // Elements of the input that each rank receives, in rank order; must sum to the input's numel.
+  // Empty means equal shards: input numel / size each (the input must divide evenly). Entries may
+  // be 0 (a rank with an empty shard).
+  std::vector<int64_t> shard_sizes;
+};
+
+struct AllGatherOptions {
+  // Elements each rank contributes, in rank order; must sum to the output's numel. Empty means
+  // equal shards of output numel / size. Entries may be 0.
+  std::vector<int64_t> shard_sizes;
+};
+
+struct BroadcastOptions {
+  int root = 0;  // rank whose tensor is copied to every rank
+};
+
+struct BarrierOptions {};
+
+// In-place all-reduce of `tensor` (any shape, contiguous).
+struct AllReduceOp {
+  at::Tensor tensor;
+  AllReduceOptions options;
+};
+
+// Reduces `input` across ranks and writes this rank's shard into `output` (tensor form, as
+// torch.distributed.reduce_scatter_tensor). `input` is contiguous with numel = sum of shard sizes;
+// `output` is contiguous with numel = this rank's shard size and the same dtype; `output` may be a
+// view into `input` (the usual in-place bucket shard). The contents of `input` outside `output`
+// are unspecified after the op.
+struct ReduceScatterOp {
+  at::Tensor input;
+  at::Tensor output;
+  ReduceScatterOptions options;
+};
+
+// Gathers every rank's `input` into `output` in rank order (as all_gather_into_tensor). `input`
+// has this rank's shard size; `output` the sum of shard sizes, same dtype; both contiguous;
+// `input` may be the view of `output` at this rank's offset.
+struct AllGatherOp {
+  at::Tensor input;
+  at::Tensor output;
+  AllGatherOptions options;
+};
+
+struct BroadcastOp {
+  at::Tensor tensor;
+  BroadcastOptions options;
+};
+
+using CollectiveOp = std::variant<AllReduceOp, ReduceScatterOp, AllGatherOp, BroadcastOp>;
+OpKind KindOf(const CollectiveOp& op);
+
+// Handle to a launched collective (or group of collectives). Not thread-safe.
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // Blocks until the work completed, failed, or `timeout` passed. Runs the finishing steps (see the
+  // file comment) on success; calling it again after it returned OK returns OK at once.
+  // Errors: kDeadlineExceeded, kUnavailable (see the file comment).
+  virtual absl::Status Wait(absl::Duration timeout) = 0;
+};
+
+// Bytes and calls per kind of collective. Bytes are LOGICAL: the size of the full (unsharded)
+// tensor of each collective (all-reduce: the tensor; reduce-scatter: the input; all-gather: the
+// output; broadcast: the tensor), independent of how the engine moves them. An engine may move
+// more: c10d's Gloo emulates reduce-scatter with an all-reduce, about twice the wire traffic.
+struct TrafficCounters {
+  std::array<int64_t, kNumOpKinds> calls{};
+  std::array<int64_t, kNumOpKinds> bytes{};
+
+  int64_t Calls(OpKind kind) const { return calls[static_cast<int>(kind)]; }
+  int64_t Bytes(OpKind kind) const { return bytes[static_cast<int>(kind)]; }
+};
+
+// A group of `size()` ranks. Not thread-safe: launch from one thread per rank.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Name of the engine: "gloo", "nccl".
+  virtual std::string backend_name() const = 0;
+  // The timeout applied inside the engine to every collective; also the default for waits.
+  virtual absl::Duration timeout() const = 0;
+
+  // Launches `ops` back to back as one group and returns one Work that completes when all of them
+  // have. Each op counts as one collective in the cross-rank order. An empty group is an error.
+  // Errors (at launch, nothing is enqueued): kInvalidArgument naming the op's index, kind and the
+  // offending property (undefined or non-contiguous tensor, shard sizes, dtype mismatch, AVG of an
+  // integer dtype, root out of range); kFailedPrecondition after an earlier failure.
+  virtual absl::StatusOr<std::unique_ptr<Work>> LaunchGroup(std::vector<CollectiveOp> ops) = 0;
+
+  // Synchronizes all ranks. Errors as LaunchGroup.
+  virtual absl::StatusOr<std::unique_ptr<Work>> Barrier(const BarrierOptions& options = {}) = 0;
+
+  // A snapshot of the traffic launched so far by this rank.
+  virtual TrafficCounters traffic() const = 0;
+
+  // Single-op conveniences over LaunchGroup.
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(at::Tensor tensor,
+                                                  const AllReduceOptions& options = {});
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(at::Tensor input, at::Tensor output,
+                                                      const ReduceScatterOptions& options = {});
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(at::Tensor input, at::Tensor output,
+                                                  const AllGatherOptions& options = {});
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor tensor,
+                                                  const BroadcastOptions& options = {});
+};
+
+// Shard sizes of `total` elements over `size` ranks as the options describe: `shard_sizes` if
+// given, else equal shards. Errors: kInvalidArgument if the given sizes have the wrong count, a
+// negative entry or the wrong sum, or if `total` does not divide evenly.
+absl::StatusOr<std::vector<int64_t>> ResolveShardSizes(const std::vector<int64_t>& shard_sizes,
+                                                       int64_t total, int size);
+
+}  // namespace orthoshard::collectives
+
+#endif  // ORTHOSHARD_COLLECTIVES_COMMUNICATOR_H_

@@ -1,0 +1,59 @@
+// The CPU Communicator: c10d's ProcessGroupGloo over a c10d TCPStore.
+//
+// Collectives run on Gloo's worker threads; Work::Wait blocks on c10d's Work. Gloo has no tensor
+// reduce-scatter and no AVG: reduce-scatter is an all-reduce of the whole input followed by taking
+// this rank's shard (about twice the wire traffic of a real reduce-scatter; the traffic counters
+// count logical bytes), AVG is SUM followed by a division by the number of ranks, and uneven
+// all-gathers are padded to the largest shard. Tensors must be on the CPU. Each launch also
+// publishes its collective sequence number to the store (one TCPStore round trip) so that, when a
+// collective fails or times out, the survivors can name the ranks that had not launched it.
+#ifndef ORTHOSHARD_COLLECTIVES_GLOO_COMMUNICATOR_H_
+#define ORTHOSHARD_COLLECTIVES_GLOO_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "collectives/communicator.h"
+#include "collectives/rendezvous.h"
+
+namespace orthoshard::collectives {
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  std::string master_addr = "127.0.0.1";  // host of the TCPStore
+  int master_port = 29500;                // its port
+  bool host_store = false;                // this process runs the TCPStore server
+  std::string hostname = "127.0.0.1";     // address Gloo binds to and advertises to peers
+  // Bound on the rendezvous and, inside Gloo, on every collective: a peer that does not take part
+  // within it makes the collective fail on every rank.
+  absl::Duration timeout = absl::Seconds(60);
+  // Bound on connecting to the store and to every peer at creation: ranks of one job start at
+  // different times (loading LibTorch takes seconds on a busy machine).
+  absl::Duration rendezvous_timeout = absl::Seconds(60);
+  int threads = 2;  // Gloo worker threads
+};
+
+// Options for this process from the rendezvous environment.
+GlooOptions GlooOptionsFromRendezvous(const RendezvousInfo& info);
+
+// Both overloads set SIGPIPE to SIG_IGN if it has the default disposition (as Python does), so a
+// dead peer is an error status rather than the death of this process.
+//
+// Connects to (or, with host_store, starts) the TCPStore and connects every rank with Gloo.
+// Blocks until all `size` ranks arrived. Errors: kInvalidArgument for rank/size/timeout out of
+// range; kDeadlineExceeded or kUnavailable, naming the store address, when the store or a peer
+// cannot be reached within the timeout.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options);
+
+// As above over an existing store (e.g. one hosted by a launcher or a test); `options`'
+// master_addr, master_port and host_store are ignored.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    c10::intrusive_ptr<c10d::Store> store, const GlooOptions& options);
+
+}  // namespace orthoshard::collectives
+
+#endif  // ORTHOSHARD_COLLECTIVES_GLOO_COMMUNICATOR_H_

@@ -1,0 +1,360 @@
+#include "collectives/launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+extern char** environ;
+
+namespace orthoshard::collectives {
+namespace {
+
+std::atomic<bool> g_running{false};
+int g_signal_pipe_write = -1;
+
+void ForwardingHandler(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  if (g_signal_pipe_write >= 0) {
+    ssize_t ignored = write(g_signal_pipe_write, &byte, 1);
+    (void)ignored;
+  }
+}
+
+int EncodeWaitStatus(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 255;
+}
+
+// One output stream of one rank: a pipe and the partial line read so far.
+struct Stream {
+  int fd = -1;
+  int rank = 0;
+  bool is_stderr = false;
+  std::string partial;
+};
+
+struct Child {
+  pid_t pid = -1;
+  bool running = false;
+};
+
+class SignalForwarding {
+ public:
+  explicit SignalForwarding(bool enabled) {
+    if (!enabled) return;
+    if (pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) return;
+    g_signal_pipe_write = fds_[1];
+    struct sigaction action = {};
+    action.sa_handler = ForwardingHandler;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+    installed_ = true;
+  }
+  ~SignalForwarding() {
+    if (!installed_) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    g_signal_pipe_write = -1;
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  int read_fd() const { return installed_ ? fds_[0] : -1; }
+
+ private:
+  bool installed_ = false;
+  int fds_[2] = {-1, -1};
+  struct sigaction old_int_ = {};
+  struct sigaction old_term_ = {};
+};
+
+void DefaultOutput(absl::string_view line, bool is_stderr) {
+  FILE* out = is_stderr ? stderr : stdout;
+  fwrite(line.data(), 1, line.size(), out);
+  fputc('\n', out);
+  fflush(out);
+}
+
+class Run {
+ public:
+  explicit Run(const LaunchOptions& options) : options_(options) {
+    output_ = options.output ? options.output : DefaultOutput;
+  }
+
+  absl::StatusOr<LaunchResult> Execute() {
+    int port = options_.master_port;
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    if (options_.host_store) {
+      try {
+        c10d::TCPStoreOptions store_options;
+        store_options.port = 0;
+        store_options.isServer = true;
+        store_options.waitWorkers = false;
+        store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+        port = store->getPort();
+      } catch (const std::exception& e) {
+        return absl::UnavailableError(absl::StrCat("launcher: cannot host a TCPStore: ", e.what()));
+      }
+    }
+    SignalForwarding forwarding(options_.forward_signals);
+    children_.resize(options_.nprocs);
+    result_.rank_exit_codes.assign(options_.nprocs, -1);
+    for (int rank = 0; rank < options_.nprocs; ++rank) {
+      absl::Status started = Start(rank, port);
+      if (!started.ok()) {
+        KillAll(SIGKILL);
+        ReapAll();
+        return started;
+      }
+    }
+    return Loop(forwarding.read_fd());
+  }
+
+  ~Run() {
+    for (Stream& s : streams_) {
+      if (s.fd >= 0) close(s.fd);
+    }
+  }
+
+ private:
+  absl::Status Start(int rank, int port) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
+    const std::vector<std::pair<std::string, std::string>> rendezvous = {
+        {"RANK", absl::StrCat(rank)},
+        {"LOCAL_RANK", absl::StrCat(rank)},
+        {"WORLD_SIZE", absl::StrCat(options_.nprocs)},
+        {"LOCAL_WORLD_SIZE", absl::StrCat(options_.nprocs)},
+        {"GROUP_RANK", "0"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", absl::StrCat(port)},
+        {"TORCHELASTIC_USE_AGENT_STORE", options_.host_store ? "True" : "False"},
+    };
+    auto set = [&](const std::string& key, const std::string& value) {
+      const std::string prefix = key + "=";
+      for (std::string& s : env_strings) {
+        if (s.compare(0, prefix.size(), prefix) == 0) {
+          s = prefix + value;
+          return;
+        }
+      }
+      env_strings.push_back(prefix + value);
+    };
+    for (const auto& [k, v] : rendezvous) set(k, v);
+    for (const auto& [k, v] : options_.env) set(k, v);
+
+    std::vector<char*> envp;
+    for (std::string& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> arg_strings = {options_.binary};
+    arg_strings.insert(arg_strings.end(), options_.args.begin(), options_.args.end());
+    std::vector<char*> argv;
+    for (std::string& s : arg_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return Errno("pipe");
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return Errno("pipe");
+    }
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) {
+      for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+      return Errno("fork");
+    }
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(126);
+      setpgid(0, 0);
+      struct sigaction dfl = {};
+      dfl.sa_handler = SIG_DFL;
+      sigaction(SIGINT, &dfl, nullptr);
+      sigaction(SIGTERM, &dfl, nullptr);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      execve(argv[0], argv.data(), envp.data());
+      const char msg[] = "launcher: execve failed\n";
+      ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+      (void)ignored;
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    streams_.push_back(Stream{out[0], rank, false, ""});
+    streams_.push_back(Stream{err[0], rank, true, ""});
+    children_[rank] = Child{pid, true};
+    return absl::OkStatus();
+  }
+
+  static absl::Status Errno(const char* what) {
+    return absl::UnavailableError(absl::StrCat("launcher: ", what, " failed: ", strerror(errno)));
+  }
+
+  void Emit(Stream& s, absl::string_view line) {
+    output_(absl::StrCat("[rank ", s.rank, "] ", line), s.is_stderr);
+  }
+
+  // Reads what is available; returns false at EOF.
+  bool Drain(Stream& s) {
+    char buffer[4096];
+    while (true) {
+      const ssize_t n = read(s.fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        s.partial.append(buffer, static_cast<size_t>(n));
+        size_t newline;
+        while ((newline = s.partial.find('\n')) != std::string::npos) {
+          Emit(s, absl::string_view(s.partial).substr(0, newline));
+          s.partial.erase(0, newline + 1);
+        }
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (n < 0 && errno == EINTR) continue;
+      if (!s.partial.empty()) Emit(s, s.partial);
+      s.partial.clear();
+      close(s.fd);
+      s.fd = -1;
+      return false;
+    }
+  }
+
+  void KillAll(int sig) {
+    for (Child& c : children_) {
+      if (c.running) kill(c.pid, sig);
+    }
+  }
+
+  void ReapAll() {
+    for (Child& c : children_) {
+      if (c.running) {
+        int status = 0;
+        waitpid(c.pid, &status, 0);
+        c.running = false;
+      }
+    }
+  }
+
+  void Reap() {
+    for (int rank = 0; rank < static_cast<int>(children_.size()); ++rank) {
+      Child& c = children_[rank];
+      if (!c.running) continue;
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.running = false;
+      const int code = EncodeWaitStatus(status);
+      result_.rank_exit_codes[rank] = code;
+      if (code != 0 && result_.exit_code == 0) {
+        result_.exit_code = code;
+        result_.first_failed_rank = rank;
+        kill_at_ = absl::Now() + options_.grace_period;
+      }
+    }
+  }
+
+  bool AnyRunning() const {
+    for (const Child& c : children_) {
+      if (c.running) return true;
+    }
+    return false;
+  }
+
+  absl::StatusOr<LaunchResult> Loop(int signal_fd) {
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    absl::Time drain_until = absl::InfiniteFuture();
+    while (true) {
+      std::vector<pollfd> fds;
+      std::vector<Stream*> polled;
+      for (Stream& s : streams_) {
+        if (s.fd < 0) continue;
+        fds.push_back(pollfd{s.fd, POLLIN, 0});
+        polled.push_back(&s);
+      }
+      if (signal_fd >= 0) fds.push_back(pollfd{signal_fd, POLLIN, 0});
+      poll(fds.data(), fds.size(), 20);
+      for (size_t i = 0; i < polled.size(); ++i) {
+        if (fds[i].revents != 0) Drain(*polled[i]);
+      }
+      if (signal_fd >= 0 && fds.back().revents != 0) {
+        unsigned char sig = 0;
+        while (read(signal_fd, &sig, 1) == 1) {
+          KillAll(sig);
+          if (kill_at_ == absl::InfiniteFuture()) kill_at_ = absl::Now() + options_.grace_period;
+        }
+      }
+      Reap();
+      const absl::Time now = absl::Now();
+      if (AnyRunning() && now >= kill_at_) {
+        KillAll(SIGKILL);
+        result_.killed_after_failure = true;
+      }
+      if (AnyRunning() && now >= deadline) {
+        std::vector<int> running;
+        for (int r = 0; r < static_cast<int>(children_.size()); ++r) {
+          if (children_[r].running) running.push_back(r);
+        }
+        KillAll(SIGKILL);
+        ReapAll();
+        return absl::DeadlineExceededError(absl::StrCat(
+            "launcher: ranks [", absl::StrJoin(running, ","), "] of ", options_.binary,
+            " still running after ", absl::FormatDuration(options_.timeout), "; killed"));
+      }
+      if (!AnyRunning()) {
+        // Grandchildren may hold a pipe open; give the output a moment, then stop.
+        if (drain_until == absl::InfiniteFuture()) drain_until = now + absl::Seconds(1);
+        bool open = false;
+        for (const Stream& s : streams_) open = open || s.fd >= 0;
+        if (!open || now >= drain_until) return result_;
+      }
+    }
+  }
+
+  const LaunchOptions& options_;
+  std::function<void(absl::string_view, bool)> output_;
+  std::vector<Child> children_;
+  std::vector<Stream> streams_;
+  LaunchResult result_;
+  absl::Time kill_at_ = absl::InfiniteFuture();
+};
+
+}  // namespace
+
+absl::StatusOr<LaunchResult> LaunchLocal(const LaunchOptions& options) {
+  if (options.nprocs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launcher: nprocs must be at least 1, got ", options.nprocs));
+  }
+  if (options.binary.empty()) return absl::InvalidArgumentError("launcher: binary is empty");
+  if (g_running.exchange(true)) {
+    return absl::FailedPreconditionError("launcher: another LaunchLocal is running");
+  }
+  absl::StatusOr<LaunchResult> result;
+  {
+    Run run(options);
+    result = run.Execute();
+  }
+  g_running = false;
+  return result;
+}
+
+}  // namespace orthoshard::collectives

@@ -1,0 +1,61 @@
+// A local launcher: starts N processes of one binary on this machine with torchrun's environment,
+// hosts their rendezvous store, prefixes their output with "[rank N] ", forwards SIGINT/SIGTERM,
+// and returns the first non-zero exit code. Used by tests and by `pretrain --nproc`.
+#ifndef ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
+#define ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace orthoshard::collectives {
+
+struct LaunchOptions {
+  std::string binary;             // executable to start (absolute or relative to the cwd)
+  std::vector<std::string> args;  // arguments after argv[0]
+  int nprocs = 1;                 // number of ranks
+  // Extra environment for every rank, applied after the inherited environment and the rendezvous
+  // variables (so it may override them).
+  std::vector<std::pair<std::string, std::string>> env;
+  // Host a TCPStore on a free port of 127.0.0.1 in the launcher and tell the ranks so
+  // (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's agent does. Otherwise rank 0 hosts the
+  // store on `master_port`.
+  bool host_store = true;
+  int master_port = 29500;  // used only without host_store
+  // After the first rank fails, the others get this long to exit before they are SIGKILLed.
+  absl::Duration grace_period = absl::Seconds(5);
+  // Bound on the whole run: when it passes, every rank is SIGKILLed.
+  absl::Duration timeout = absl::InfiniteDuration();
+  // Forward SIGINT and SIGTERM received by this process to every rank while they run.
+  bool forward_signals = true;
+  // Receives each output line with its "[rank N] " prefix and no newline; `is_stderr` tells the
+  // stream. Called on the launching thread. Default: write to this process's stdout/stderr.
+  std::function<void(absl::string_view line, bool is_stderr)> output;
+};
+
+struct LaunchResult {
+  // First non-zero exit code in the order ranks ended (128 + signal number for a rank killed by a
+  // signal), or 0 when every rank exited with 0.
+  int exit_code = 0;
+  int first_failed_rank = -1;         // rank that produced exit_code, -1 if none failed
+  std::vector<int> rank_exit_codes;   // per rank, same encoding
+  bool killed_after_failure = false;  // some ranks were SIGKILLed after the grace period
+};
+
+// Starts `nprocs` ranks and waits for all of them. Each rank gets RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR=127.0.0.1, MASTER_PORT and
+// TORCHELASTIC_USE_AGENT_STORE. Ranks die with the launcher (PR_SET_PDEATHSIG), so call it from a
+// thread that outlives the run. At most one LaunchLocal may run per process at a time.
+// Errors: kInvalidArgument for nprocs < 1 or an empty binary; kUnavailable if the store or a
+// process cannot be started; kDeadlineExceeded when `timeout` passed (every rank is killed);
+// kFailedPrecondition if another LaunchLocal is running.
+absl::StatusOr<LaunchResult> LaunchLocal(const LaunchOptions& options);
+
+}  // namespace orthoshard::collectives
+
+#endif  // ORTHOSHARD_COLLECTIVES_LAUNCHER_H_

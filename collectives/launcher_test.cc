@@ -1,0 +1,125 @@
+#include "collectives/launcher.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace orthoshard::collectives {
+namespace {
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kChild[] = "collectives/testing/launcher_test_child";
+
+struct Captured {
+  std::vector<std::string> out;
+  std::vector<std::string> err;
+};
+
+LaunchOptions Options(const std::string& mode, int nprocs, Captured* captured) {
+  LaunchOptions options;
+  options.binary = kChild;
+  options.args = {mode};
+  options.nprocs = nprocs;
+  options.timeout = absl::Seconds(30);
+  options.output = [captured](absl::string_view line, bool is_stderr) {
+    (is_stderr ? captured->err : captured->out).emplace_back(line);
+  };
+  return options;
+}
+
+TEST(LauncherTest, PrefixesEveryLineWithItsRank) {
+  Captured captured;
+  ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(Options("print", 3, &captured)));
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_THAT(result.rank_exit_codes, ElementsAre(0, 0, 0));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_THAT(captured.out, Contains(absl::StrCat("[rank ", r, "] hello from ", r, " of 3")));
+    EXPECT_THAT(captured.out, Contains(absl::StrCat("[rank ", r, "] no newline at the end")));
+    EXPECT_THAT(captured.err, Contains(absl::StrCat("[rank ", r, "] error line ", r)));
+  }
+  EXPECT_EQ(captured.out.size(), 6u);
+}
+
+TEST(LauncherTest, SetsTorchrunEnvironmentAndHostsTheStore) {
+  Captured captured;
+  LaunchOptions options = Options("env", 2, &captured);
+  options.env = {{"EXTRA", "x"}};
+  ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(options));
+  EXPECT_EQ(result.exit_code, 0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(captured.out,
+                Contains(absl::StrCat("[rank ", r, "] RANK=", r, " LOCAL_RANK=", r,
+                                      " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+                                      "AGENT_STORE=True EXTRA=x")));
+  }
+  int port = 0;
+  for (const std::string& line : captured.out) {
+    if (absl::StrContains(line, "MASTER_PORT=")) {
+      ASSERT_TRUE(absl::SimpleAtoi(line.substr(line.find('=') + 1), &port)) << line;
+    }
+  }
+  EXPECT_GT(port, 0);
+}
+
+TEST(LauncherTest, ReturnsFirstNonZeroExitCodeAndKillsTheRestAfterGrace) {
+  Captured captured;
+  LaunchOptions options = Options("fail", 3, &captured);
+  options.grace_period = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(options));
+  EXPECT_EQ(result.exit_code, 3);
+  EXPECT_EQ(result.first_failed_rank, 1);
+  EXPECT_TRUE(result.killed_after_failure);
+  EXPECT_THAT(result.rank_exit_codes, ElementsAre(128 + SIGKILL, 3, 128 + SIGKILL));
+}
+
+TEST(LauncherTest, ForwardsSigtermToEveryRank) {
+  Captured captured;
+  LaunchOptions options = Options("wait_signal", 2, &captured);
+  int ready = 0;
+  options.output = [&](absl::string_view line, bool) {
+    captured.out.emplace_back(line);
+    if (absl::EndsWith(line, "] ready") && ++ready == 2) kill(getpid(), SIGTERM);
+  };
+  ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(options));
+  EXPECT_EQ(result.exit_code, 7);
+  EXPECT_THAT(result.rank_exit_codes, ElementsAre(7, 7));
+  EXPECT_THAT(captured.out, Contains("[rank 0] got SIGTERM"));
+  EXPECT_THAT(captured.out, Contains("[rank 1] got SIGTERM"));
+}
+
+TEST(LauncherTest, TimeoutKillsEveryRank) {
+  Captured captured;
+  LaunchOptions options = Options("fail", 1, &captured);
+  options.timeout = absl::Milliseconds(300);
+  EXPECT_THAT(LaunchLocal(options),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("ranks [0] of")));
+}
+
+TEST(LauncherTest, RejectsBadOptions) {
+  Captured captured;
+  LaunchOptions options = Options("print", 0, &captured);
+  EXPECT_THAT(LaunchLocal(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("nprocs must be at least 1, got 0")));
+  options = Options("print", 1, &captured);
+  options.binary = "collectives/testing/no_such_binary";
+  ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(options));
+  EXPECT_EQ(result.exit_code, 127);
+  EXPECT_THAT(captured.err, Contains("[rank 0] launcher: execve failed"));
+}
+
+}  // namespace
+}  // namespace orthoshard::collectives

@@ -1,0 +1,52 @@
+// Who this process is in the job: rank, world size and where the rendezvous store lives, read from
+// torchrun's environment contract or, failing that, from SLURM's.
+//
+// Library code takes the environment as a map (ParseRendezvous), so it is testable and never reads
+// the process environment; integration code calls ProcessEnvironment() once.
+#ifndef ORTHOSHARD_COLLECTIVES_RENDEZVOUS_H_
+#define ORTHOSHARD_COLLECTIVES_RENDEZVOUS_H_
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+
+namespace orthoshard::collectives {
+
+using Environment = absl::flat_hash_map<std::string, std::string>;
+
+struct RendezvousInfo {
+  int rank = 0;                           // global rank, in [0, world_size)
+  int world_size = 1;                     // number of processes in the job
+  int local_rank = 0;                     // rank among the processes on this machine
+  int local_world_size = 1;               // processes on this machine
+  std::string master_addr = "127.0.0.1";  // host of the TCPStore
+  int master_port = 29500;                // port of the TCPStore
+  // True when a launcher (torchrun's agent or LaunchLocal) hosts the store, so no rank does;
+  // otherwise rank 0 hosts it.
+  bool agent_hosts_store = false;
+  std::string source;  // "torchrun" or "slurm"
+
+  // Whether this process runs the TCPStore server.
+  bool HostsStore() const { return !agent_hosts_store && rank == 0; }
+};
+
+// Reads torchrun's variables when RANK and WORLD_SIZE are set: RANK, WORLD_SIZE, LOCAL_RANK
+// (default 0), LOCAL_WORLD_SIZE (default 1), MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default
+// 29500), TORCHELASTIC_USE_AGENT_STORE ("True"/"1" means the agent hosts the store).
+// Otherwise SLURM's when SLURM_PROCID and SLURM_NTASKS are set: rank SLURM_PROCID, world
+// SLURM_NTASKS, local rank SLURM_LOCALID, local world SLURM_NTASKS_PER_NODE (its first number) or
+// 1; MASTER_ADDR if set, else the first host of SLURM_JOB_NODELIST (e.g. "node[03-05,9]" gives
+// "node03"), else 127.0.0.1; MASTER_PORT if set, else 20000 + SLURM_JOB_ID % 10000 (so concurrent
+// jobs on shared nodes differ), else 29500.
+// Errors: kNotFound if neither set of variables is present; kInvalidArgument naming the variable
+// for a non-integer, out-of-range or inconsistent value (rank >= world size, port outside
+// [1, 65535]).
+absl::StatusOr<RendezvousInfo> ParseRendezvous(const Environment& env);
+
+// The process environment as a map. For integration code (main functions) only.
+Environment ProcessEnvironment();
+
+}  // namespace orthoshard::collectives
+
+#endif  // ORTHOSHARD_COLLECTIVES_RENDEZVOUS_H_

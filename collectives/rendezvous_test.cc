@@ -1,0 +1,91 @@
+#include "collectives/rendezvous.h"
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace orthoshard::collectives {
+namespace {
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(RendezvousTest, ReadsTorchrunVariables) {
+  ASSERT_OK_AND_ASSIGN(RendezvousInfo info, ParseRendezvous({{"RANK", "5"},
+                                                             {"WORLD_SIZE", "8"},
+                                                             {"LOCAL_RANK", "1"},
+                                                             {"LOCAL_WORLD_SIZE", "4"},
+                                                             {"MASTER_ADDR", "node7"},
+                                                             {"MASTER_PORT", "1234"},
+                                                             {"SLURM_PROCID", "0"},
+                                                             {"SLURM_NTASKS", "2"}}));
+  EXPECT_EQ(info.source, "torchrun");
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(info.master_addr, "node7");
+  EXPECT_EQ(info.master_port, 1234);
+  EXPECT_FALSE(info.agent_hosts_store);
+  EXPECT_FALSE(info.HostsStore());
+}
+
+TEST(RendezvousTest, TorchrunDefaultsAndAgentStore) {
+  ASSERT_OK_AND_ASSIGN(RendezvousInfo info, ParseRendezvous({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  EXPECT_EQ(info.master_addr, "127.0.0.1");
+  EXPECT_EQ(info.master_port, 29500);
+  EXPECT_TRUE(info.HostsStore());
+  ASSERT_OK_AND_ASSIGN(
+      info, ParseRendezvous(
+                {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  EXPECT_TRUE(info.agent_hosts_store);
+  EXPECT_FALSE(info.HostsStore());
+}
+
+TEST(RendezvousTest, FallsBackToSlurm) {
+  ASSERT_OK_AND_ASSIGN(RendezvousInfo info,
+                       ParseRendezvous({{"SLURM_PROCID", "6"},
+                                        {"SLURM_NTASKS", "8"},
+                                        {"SLURM_LOCALID", "2"},
+                                        {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                                        {"SLURM_JOB_NODELIST", "gpu[03-04,9],cpu1"},
+                                        {"SLURM_JOB_ID", "123456"}}));
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_EQ(info.rank, 6);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 2);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(info.master_addr, "gpu03");
+  EXPECT_EQ(info.master_port, 23456);
+}
+
+TEST(RendezvousTest, SlurmHonoursMasterVariables) {
+  ASSERT_OK_AND_ASSIGN(RendezvousInfo info, ParseRendezvous({{"SLURM_PROCID", "0"},
+                                                             {"SLURM_NTASKS", "2"},
+                                                             {"SLURM_JOB_NODELIST", "a,b"},
+                                                             {"MASTER_ADDR", "10.0.0.1"},
+                                                             {"MASTER_PORT", "4000"}}));
+  EXPECT_EQ(info.master_addr, "10.0.0.1");
+  EXPECT_EQ(info.master_port, 4000);
+}
+
+TEST(RendezvousTest, RejectsMissingAndBadValues) {
+  EXPECT_THAT(ParseRendezvous({}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("expected RANK and WORLD_SIZE")));
+  EXPECT_THAT(
+      ParseRendezvous({{"RANK", "x"}, {"WORLD_SIZE", "2"}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK='x' is not an integer")));
+  EXPECT_THAT(
+      ParseRendezvous({{"RANK", "2"}, {"WORLD_SIZE", "2"}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK=2 must be below WORLD_SIZE=2")));
+  EXPECT_THAT(ParseRendezvous({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MASTER_PORT=70000 is outside [1, 65535]")));
+  EXPECT_THAT(ParseRendezvous(
+                  {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "x"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SLURM_NTASKS_PER_NODE='x' has no task count")));
+}
+
+}  // namespace
+}  // namespace orthoshard::collectives

@@ -1,0 +1,324 @@
+#include "collectives/testing/conformance.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::collectives::testing {
+namespace {
+
+// Rank r's input: small integers, so bf16 sums over up to 4 ranks are exact.
+at::Tensor Input(int rank, int64_t n, at::ScalarType dtype, int salt = 0) {
+  return at::arange(n, at::kFloat).remainder(7 + salt).add(rank + 1).to(dtype);
+}
+
+// The elementwise reduction of every rank's Input, in fp32.
+at::Tensor Reduced(int size, int64_t n, ReduceOp op, int salt = 0) {
+  at::Tensor sum = at::zeros({n}, at::kFloat);
+  for (int r = 0; r < size; ++r) sum.add_(Input(r, n, at::kFloat, salt));
+  if (op == ReduceOp::kAvg) sum.div_(size);
+  return sum;
+}
+
+absl::Status Check(bool ok, const std::string& what) {
+  return ok ? absl::OkStatus() : absl::InternalError(what);
+}
+
+absl::Status ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  const at::Tensor g = got.reshape({-1}).to(at::kFloat);
+  const at::Tensor w = want.reshape({-1}).to(at::kFloat);
+  if (g.numel() != w.numel()) {
+    return absl::InternalError(
+        absl::StrCat(what, ": ", g.numel(), " elements, expected ", w.numel()));
+  }
+  const bool low = got.scalar_type() == at::kBFloat16;
+  if (g.numel() > 0 && !g.allclose(w, low ? 1e-2 : 1e-6, low ? 1e-2 : 1e-6)) {
+    const double diff = g.sub(w).abs().max().item<double>();
+    return absl::InternalError(absl::StrCat(what, ": max abs difference ", diff));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WaitOk(absl::StatusOr<std::unique_ptr<Work>> work, Communicator& comm,
+                    const std::string& what) {
+  if (!work.ok())
+    return absl::InternalError(absl::StrCat(what, ": launch: ", work.status().ToString()));
+  absl::Status status = (*work)->Wait(comm.timeout());
+  if (!status.ok()) return absl::InternalError(absl::StrCat(what, ": ", status.ToString()));
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> Offsets(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> offsets(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) offsets[i + 1] = offsets[i] + sizes[i];
+  return offsets;
+}
+
+std::string Name(const char* op, at::ScalarType dtype, const std::string& detail) {
+  return absl::StrCat(op, " ", c10::toString(dtype), " ", detail);
+}
+
+absl::Status AllReduceCases(Communicator& comm) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (int64_t n : {int64_t{1000}, int64_t{37}, int64_t{0}}) {
+        at::Tensor t = Input(comm.rank(), n, dtype);
+        const std::string what =
+            Name("all_reduce", dtype, absl::StrCat(ReduceOpName(op), " n=", n));
+        RETURN_IF_ERROR(WaitOk(comm.AllReduce(t, {op}), comm, what));
+        RETURN_IF_ERROR(ExpectClose(t, Reduced(comm.size(), n, op), what));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Shard size lists: equal, uneven, and with rank 0's and the last rank's shards empty.
+std::vector<std::vector<int64_t>> ShardLayouts(int size) {
+  std::vector<int64_t> equal(size, 5), uneven, empty_ends(size, 4);
+  for (int r = 0; r < size; ++r) uneven.push_back(3 * r + 1);
+  empty_ends.front() = 0;
+  empty_ends.back() = 0;
+  std::vector<int64_t> all_empty(size, 0);
+  return {equal, uneven, empty_ends, all_empty};
+}
+
+absl::Status ReduceScatterCases(Communicator& comm) {
+  const int rank = comm.rank();
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (const std::vector<int64_t>& sizes : ShardLayouts(comm.size())) {
+        for (bool in_place : {false, true}) {
+          const std::vector<int64_t> offsets = Offsets(sizes);
+          const int64_t total = offsets.back();
+          const std::string what =
+              Name("reduce_scatter", dtype,
+                   absl::StrCat(ReduceOpName(op), " shards [", absl::StrJoin(sizes, ","), "]",
+                                in_place ? " in place" : ""));
+          at::Tensor input = Input(rank, total, dtype);
+          at::Tensor output = in_place ? input.narrow(0, offsets[rank], sizes[rank])
+                                       : at::empty({sizes[rank]}, input.options());
+          ReduceScatterOptions options;
+          options.op = op;
+          options.shard_sizes = sizes;
+          RETURN_IF_ERROR(WaitOk(comm.ReduceScatter(input, output, options), comm, what));
+          RETURN_IF_ERROR(ExpectClose(
+              output, Reduced(comm.size(), total, op).narrow(0, offsets[rank], sizes[rank]), what));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllGatherCases(Communicator& comm) {
+  const int rank = comm.rank();
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const std::vector<int64_t>& sizes : ShardLayouts(comm.size())) {
+      for (bool in_place : {false, true}) {
+        const std::vector<int64_t> offsets = Offsets(sizes);
+        const std::string what = Name(
+            "all_gather", dtype,
+            absl::StrCat("shards [", absl::StrJoin(sizes, ","), "]", in_place ? " in place" : ""));
+        at::Tensor output = at::zeros({offsets.back()}, dtype);
+        at::Tensor input = in_place ? output.narrow(0, offsets[rank], sizes[rank])
+                                    : at::empty({sizes[rank]}, output.options());
+        input.copy_(Input(rank, sizes[rank], dtype));
+        AllGatherOptions options;
+        options.shard_sizes = sizes;
+        RETURN_IF_ERROR(WaitOk(comm.AllGather(input, output, options), comm, what));
+        for (int r = 0; r < comm.size(); ++r) {
+          RETURN_IF_ERROR(ExpectClose(output.narrow(0, offsets[r], sizes[r]),
+                                      Input(r, sizes[r], dtype), absl::StrCat(what, " shard ", r)));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BroadcastAndBarrier(Communicator& comm) {
+  const int root = comm.size() - 1;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor t = Input(comm.rank(), 100, dtype);
+    const std::string what = Name("broadcast", dtype, absl::StrCat("root ", root));
+    RETURN_IF_ERROR(WaitOk(comm.Broadcast(t, {root}), comm, what));
+    RETURN_IF_ERROR(ExpectClose(t, Input(root, 100, dtype), what));
+  }
+  return WaitOk(comm.Barrier(), comm, "barrier");
+}
+
+absl::Status GroupedLaunch(Communicator& comm) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  at::Tensor a = Input(rank, 64, at::kFloat, 1);
+  at::Tensor b = Input(rank, 8 * size, at::kBFloat16, 2);
+  at::Tensor b_out = at::empty({8}, at::kBFloat16);
+  at::Tensor c_out = at::zeros({3 * size}, at::kFloat);
+  at::Tensor c_in = Input(rank, 3, at::kFloat, 3);
+  at::Tensor d = Input(rank, 10, at::kFloat, 4);
+  at::Tensor e = Input(rank, 50, at::kFloat, 5);
+  std::vector<CollectiveOp> ops;
+  ops.push_back(AllReduceOp{a, {ReduceOp::kAvg}});
+  ops.push_back(ReduceScatterOp{b, b_out, {ReduceOp::kSum, {}}});
+  ops.push_back(AllGatherOp{c_in, c_out, {}});
+  ops.push_back(BroadcastOp{d, {0}});
+  ops.push_back(AllReduceOp{e, {ReduceOp::kSum}});
+  RETURN_IF_ERROR(WaitOk(comm.LaunchGroup(std::move(ops)), comm, "grouped launch"));
+  RETURN_IF_ERROR(ExpectClose(a, Reduced(size, 64, ReduceOp::kAvg, 1), "group all_reduce avg"));
+  RETURN_IF_ERROR(ExpectClose(b_out,
+                              Reduced(size, 8 * size, ReduceOp::kSum, 2).narrow(0, 8 * rank, 8),
+                              "group reduce_scatter"));
+  for (int r = 0; r < size; ++r) {
+    RETURN_IF_ERROR(ExpectClose(c_out.narrow(0, 3 * r, 3), Input(r, 3, at::kFloat, 3),
+                                absl::StrCat("group all_gather shard ", r)));
+  }
+  RETURN_IF_ERROR(ExpectClose(d, Input(0, 10, at::kFloat, 4), "group broadcast"));
+  return ExpectClose(e, Reduced(size, 50, ReduceOp::kSum, 5), "group all_reduce sum");
+}
+
+absl::Status TrafficAndValidation(Communicator& comm) {
+  const int size = comm.size();
+  const TrafficCounters before = comm.traffic();
+  at::Tensor t = at::zeros({1000}, at::kFloat);
+  RETURN_IF_ERROR(WaitOk(comm.AllReduce(t), comm, "traffic all_reduce"));
+  at::Tensor in = at::zeros({16 * size}, at::kBFloat16);
+  RETURN_IF_ERROR(WaitOk(comm.ReduceScatter(in, in.narrow(0, 16 * comm.rank(), 16)), comm,
+                         "traffic reduce_scatter"));
+  RETURN_IF_ERROR(
+      WaitOk(comm.AllGather(in.narrow(0, 16 * comm.rank(), 16), in), comm, "traffic all_gather"));
+  const TrafficCounters after = comm.traffic();
+  auto delta = [&](OpKind k) {
+    return std::make_pair(after.Calls(k) - before.Calls(k), after.Bytes(k) - before.Bytes(k));
+  };
+  RETURN_IF_ERROR(Check(delta(OpKind::kAllReduce) == std::make_pair(int64_t{1}, int64_t{4000}),
+                        "all_reduce traffic is not 1 call of 4000 bytes"));
+  RETURN_IF_ERROR(
+      Check(delta(OpKind::kReduceScatter) == std::make_pair(int64_t{1}, int64_t{32} * size),
+            "reduce_scatter traffic is not 1 call of the input's bytes"));
+  RETURN_IF_ERROR(Check(delta(OpKind::kAllGather) == std::make_pair(int64_t{1}, int64_t{32} * size),
+                        "all_gather traffic is not 1 call of the output's bytes"));
+
+  // Launch validation is local: nothing is enqueued, so no rank falls out of step.
+  ReduceScatterOptions bad;
+  bad.shard_sizes = std::vector<int64_t>(size, 1);
+  auto rejected =
+      comm.ReduceScatter(at::zeros({size + 1}, at::kFloat), at::zeros({1}, at::kFloat), bad);
+  RETURN_IF_ERROR(
+      Check(rejected.status().code() == absl::StatusCode::kInvalidArgument &&
+                absl::StrContains(rejected.status().message(),
+                                  absl::StrCat("sum to ", size, ", expected numel ", size + 1)),
+            absl::StrCat("bad shard sizes gave ", rejected.status().ToString())));
+  auto avg_int = comm.AllReduce(at::zeros({4}, at::kLong), {ReduceOp::kAvg});
+  RETURN_IF_ERROR(Check(avg_int.status().code() == absl::StatusCode::kInvalidArgument &&
+                            absl::StrContains(avg_int.status().message(),
+                                              "avg needs a floating-point dtype, got Long"),
+                        absl::StrCat("avg of int64 gave ", avg_int.status().ToString())));
+  auto empty = comm.LaunchGroup({});
+  return Check(empty.status().code() == absl::StatusCode::kInvalidArgument,
+               absl::StrCat("empty group gave ", empty.status().ToString()));
+}
+
+absl::Status ExpectError(const absl::Status& status, absl::StatusCode code,
+                         const std::vector<std::string>& substrings, const std::string& what) {
+  std::fprintf(stderr, "%s: got %s\n", what.c_str(), status.ToString().c_str());
+  bool ok = status.code() == code;
+  for (const std::string& s : substrings) ok = ok && absl::StrContains(status.message(), s);
+  return Check(ok,
+               absl::StrCat(what, ": expected ", absl::StatusCodeToString(code), " containing [",
+                            absl::StrJoin(substrings, "; "), "], got ", status.ToString()));
+}
+
+absl::Status SleepPastTimeout(Communicator& comm) {
+  const int victim = comm.size() - 1;
+  at::Tensor t = at::zeros({256}, at::kFloat).add_(1);
+  RETURN_IF_ERROR(WaitOk(comm.AllReduce(t), comm, "all_reduce #1"));
+  const absl::Duration timeout = comm.timeout();
+  if (comm.rank() == victim) {
+    absl::SleepFor(timeout + absl::Milliseconds(1500));
+    auto work = comm.AllReduce(t);
+    if (!work.ok()) return work.status();
+    return ExpectError((*work)->Wait(timeout + absl::Seconds(5)), absl::StatusCode::kUnavailable,
+                       {"all_reduce #2"}, "late rank");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.AllReduce(t));
+  RETURN_IF_ERROR(ExpectError(work->Wait(timeout / 2), absl::StatusCode::kDeadlineExceeded,
+                              {"all_reduce #2 did not complete within", "not launched by",
+                               absl::StrCat("rank ", victim, " (last launched #1)")},
+                              "short wait"));
+  return ExpectError(work->Wait(timeout + absl::Seconds(5)), absl::StatusCode::kUnavailable,
+                     {"all_reduce #2 failed on rank", absl::StrCat("rank ", victim)},
+                     "engine timeout");
+}
+
+absl::Status KilledRank(Communicator& comm) {
+  const int victim = comm.size() - 1;
+  at::Tensor t = at::zeros({256}, at::kFloat);
+  RETURN_IF_ERROR(WaitOk(comm.AllReduce(t), comm, "all_reduce #1"));
+  if (comm.rank() == victim) {
+    // Let the peers read the last bytes of #1 first: a SIGKILLed socket may reset the connection
+    // and discard data they have not read yet.
+    absl::SleepFor(absl::Milliseconds(500));
+    raise(SIGKILL);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.AllReduce(t));
+  RETURN_IF_ERROR(ExpectError(work->Wait(comm.timeout() + absl::Seconds(5)),
+                              absl::StatusCode::kUnavailable,
+                              {"all_reduce #2 failed on rank", "not launched by",
+                               absl::StrCat("rank ", victim, " (last launched #1)")},
+                              "peer killed"));
+  auto later = comm.AllReduce(t);
+  return ExpectError(later.status(), absl::StatusCode::kFailedPrecondition,
+                     {"unusable after an earlier collective failed"}, "launch after failure");
+}
+
+}  // namespace
+
+absl::Status RunConformanceCase(absl::string_view name, Communicator& comm) {
+  if (name == "arithmetic") {
+    RETURN_IF_ERROR(AllReduceCases(comm));
+    RETURN_IF_ERROR(ReduceScatterCases(comm));
+    RETURN_IF_ERROR(AllGatherCases(comm));
+    RETURN_IF_ERROR(BroadcastAndBarrier(comm));
+    RETURN_IF_ERROR(GroupedLaunch(comm));
+    return TrafficAndValidation(comm);
+  }
+  if (name == "sleep_past_timeout") return SleepPastTimeout(comm);
+  if (name == "killed_rank") return KilledRank(comm);
+  return absl::InvalidArgumentError(absl::StrCat("unknown conformance case '", name, "'"));
+}
+
+std::string PassLine(absl::string_view name, int rank) {
+  return absl::StrCat("conformance case ", name, " passed on rank ", rank);
+}
+
+absl::StatusOr<ConformanceJob> RunConformanceJob(const std::string& worker,
+                                                 absl::string_view case_name, int world_size,
+                                                 absl::Duration timeout) {
+  ConformanceJob job;
+  LaunchOptions options;
+  options.binary = worker;
+  options.args = {std::string(case_name), absl::StrCat(absl::ToInt64Milliseconds(timeout))};
+  options.nprocs = world_size;
+  options.grace_period = absl::Seconds(20);
+  options.timeout = absl::Seconds(60);
+  options.forward_signals = false;
+  options.output = [&job](absl::string_view line, bool) { job.lines.emplace_back(line); };
+  ASSIGN_OR_RETURN(job.launch, LaunchLocal(options));
+  return job;
+}
+
+}  // namespace orthoshard::collectives::testing

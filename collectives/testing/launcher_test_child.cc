@@ -1,0 +1,57 @@
+// A rank process for launcher_test: `launcher_test_child MODE`.
+//   print: prints two stdout lines (the second without a newline) and one stderr line, exits 0.
+//   env: prints the rendezvous variables it received.
+//   fail: rank 1 exits with 3 at once; the others sleep until killed.
+//   wait_signal: prints "ready", waits for SIGTERM, prints "got SIGTERM" and exits with 7.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+volatile sig_atomic_t g_terminated = 0;
+void OnTerm(int) { g_terminated = 1; }
+const char* Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "<unset>" : value;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  const int rank = std::atoi(Env("RANK"));
+  if (std::strcmp(argv[1], "print") == 0) {
+    std::printf("hello from %d of %s\nno newline at the end", rank, Env("WORLD_SIZE"));
+    std::fflush(stdout);
+    std::fprintf(stderr, "error line %d\n", rank);
+    return 0;
+  }
+  if (std::strcmp(argv[1], "env") == 0) {
+    std::printf(
+        "RANK=%s LOCAL_RANK=%s WORLD_SIZE=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s "
+        "AGENT_STORE=%s EXTRA=%s\n",
+        Env("RANK"), Env("LOCAL_RANK"), Env("WORLD_SIZE"), Env("LOCAL_WORLD_SIZE"),
+        Env("MASTER_ADDR"), Env("TORCHELASTIC_USE_AGENT_STORE"), Env("EXTRA"));
+    std::printf("MASTER_PORT=%s\n", Env("MASTER_PORT"));
+    return 0;
+  }
+  if (std::strcmp(argv[1], "fail") == 0) {
+    if (rank == 1) return 3;
+    sleep(60);
+    return 0;
+  }
+  if (std::strcmp(argv[1], "wait_signal") == 0) {
+    struct sigaction action = {};
+    action.sa_handler = OnTerm;
+    sigaction(SIGTERM, &action, nullptr);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    for (int i = 0; i < 3000 && !g_terminated; ++i) usleep(10000);
+    if (!g_terminated) return 1;
+    std::printf("got SIGTERM\n");
+    return 7;
+  }
+  return 2;
+}
