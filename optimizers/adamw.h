@@ -1,0 +1,90 @@
+// AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", arXiv:1711.05101) with the
+// numerics of torch.optim.AdamW(foreach=False) in PyTorch 2.11: the same ATen ops in the same order,
+// so fp32 results are bitwise equal on the same machine (proved by optimizers:oracle_test).
+//
+//   step += 1
+//   p *= 1 - lr * wd                                   (decoupled weight decay, when wd != 0)
+//   m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g
+//   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+//
+// AdamWUpdate is the per-tensor kernel, also used by the distributed optimizers on their shards.
+#ifndef ORTHOSHARD_OPTIMIZERS_ADAMW_H_
+#define ORTHOSHARD_OPTIMIZERS_ADAMW_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "optimizers/optimizer.h"
+
+namespace orthoshard::optimizers {
+
+struct AdamWHyper {
+  double lr = 1e-3;            // base lr (multiplied by the schedule)
+  double beta1 = 0.9;          // first-moment decay, in [0, 1)
+  double beta2 = 0.999;        // second-moment decay, in [0, 1)
+  double eps = 1e-8;           // added after the bias-corrected square root, >= 0
+  double weight_decay = 0.01;  // decoupled, >= 0
+};
+
+// Errors: kInvalidArgument naming the field, e.g. "AdamW: beta1 must be in [0, 1), got 1".
+absl::Status ValidateAdamWHyper(const AdamWHyper& hp);
+
+// Per-tensor state. Exported as "<name>/exp_avg", "<name>/exp_avg_sq", "<name>/step" (int64 scalar).
+struct AdamWState {
+  at::Tensor exp_avg;     // fp32, param's shape
+  at::Tensor exp_avg_sq;  // fp32, param's shape
+  int64_t step = 0;       // updates applied so far
+};
+
+// Zero state for an fp32 tensor like `param`.
+AdamWState MakeAdamWState(const at::Tensor& param);
+
+// One AdamW update of `param` in place with lr `lr` (hp.lr is ignored; callers pass the scheduled
+// lr). Preconditions, not checked here (the AdamW class checks them at Create and SetGrad): param,
+// grad and both moments are fp32 tensors of one shape; hp is valid. Advances state.step.
+void AdamWUpdate(const at::Tensor& param, const at::Tensor& grad, AdamWState& state,
+                 const AdamWHyper& hp, double lr);
+
+struct AdamWGroup {
+  AdamWHyper hp;
+  std::vector<Param> params;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  // Errors: kInvalidArgument for invalid hyperparameters, params (see MakeMainParam) or a duplicate
+  // param name ("duplicate param name 'w'").
+  static absl::StatusOr<std::unique_ptr<AdamW>> Create(std::vector<AdamWGroup> groups);
+
+  absl::string_view kind() const override { return "adamw"; }
+  absl::Status Step(const StepContext& context) override;
+  absl::StatusOr<double> GradSumSquares() const override;
+  std::vector<NamedTensor> ExportState() const override;
+  absl::Status ImportState(absl::Span<const NamedTensor> state) override;
+  int64_t num_params() const override;
+  int64_t numel() const override;
+  absl::Status SetGrad(const std::string& name, const at::Tensor& grad) override;
+
+ private:
+  struct Slot {
+    MainParam p;
+    AdamWState state;
+  };
+  struct Group {
+    AdamWHyper hp;
+    std::vector<Slot> slots;
+  };
+  explicit AdamW(std::vector<Group> groups) : groups_(std::move(groups)) {}
+
+  std::vector<Group> groups_;
+};
+
+}  // namespace orthoshard::optimizers
+
+#endif  // ORTHOSHARD_OPTIMIZERS_ADAMW_H_

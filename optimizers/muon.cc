@@ -1,0 +1,235 @@
+#include "optimizers/muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/lerp.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+
+#include <unordered_set>
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::optimizers {
+
+absl::Status ValidateMuonHyper(const MuonHyper& hp) {
+  if (!(hp.lr >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("Muon: lr must be >= 0, got ", hp.lr));
+  }
+  if (!(hp.weight_decay >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Muon: weight_decay must be >= 0, got ", hp.weight_decay));
+  }
+  if (!(hp.momentum >= 0.0 && hp.momentum < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Muon: momentum must be in [0, 1), got ", hp.momentum));
+  }
+  if (hp.ns.ns_steps < 1 || hp.ns.ns_steps >= 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Muon: ns_steps must be in [1, 100), got ", hp.ns.ns_steps));
+  }
+  if (!(hp.ns.eps > 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("Muon: eps must be > 0, got ", hp.ns.eps));
+  }
+  for (double c : hp.ns.coefficients) {
+    if (!std::isfinite(c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Muon: Newton-Schulz coefficients must be finite, got ", c));
+    }
+  }
+  if (hp.scale_rule == MuonScaleRule::kSpectral && !(hp.extra_scale > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Muon: extra_scale must be > 0 for the spectral rule, got ", hp.extra_scale));
+  }
+  return absl::OkStatus();
+}
+
+at::Tensor NewtonSchulz(const at::Tensor& g, const NewtonSchulzOptions& options) {
+  // Op for op torch/optim/_muon.py `_zeropower_via_newtonschulz`. The copy is explicit so that an
+  // fp32 iteration on an fp32 input never writes through to the caller's tensor.
+  const auto [a, b, c] = options.coefficients;
+  const at::ScalarType dtype = options.dtype == NsDType::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  const bool transpose = g.size(0) > g.size(1);
+  at::Tensor x = g.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  if (transpose) x = x.t();
+  x.div_(at::linalg_vector_norm(x, 2).clamp(options.eps));
+  for (int i = 0; i < options.ns_steps; ++i) {
+    const at::Tensor gram = at::mm(x, x.t());                          // [m, m], m = min(rows, cols)
+    const at::Tensor gram_update = at::addmm(gram, gram, gram, b, c);  // b A + c A^2
+    x = at::addmm(x, gram_update, x, a);                               // a X + (b A + c A^2) X
+  }
+  return transpose ? x.t() : x;
+}
+
+double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp) {
+  const double r = static_cast<double>(rows);
+  const double c = static_cast<double>(cols);
+  switch (hp.scale_rule) {
+    case MuonScaleRule::kOriginal:
+      return std::sqrt(std::max(1.0, r / c));
+    case MuonScaleRule::kMatchRmsAdamW:
+      return 0.2 * std::sqrt(std::max(r, c));
+    case MuonScaleRule::kSpectral:
+      return hp.extra_scale * std::sqrt(std::max(r, c));
+  }
+  return 1.0;
+}
+
+void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
+                const MuonHyper& hp, double lr, const FusedSplit& split) {
+  momentum_buffer.lerp_(grad, 1.0 - hp.momentum);
+  const at::Tensor update = hp.nesterov ? at::lerp(grad, momentum_buffer, hp.momentum)
+                                        : momentum_buffer;
+  const int64_t cols = param.size(1);
+  if (split.block_rows.empty()) {
+    const at::Tensor ortho = NewtonSchulz(update, hp.ns);
+    const double adjusted_lr = lr * MuonLrScale(param.size(0), cols, hp);
+    param.mul_(1.0 - lr * hp.weight_decay);
+    param.add_(ortho, -adjusted_lr);
+    return;
+  }
+  // Fused weight: view [G, R, cols] and orthogonalise block j of all groups as one matrix.
+  const int64_t groups = split.num_groups;
+  const int64_t rows_per_group = param.size(0) / groups;
+  const at::Tensor update3 = update.view({groups, rows_per_group, cols});
+  std::vector<at::Tensor> orthos;
+  int64_t offset = 0;
+  for (int64_t r : split.block_rows) {
+    orthos.push_back(
+        NewtonSchulz(update3.narrow(1, offset, r).reshape({groups * r, cols}), hp.ns));
+    offset += r;
+  }
+  param.mul_(1.0 - lr * hp.weight_decay);
+  const at::Tensor param3 = param.view({groups, rows_per_group, cols});
+  offset = 0;
+  for (size_t j = 0; j < orthos.size(); ++j) {
+    const int64_t r = split.block_rows[j];
+    const double adjusted_lr = lr * MuonLrScale(groups * r, cols, hp);
+    param3.narrow(1, offset, r).add_(orthos[j].reshape({groups, r, cols}), -adjusted_lr);
+    offset += r;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<MuonGroup> groups) {
+  std::vector<Group> out;
+  std::unordered_set<std::string> names;
+  for (MuonGroup& g : groups) {
+    RETURN_IF_ERROR(ValidateMuonHyper(g.hp));
+    Group group{g.hp, {}};
+    for (Param& p : g.params) {
+      if (!names.insert(p.name).second) {
+        return absl::InvalidArgumentError(absl::StrCat("duplicate param name '", p.name, "'"));
+      }
+      if (p.param.defined() && p.param.dim() != 2) {
+        return absl::InvalidArgumentError(absl::StrCat("param '", p.name,
+                                                       "': Muon needs a 2-D matrix, got shape ",
+                                                       ShapeString(p.param.sizes())));
+      }
+      ASSIGN_OR_RETURN(MainParam mp, MakeMainParam(std::move(p)));
+      RETURN_IF_ERROR(ValidateSplit(mp.param.name, mp.param.split, mp.main.size(0)));
+      at::Tensor buf = at::zeros_like(mp.main);
+      group.slots.push_back(Slot{std::move(mp), std::move(buf)});
+    }
+    out.push_back(std::move(group));
+  }
+  return std::unique_ptr<Muon>(new Muon(std::move(out)));
+}
+
+absl::Status Muon::Step(const StepContext& context) {
+  for (const Group& g : groups_) {
+    for (const Slot& s : g.slots) RETURN_IF_ERROR(CheckGrad(s.p.param));
+  }
+  try {
+    for (Group& g : groups_) {
+      const double lr = g.hp.lr * context.lr_multiplier;
+      for (Slot& s : g.slots) {
+        if (!s.p.param.grad.defined()) continue;
+        MuonUpdate(s.p.main, GradAsFloat(s.p.param.grad, context.grad_scale), s.momentum_buffer,
+                   g.hp, lr, s.p.param.split);
+        SyncModelParam(s.p);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Muon step: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Muon::GradSumSquares() const {
+  std::vector<MainParam> params;
+  for (const Group& g : groups_) {
+    for (const Slot& s : g.slots) params.push_back(s.p);
+  }
+  return LocalGradSumSquares(params);
+}
+
+std::vector<NamedTensor> Muon::ExportState() const {
+  std::vector<NamedTensor> out;
+  for (const Group& g : groups_) {
+    for (const Slot& s : g.slots) {
+      const std::string& n = s.p.param.name;
+      out.push_back({n + "/momentum_buffer", s.momentum_buffer.clone()});
+      if (s.p.owns_main()) out.push_back({n + "/main_param", s.p.main.clone()});
+    }
+  }
+  return out;
+}
+
+absl::Status Muon::ImportState(absl::Span<const NamedTensor> state) {
+  std::vector<std::string> expected;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, source
+  for (Group& g : groups_) {
+    for (Slot& s : g.slots) {
+      const std::string& n = s.p.param.name;
+      ASSIGN_OR_RETURN(at::Tensor buf, FindState(state, n + "/momentum_buffer", s.momentum_buffer));
+      copies.push_back({s.momentum_buffer, buf});
+      expected.push_back(n + "/momentum_buffer");
+      if (s.p.owns_main()) {
+        ASSIGN_OR_RETURN(at::Tensor main, FindState(state, n + "/main_param", s.p.main));
+        copies.push_back({s.p.main, main});
+        expected.push_back(n + "/main_param");
+      }
+    }
+  }
+  RETURN_IF_ERROR(CheckNoUnexpectedState(state, expected));
+  for (auto& [dst, src] : copies) dst.copy_(src);
+  for (Group& g : groups_) {
+    for (Slot& s : g.slots) SyncModelParam(s.p);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Muon::SetGrad(const std::string& name, const at::Tensor& grad) {
+  for (Group& g : groups_) {
+    for (Slot& s : g.slots) {
+      if (s.p.param.name != name) continue;
+      Param candidate = s.p.param;
+      candidate.grad = grad;
+      RETURN_IF_ERROR(CheckGrad(candidate));
+      s.p.param.grad = grad;
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no param named '", name, "'"));
+}
+
+int64_t Muon::num_params() const {
+  int64_t n = 0;
+  for (const Group& g : groups_) n += static_cast<int64_t>(g.slots.size());
+  return n;
+}
+
+int64_t Muon::numel() const {
+  int64_t n = 0;
+  for (const Group& g : groups_) {
+    for (const Slot& s : g.slots) n += s.p.main.numel();
+  }
+  return n;
+}
+
+}  // namespace orthoshard::optimizers

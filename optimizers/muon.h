@@ -1,0 +1,113 @@
+// Muon (Jordan et al., https://kellerjordan.github.io/posts/muon/) with the numerics of
+// torch.optim.Muon in PyTorch 2.11 (torch/optim/_muon.py), plus the options Megatron-LM adds:
+// configurable Newton–Schulz dtype, Megatron's "spectral" lr scale, and fused weights (QKV, SwiGLU
+// gate/up) orthogonalised per logical block.
+//
+//   B = lerp(B, g, 1 - mu)                    (B = mu B + (1 - mu) g)
+//   U = lerp(g, B, mu) if nesterov else B     (g + mu (B - g))
+//   O = NS(U) per logical block               (see NewtonSchulz)
+//   p *= 1 - lr * wd                          (weight decay with the unadjusted lr)
+//   p -= lr * scale(rows, cols) * O           (scale per block shape, see MuonLrScale)
+//
+// With bf16 Newton–Schulz, default coefficients and no split, MuonUpdate is op for op PyTorch's
+// `_single_tensor_muon`, hence bitwise equal on the same machine (optimizers:oracle_test).
+#ifndef ORTHOSHARD_OPTIMIZERS_MUON_H_
+#define ORTHOSHARD_OPTIMIZERS_MUON_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "optimizers/optimizer.h"
+
+namespace orthoshard::optimizers {
+
+enum class MuonScaleRule {
+  kOriginal,       // sqrt(max(1, rows / cols))            (Keller Jordan; PyTorch "original")
+  kMatchRmsAdamW,  // 0.2 * sqrt(max(rows, cols))          (Moonshot, arXiv:2502.16982)
+  kSpectral,       // extra_scale * sqrt(max(rows, cols))  (Megatron-LM "spectral")
+};
+
+enum class NsDType { kBFloat16, kFloat32 };
+
+struct NewtonSchulzOptions {
+  // Quintic iteration X <- a X + (b A + c A^2) X with A = X X^T (PyTorch's defaults).
+  std::array<double, 3> coefficients = {3.4445, -4.7750, 2.0315};
+  int ns_steps = 5;                     // iterations, in [1, 100)
+  double eps = 1e-7;                    // the Frobenius norm is clamped at eps before dividing
+  NsDType dtype = NsDType::kBFloat16;   // dtype the iteration runs in
+};
+
+struct MuonHyper {
+  double lr = 1e-3;           // base lr (multiplied by the schedule)
+  double weight_decay = 0.1;  // decoupled, applied with the unadjusted lr, >= 0
+  double momentum = 0.95;     // mu, in [0, 1)
+  bool nesterov = true;
+  NewtonSchulzOptions ns;
+  MuonScaleRule scale_rule = MuonScaleRule::kOriginal;
+  double extra_scale = 1.0;   // kSpectral only, > 0
+};
+
+// Errors: kInvalidArgument naming the field, e.g. "Muon: ns_steps must be in [1, 100), got 0".
+absl::Status ValidateMuonHyper(const MuonHyper& hp);
+
+// Approximately orthogonalises the 2-D `g` (US'V^T with S' near 1 for G = USV^T): normalises a copy
+// in options.dtype by its Frobenius norm (clamped at eps), works on the transpose when rows > cols
+// so the Gram matrix is the small one, and runs the quintic iteration. Returns a tensor of g's shape
+// in options.dtype; `g` is not modified. Precondition: g is 2-D floating point.
+at::Tensor NewtonSchulz(const at::Tensor& g, const NewtonSchulzOptions& options);
+
+// The factor applied to lr for a [rows, cols] matrix under hp.scale_rule.
+double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp);
+
+// One Muon update with lr `lr` (hp.lr is ignored; callers pass the scheduled lr). `param`, `grad`
+// and `momentum_buffer` are fp32 of one 2-D shape; `split` has been validated against it. The
+// momentum and Nesterov steps act on the whole tensor; Newton–Schulz and the lr scale act per block.
+void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
+                const MuonHyper& hp, double lr, const FusedSplit& split);
+
+struct MuonGroup {
+  MuonHyper hp;
+  std::vector<Param> params;  // 2-D only
+};
+
+// Muon over param groups. State per param: "<name>/momentum_buffer" (fp32) and, for bf16 model
+// params, "<name>/main_param".
+class Muon final : public Optimizer {
+ public:
+  // Errors: kInvalidArgument for invalid hyperparameters, a param that is not 2-D ("param 'w':
+  // Muon needs a 2-D matrix, got shape [8]"), an invalid split, a duplicate name, or as MakeMainParam.
+  static absl::StatusOr<std::unique_ptr<Muon>> Create(std::vector<MuonGroup> groups);
+
+  absl::string_view kind() const override { return "muon"; }
+  absl::Status Step(const StepContext& context) override;
+  absl::StatusOr<double> GradSumSquares() const override;
+  std::vector<NamedTensor> ExportState() const override;
+  absl::Status ImportState(absl::Span<const NamedTensor> state) override;
+  absl::Status SetGrad(const std::string& name, const at::Tensor& grad) override;
+  int64_t num_params() const override;
+  int64_t numel() const override;
+
+ private:
+  struct Slot {
+    MainParam p;
+    at::Tensor momentum_buffer;  // fp32, param's shape
+  };
+  struct Group {
+    MuonHyper hp;
+    std::vector<Slot> slots;
+  };
+  explicit Muon(std::vector<Group> groups) : groups_(std::move(groups)) {}
+
+  std::vector<Group> groups_;
+};
+
+}  // namespace orthoshard::optimizers
+
+#endif  // ORTHOSHARD_OPTIMIZERS_MUON_H_

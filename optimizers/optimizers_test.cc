@@ -1,0 +1,436 @@
+// Unit tests for AdamW, Muon and the ChainedOptimizer beyond the PyTorch oracle: fused-weight block
+// splitting, mixed precision, clipping modes, the non-finite step skip, state round trips and the
+// exact error messages.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/sin.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/zeros.h>
+
+#include "absl/status/status.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "optimizers/adamw.h"
+#include "optimizers/chained.h"
+#include "optimizers/muon.h"
+#include "optimizers/optimizer.h"
+
+namespace orthoshard::optimizers {
+namespace {
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Deterministic pseudo-random values: sin of a quadratic phase (full rank as a matrix).
+at::Tensor Det(std::vector<int64_t> shape, double seed, double scale = 1.0) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const at::Tensor x = at::arange(n, at::kFloat);
+  const at::Tensor phase = at::mul(x, x).mul_(0.0113).add_(x, 0.7311).add_(seed);
+  return at::mul(at::sin(phase), scale).reshape(shape);
+}
+
+// Equal names and bitwise-equal tensors, ignoring the state named `ignore`.
+bool StatesEqual(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b,
+                 const std::string& ignore = "") {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name != b[i].name) return false;
+    if (a[i].name != ignore && !at::equal(a[i].tensor, b[i].tensor)) return false;
+  }
+  return true;
+}
+
+class OptimizersTest : public ::testing::Test {
+ protected:
+  void SetUp() override { at::set_num_threads(1); }
+};
+
+TEST_F(OptimizersTest, MuonLrScaleRules) {
+  MuonHyper hp;
+  hp.scale_rule = MuonScaleRule::kOriginal;
+  EXPECT_DOUBLE_EQ(MuonLrScale(64, 16, hp), 2.0);
+  EXPECT_DOUBLE_EQ(MuonLrScale(16, 64, hp), 1.0);
+  hp.scale_rule = MuonScaleRule::kMatchRmsAdamW;
+  EXPECT_DOUBLE_EQ(MuonLrScale(16, 64, hp), 0.2 * 8.0);
+  hp.scale_rule = MuonScaleRule::kSpectral;
+  hp.extra_scale = 0.5;
+  EXPECT_DOUBLE_EQ(MuonLrScale(64, 16, hp), 0.5 * 8.0);
+}
+
+TEST_F(OptimizersTest, NewtonSchulzOrthogonalisesWithoutTouchingInput) {
+  for (NsDType dtype : {NsDType::kBFloat16, NsDType::kFloat32}) {
+    NewtonSchulzOptions options;
+    options.dtype = dtype;
+    const at::Tensor g = Det({24, 40}, 0.3);
+    const at::Tensor before = g.clone();
+    const at::Tensor o = NewtonSchulz(g, options).to(at::kFloat);
+    EXPECT_TRUE(at::equal(g, before));
+    // The quintic iteration leaves singular values roughly in (0.5, 1.5): O O^T is near I.
+    const at::Tensor gram = at::mm(o, o.t());
+    const at::Tensor diag = gram.diagonal();
+    EXPECT_GT(diag.min().item<float>(), 0.25f);
+    EXPECT_LT(diag.max().item<float>(), 2.25f);
+    // Tall input = transpose of the wide one.
+    const at::Tensor tall = NewtonSchulz(g.t(), options).to(at::kFloat);
+    EXPECT_TRUE(at::allclose(tall, o.t(), 0.0, 1e-2));
+  }
+}
+
+// Orthogonalising a fused weight per block equals running Muon on each block as its own matrix.
+void ExpectSplitMatchesSeparateBlocks(int64_t groups, std::vector<int64_t> block_rows, int64_t cols,
+                                      MuonScaleRule rule) {
+  int64_t rows_per_group = 0;
+  for (int64_t r : block_rows) rows_per_group += r;
+  const std::vector<int64_t> shape = {groups * rows_per_group, cols};
+  MuonHyper hp;
+  hp.lr = 0.02;
+  hp.scale_rule = rule;
+  const FusedSplit split{groups, block_rows};
+  at::Tensor fused = Det(shape, 0.1, 0.05);
+  const at::Tensor initial = fused.clone();
+  std::vector<at::Tensor> grads = {Det(shape, 1.0), Det(shape, 2.0)};
+  auto gather = [&](const at::Tensor& t, size_t j) {
+    int64_t offset = 0;
+    for (size_t k = 0; k < j; ++k) offset += block_rows[k];
+    return t.view({groups, rows_per_group, cols})
+        .narrow(1, offset, block_rows[j])
+        .reshape({groups * block_rows[j], cols})
+        .clone();
+  };
+  MuonGroup fused_group{hp, {Param{"fused", fused, grads[0], split}}};
+  MuonGroup block_group{hp, {}};
+  std::vector<at::Tensor> blocks;
+  for (size_t j = 0; j < block_rows.size(); ++j) {
+    blocks.push_back(gather(initial, j));
+    block_group.params.push_back(
+        Param{"block" + std::to_string(j), blocks.back(), gather(grads[0], j), {}});
+  }
+  auto fused_opt = Muon::Create({fused_group});
+  auto block_opt = Muon::Create({block_group});
+  ASSERT_TRUE(fused_opt.ok()) << fused_opt.status();
+  ASSERT_TRUE(block_opt.ok()) << block_opt.status();
+  for (size_t s = 0; s < grads.size(); ++s) {
+    ASSERT_TRUE((*fused_opt)->SetGrad("fused", grads[s]).ok());
+    for (size_t j = 0; j < block_rows.size(); ++j) {
+      ASSERT_TRUE((*block_opt)->SetGrad("block" + std::to_string(j), gather(grads[s], j)).ok());
+    }
+    ASSERT_TRUE((*fused_opt)->Step({}).ok());
+    ASSERT_TRUE((*block_opt)->Step({}).ok());
+  }
+  for (size_t j = 0; j < block_rows.size(); ++j) {
+    EXPECT_TRUE(at::allclose(gather(fused, j), blocks[j], 1e-5, 1e-6)) << "block " << j;
+  }
+  // And it is not what orthogonalising the whole fused matrix gives.
+  at::Tensor whole = initial.clone();
+  MuonGroup whole_group{hp, {Param{"whole", whole, grads[0], {}}}};
+  auto whole_opt = Muon::Create({whole_group});
+  ASSERT_TRUE(whole_opt.ok());
+  for (const at::Tensor& g : grads) {
+    ASSERT_TRUE((*whole_opt)->SetGrad("whole", g).ok());
+    ASSERT_TRUE((*whole_opt)->Step({}).ok());
+  }
+  EXPECT_FALSE(at::allclose(whole, fused, 1e-3, 1e-4));
+}
+
+TEST_F(OptimizersTest, FusedQkvIsOrthogonalisedPerProjection) {
+  // 2 query groups, 2 query heads per group, head dim 4: per group [q: 8, k: 4, v: 4] rows.
+  ExpectSplitMatchesSeparateBlocks(2, {8, 4, 4}, 16, MuonScaleRule::kMatchRmsAdamW);
+}
+
+TEST_F(OptimizersTest, SwigluGateAndUpAreTwoMatrices) {
+  ExpectSplitMatchesSeparateBlocks(1, {24, 24}, 16, MuonScaleRule::kOriginal);
+}
+
+TEST_F(OptimizersTest, Bf16ParamsUseFp32MainParams) {
+  const at::Tensor init = Det({16, 12}, 0.5).to(at::kBFloat16);
+  const at::Tensor grad = Det({16, 12}, 1.5).to(at::kBFloat16);
+  for (bool use_muon : {false, true}) {
+    at::Tensor model = init.clone();
+    at::Tensor reference = init.to(at::kFloat);
+    std::unique_ptr<Optimizer> mixed, plain;
+    if (use_muon) {
+      mixed = *Muon::Create({{MuonHyper{}, {Param{"w", model, grad, {}}}}});
+      plain = *Muon::Create({{MuonHyper{}, {Param{"w", reference, grad.to(at::kFloat), {}}}}});
+    } else {
+      mixed = *AdamW::Create({{AdamWHyper{}, {Param{"w", model, grad, {}}}}});
+      plain = *AdamW::Create({{AdamWHyper{}, {Param{"w", reference, grad.to(at::kFloat), {}}}}});
+    }
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(mixed->Step({}).ok());
+      ASSERT_TRUE(plain->Step({}).ok());
+    }
+    const std::vector<NamedTensor> state = mixed->ExportState();
+    const NamedTensor& main = state.back();
+    ASSERT_EQ(main.name, "w/main_param");
+    EXPECT_TRUE(at::equal(main.tensor, reference)) << mixed->kind();
+    EXPECT_TRUE(at::equal(model, reference.to(at::kBFloat16))) << mixed->kind();
+    EXPECT_EQ(model.scalar_type(), at::kBFloat16);
+  }
+}
+
+std::vector<Param> ToyParams() {
+  return {
+      Param{"embed.weight", Det({20, 8}, 0.1), Det({20, 8}, 1.1, 0.1), {}},
+      Param{"layers.0.norm.weight", Det({8}, 0.2), Det({8}, 1.2, 0.1), {}},
+      Param{"layers.0.fc1.weight", Det({16, 8}, 0.3), Det({16, 8}, 1.3, 0.1), {}},
+      Param{"layers.0.fc2.weight", Det({8, 16}, 0.4), Det({8, 16}, 1.4, 0.1), {}},
+      Param{"layers.0.fc2.bias", Det({8}, 0.5), Det({8}, 1.5, 0.1), {}},
+  };
+}
+
+TEST_F(OptimizersTest, ChainedRoutesAndReports) {
+  auto chained = ChainedOptimizer::Create(ToyParams(), ChainedConfig{});
+  ASSERT_TRUE(chained.ok()) << chained.status();
+  const RoutingReport& r = (*chained)->routing_report();
+  EXPECT_EQ(r.muon_count, 2);
+  EXPECT_EQ(r.muon_numel, 256);
+  EXPECT_EQ(r.adamw_count, 3);
+  EXPECT_EQ(r.adamw_numel, 176);
+  EXPECT_EQ((*chained)->muon().num_params(), 2);
+  EXPECT_EQ((*chained)->muon().numel(), 256);
+  EXPECT_EQ((*chained)->adamw().numel(), 176);
+}
+
+TEST_F(OptimizersTest, NonFiniteStepLeavesEveryStateUntouched) {
+  std::vector<Param> params = ToyParams();
+  std::vector<at::Tensor> model;
+  for (const Param& p : params) model.push_back(p.param);
+  ChainedConfig config;
+  config.clip_mode = ClipMode::kExcludeMuon;  // Muon grads are still checked for finiteness
+  auto chained = ChainedOptimizer::Create(params, config);
+  ASSERT_TRUE(chained.ok());
+  ASSERT_TRUE((*chained)->Step().ok());  // non-zero momentum and moments first
+  std::vector<at::Tensor> before;
+  for (const at::Tensor& t : model) before.push_back(t.clone());
+  const std::vector<NamedTensor> state_before = (*chained)->ExportState();
+  for (const char* bad : {"layers.0.fc1.weight", "embed.weight"}) {
+    at::Tensor grad = Det({bad[0] == 'e' ? 20 : 16, 8}, 3.0);
+    grad[1][2] = bad[0] == 'e' ? std::nan("") : INFINITY;
+    ASSERT_TRUE((*chained)->SetGrad(bad, grad).ok());
+    auto result = (*chained)->Step();
+    ASSERT_TRUE(result.ok());
+    EXPECT_TRUE(result->skipped) << bad;
+    EXPECT_TRUE(StatesEqual((*chained)->ExportState(), state_before, "chained/skipped_steps"))
+        << bad;
+    for (size_t i = 0; i < model.size(); ++i) EXPECT_TRUE(at::equal(model[i], before[i])) << bad;
+    ASSERT_TRUE((*chained)->SetGrad(bad, Det({bad[0] == 'e' ? 20 : 16, 8}, 3.0)).ok());
+  }
+  EXPECT_EQ((*chained)->skipped_steps(), 2);
+  EXPECT_EQ((*chained)->steps_taken(), 1);
+  auto result = (*chained)->Step();
+  ASSERT_TRUE(result.ok());
+  EXPECT_FALSE(result->skipped);
+  EXPECT_EQ((*chained)->steps_taken(), 2);
+}
+
+// First-step moments reveal the gradient scale each optimizer saw: exp_avg = (1 - beta1) * s * g,
+// momentum_buffer = (1 - mu) * s * g.
+TEST_F(OptimizersTest, ClipModes) {
+  for (ClipMode mode : {ClipMode::kAllBeforeMomentum, ClipMode::kExcludeMuon}) {
+    std::vector<Param> params = ToyParams();
+    ChainedConfig config;
+    config.max_grad_norm = 0.05;
+    config.clip_mode = mode;
+    auto chained = ChainedOptimizer::Create(params, config);
+    ASSERT_TRUE(chained.ok());
+    auto stats = (*chained)->LocalGradStats();
+    ASSERT_TRUE(stats.ok());
+    double adamw_ss = 0.0, muon_ss = 0.0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const double ss = at::mul(params[i].grad, params[i].grad).sum().item<double>();
+      (i == 2 || i == 3 ? muon_ss : adamw_ss) += ss;
+    }
+    EXPECT_NEAR(stats->adamw_sum_squares, adamw_ss, 1e-6 * adamw_ss);
+    EXPECT_NEAR(stats->muon_sum_squares, muon_ss, 1e-6 * muon_ss);
+    auto result = (*chained)->Step();
+    ASSERT_TRUE(result.ok());
+    const bool all = mode == ClipMode::kAllBeforeMomentum;
+    const double norm =
+        std::sqrt(stats->adamw_sum_squares + (all ? stats->muon_sum_squares : 0.0));
+    EXPECT_DOUBLE_EQ(result->grad_norm, norm);
+    const double scale = 0.05 / (norm + 1e-6);
+    EXPECT_DOUBLE_EQ(result->clip_scale, scale);
+    for (const NamedTensor& t : (*chained)->ExportState()) {
+      if (t.name == "adamw/embed.weight/exp_avg") {
+        EXPECT_TRUE(at::allclose(t.tensor, at::mul(params[0].grad, 0.1 * scale), 1e-5, 1e-9));
+      }
+      if (t.name == "muon/layers.0.fc1.weight/momentum_buffer") {
+        const double muon_scale = all ? scale : 1.0;
+        EXPECT_TRUE(
+            at::allclose(t.tensor, at::mul(params[2].grad, 0.05 * muon_scale), 1e-5, 1e-9));
+      }
+    }
+  }
+}
+
+// Non-matrix AdamW params (norms, biases) form their own group with their own weight decay.
+TEST_F(OptimizersTest, ChainedNonMatrixGroupWeightDecay) {
+  for (double wd : {0.0, 0.5}) {
+    std::vector<Param> params = ToyParams();
+    for (Param& p : params) p.grad = at::zeros_like(p.param);  // only weight decay moves params
+    const at::Tensor bias = params[4].param, embed = params[0].param;
+    const at::Tensor bias0 = bias.clone(), embed0 = embed.clone();
+    ChainedConfig config;
+    config.max_grad_norm = 0.0;
+    config.adamw.lr = 0.1;
+    config.adamw.weight_decay = 0.2;
+    config.adamw_non_matrix_weight_decay = wd;
+    auto chained = ChainedOptimizer::Create(params, config);
+    ASSERT_TRUE(chained.ok());
+    ASSERT_TRUE((*chained)->Step().ok());
+    EXPECT_TRUE(at::allclose(bias, at::mul(bias0, 1.0 - 0.1 * wd)));
+    EXPECT_TRUE(at::allclose(embed, at::mul(embed0, 1.0 - 0.1 * 0.2)));
+  }
+}
+
+TEST_F(OptimizersTest, ScheduleDrivesLr) {
+  ChainedConfig config;
+  config.schedule = {ScheduleKind::kWarmupCosine, 2, 6, 0, 0.1};
+  auto chained = ChainedOptimizer::Create(ToyParams(), config);
+  ASSERT_TRUE(chained.ok());
+  for (int s = 0; s < 4; ++s) {
+    auto result = (*chained)->Step();
+    ASSERT_TRUE(result.ok());
+    EXPECT_DOUBLE_EQ(result->lr_multiplier, LrMultiplier(config.schedule, s));
+  }
+}
+
+TEST_F(OptimizersTest, StateRoundTripResumesBitwise) {
+  auto make = [](std::vector<Param> params) {
+    params[2].param = params[2].param.to(at::kBFloat16);  // one bf16 model param with a main param
+    return ChainedOptimizer::Create(std::move(params), ChainedConfig{});
+  };
+  std::vector<Param> a_params = ToyParams();
+  auto a = make(a_params);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->Step().ok());
+  ASSERT_TRUE((*a)->Step().ok());
+  const std::vector<NamedTensor> saved = (*a)->ExportState();
+  EXPECT_EQ(saved.size(), 3 * 3 + 2 + 1 + 2);  // AdamW 3 fields x 3, Muon 2 buffers + 1 main, 2
+  // A fresh optimizer over (copies of) the same model params, resumed from the export.
+  std::vector<Param> b_params = ToyParams();
+  auto b = make(b_params);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE((*b)->ImportState(saved).ok());
+  EXPECT_TRUE(StatesEqual((*b)->ExportState(), saved));
+  EXPECT_EQ((*b)->steps_taken(), 2);
+  // Model params are not optimizer state; bring b's fp32 ones in line as a checkpoint load would.
+  for (size_t i = 0; i < a_params.size(); ++i) {
+    if (i != 2) b_params[i].param.copy_(a_params[i].param);
+  }
+  ASSERT_TRUE((*a)->Step().ok());
+  ASSERT_TRUE((*b)->Step().ok());
+  EXPECT_TRUE(StatesEqual((*b)->ExportState(), (*a)->ExportState()));
+}
+
+TEST_F(OptimizersTest, ImportErrors) {
+  auto adamw = AdamW::Create({{AdamWHyper{}, {Param{"w", Det({4, 4}, 0.0), at::Tensor(), {}}}}});
+  ASSERT_TRUE(adamw.ok());
+  std::vector<NamedTensor> state = (*adamw)->ExportState();
+  std::vector<NamedTensor> missing(state.begin() + 1, state.end());
+  EXPECT_THAT((*adamw)->ImportState(missing),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing state tensor 'w/exp_avg'")));
+  std::vector<NamedTensor> bad_shape = state;
+  bad_shape[0].tensor = at::zeros({2}, at::kFloat);
+  EXPECT_THAT((*adamw)->ImportState(bad_shape),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("state tensor 'w/exp_avg' has shape [2], expected [4,4]")));
+  std::vector<NamedTensor> bad_dtype = state;
+  bad_dtype[2].tensor = at::full({}, 1.0, at::kFloat);
+  EXPECT_THAT((*adamw)->ImportState(bad_dtype),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("state tensor 'w/step' has dtype Float, expected Long")));
+  std::vector<NamedTensor> extra = state;
+  extra.push_back({"v/exp_avg", at::zeros({4, 4}, at::kFloat)});
+  EXPECT_THAT((*adamw)->ImportState(extra),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected state tensor 'v/exp_avg'")));
+}
+
+TEST_F(OptimizersTest, ChainedImportIsAllOrNothing) {
+  auto a = ChainedOptimizer::Create(ToyParams(), ChainedConfig{});
+  auto b = ChainedOptimizer::Create(ToyParams(), ChainedConfig{});
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE((*a)->Step().ok());
+  std::vector<NamedTensor> saved = (*a)->ExportState();
+  std::vector<NamedTensor> partial;
+  for (const NamedTensor& t : saved) {
+    if (t.name != "muon/layers.0.fc2.weight/momentum_buffer") partial.push_back(t);
+  }
+  const std::vector<NamedTensor> b_before = (*b)->ExportState();
+  EXPECT_THAT((*b)->ImportState(partial),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("missing state tensor 'layers.0.fc2.weight/momentum_buffer'")));
+  EXPECT_TRUE(StatesEqual((*b)->ExportState(), b_before));
+  partial = saved;
+  partial.push_back({"sgd/w/momentum", at::zeros({1}, at::kFloat)});
+  EXPECT_THAT((*b)->ImportState(partial),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected state tensor 'sgd/w/momentum'")));
+}
+
+TEST_F(OptimizersTest, ParamWithoutGradIsNotStepped) {
+  at::Tensor w = Det({4, 4}, 0.0), v = Det({4, 4}, 1.0);
+  const at::Tensor w0 = w.clone(), v0 = v.clone();
+  auto muon = Muon::Create({{MuonHyper{}, {Param{"w", w, at::Tensor(), {}},
+                                           Param{"v", v, Det({4, 4}, 2.0), {}}}}});
+  ASSERT_TRUE(muon.ok());
+  ASSERT_TRUE((*muon)->Step({}).ok());
+  EXPECT_TRUE(at::equal(w, w0));
+  EXPECT_FALSE(at::equal(v, v0));
+}
+
+TEST_F(OptimizersTest, CreateAndStepErrors) {
+  EXPECT_THAT(Muon::Create({{MuonHyper{}, {Param{"b", Det({4}, 0.0), at::Tensor(), {}}}}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'b': Muon needs a 2-D matrix, got shape [4]")));
+  EXPECT_THAT(
+      Muon::Create({{MuonHyper{}, {Param{"qkv", Det({80, 8}, 0.0), at::Tensor(), {2, {32, 8, 8}}}}}})
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("param 'qkv': fused split 2 groups x 48 rows = 96 rows, weight has 80")));
+  MuonHyper bad_muon;
+  bad_muon.ns.ns_steps = 0;
+  EXPECT_THAT(Muon::Create({{bad_muon, {}}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Muon: ns_steps must be in [1, 100), got 0")));
+  AdamWHyper bad_adamw;
+  bad_adamw.beta1 = 1.0;
+  EXPECT_THAT(AdamW::Create({{bad_adamw, {}}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("AdamW: beta1 must be in [0, 1), got 1")));
+  EXPECT_THAT(AdamW::Create({{AdamWHyper{}, {Param{"i", at::zeros({3}, at::kLong), {}, {}}}}})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'i': dtype Long, expected Float or BFloat16")));
+  EXPECT_THAT(AdamW::Create({{AdamWHyper{},
+                              {Param{"w", Det({2}, 0.0), {}, {}}, Param{"w", Det({2}, 0.0), {}, {}}}}})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate param name 'w'")));
+  auto adamw = AdamW::Create({{AdamWHyper{}, {Param{"w", Det({4, 4}, 0.0), Det({4, 4}, 1.0), {}}}}});
+  ASSERT_TRUE(adamw.ok());
+  EXPECT_THAT((*adamw)->SetGrad("w", Det({3, 3}, 1.0)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'w': grad shape [3,3], expected [4,4]")));
+  EXPECT_THAT((*adamw)->SetGrad("x", Det({4, 4}, 1.0)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no param named 'x'")));
+}
+
+}  // namespace
+}  // namespace orthoshard::optimizers
