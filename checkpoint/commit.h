@@ -1,0 +1,74 @@
+// The crash-safe directory protocol of checkpoints under one root directory:
+//
+//   root/step_000123.tmp/   being written (any crash leaves only this behind)
+//   root/step_000123/       complete: files and directory fsynced before the rename
+//   root/latest             "step_000123\n", replaced atomically after the rename
+//
+// Save: BeginCheckpoint → every rank writes its files into the returned `.tmp` directory → the
+// caller runs a barrier across ranks → exactly one rank calls CommitCheckpoint. These are local
+// file-system operations with no barrier of their own; at most one save may be in flight per root
+// (CommitCheckpoint removes other `.tmp` directories as stale). Load: ResolveLatest (or
+// ResolveCheckpointDir for a path that may be either a root or a step directory).
+#ifndef ORTHOSHARD_CHECKPOINT_COMMIT_H_
+#define ORTHOSHARD_CHECKPOINT_COMMIT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace orthoshard::checkpoint {
+
+// File name of the pointer to the newest complete checkpoint.
+inline constexpr char kLatestFileName[] = "latest";
+
+// "step_000123" for step 123 (at least six digits; wider steps print in full).
+// Precondition: step >= 0.
+std::string StepDirName(int64_t step);
+
+// Step number of a complete-checkpoint directory name ("step_000123" → 123); nullopt for anything
+// else, `.tmp` directories included.
+std::optional<int64_t> ParseStepDirName(absl::string_view name);
+
+struct CommitOptions {
+  // Complete checkpoints to keep after a commit (the newest ones); 0 keeps all. The one `latest`
+  // points at is never deleted.
+  int keep_last = 3;
+};
+
+// Creates `root` if needed and an empty `root`/step_NNNNNN.tmp/ (a leftover one from a crashed save
+// of the same step is removed first). Returns its path. Errors: kInvalidArgument for step < 0;
+// kAlreadyExists if step_NNNNNN/ is already committed; OS errors naming the path.
+absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step);
+
+// Commits step `step`: fsyncs every file in step_NNNNNN.tmp/ and the directory, renames it to
+// step_NNNNNN/, fsyncs `root`, atomically points `latest` at it, then applies `options.keep_last`
+// and removes stale `.tmp` directories. Call on one rank after all ranks finished writing.
+// Errors: kNotFound if the `.tmp` directory is missing; kAlreadyExists if the step is already
+// committed; OS errors naming the path. A failure before the rename leaves `latest` unchanged.
+absl::Status CommitCheckpoint(const std::string& root, int64_t step,
+                              const CommitOptions& options = {});
+
+// Deletes complete checkpoints beyond the newest `keep_last` (never the one `latest` points at)
+// and every `*.tmp` directory. `keep_last` 0 keeps all complete ones. Errors: OS errors.
+absl::Status GarbageCollect(const std::string& root, int keep_last);
+
+// Steps of the complete checkpoints in `root`, ascending. Errors: OS errors.
+absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& root);
+
+// The directory `latest` points at. Errors: kNotFound "checkpoint root R: pointer file R/latest is
+// missing (no committed checkpoint)"; kDataLoss if its contents are not a step directory name;
+// kNotFound "... R/latest points at 'step_000123' but R/step_000123 does not exist" (dangling).
+absl::StatusOr<std::string> ResolveLatest(const std::string& root);
+
+// `path` itself if it holds a manifest, else ResolveLatest(path). Errors: those of ResolveLatest,
+// with a note that `path` holds no manifest either.
+absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
+
+}  // namespace orthoshard::checkpoint
+
+#endif  // ORTHOSHARD_CHECKPOINT_COMMIT_H_
