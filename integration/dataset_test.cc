@@ -1,0 +1,312 @@
+#include "integration/dataset.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace orthoshard::integration {
+namespace {
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), bytes.size());
+}
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// A Megatron `.idx` as MMapIndexedDataset.Index.writer produces it.
+std::string MegatronIdx(uint8_t dtype_code, int64_t element_size, const std::vector<int32_t>& lengths,
+                        const std::vector<int64_t>& document_index) {
+  std::string out("MMIDIDX\0\0", 9);
+  Put<uint64_t>(&out, 1);
+  Put<uint8_t>(&out, dtype_code);
+  Put<uint64_t>(&out, lengths.size());
+  Put<uint64_t>(&out, document_index.size());
+  for (int32_t l : lengths) Put<int32_t>(&out, l);
+  int64_t pointer = 0;
+  for (int32_t l : lengths) {
+    Put<int64_t>(&out, pointer);
+    pointer += l * element_size;
+  }
+  for (int64_t d : document_index) Put<int64_t>(&out, d);
+  return out;
+}
+
+TEST(SyntheticCorpus, DeterministicAndLearnable) {
+  ASSERT_OK_AND_ASSIGN(SyntheticCorpus a, MakeSyntheticCorpus({/*seed=*/5, /*num_tokens=*/200000}));
+  ASSERT_OK_AND_ASSIGN(SyntheticCorpus b, MakeSyntheticCorpus({/*seed=*/5, /*num_tokens=*/200000}));
+  ASSERT_OK_AND_ASSIGN(SyntheticCorpus c, MakeSyntheticCorpus({/*seed=*/6, /*num_tokens=*/200000}));
+  EXPECT_EQ(a.data.tokens, b.data.tokens);
+  EXPECT_NE(a.data.tokens, c.data.tokens);
+  ASSERT_EQ(a.data.tokens.size(), 200000u);
+  EXPECT_EQ(a.data.vocab_size, 256);
+  // Far below the unigram entropy: a model has much to learn beyond byte frequencies.
+  EXPECT_GT(a.unigram_entropy_nats, 2.5);
+  EXPECT_LT(a.entropy_nats_per_token, 0.4);
+  EXPECT_GT(a.entropy_nats_per_token, 0.2);
+  EXPECT_DOUBLE_EQ(a.unigram_entropy_nats, UnigramEntropy(a.data.tokens));
+  // Each line opens and closes with the same name.
+  const std::string text(a.data.tokens.begin(), a.data.tokens.begin() + 2000);
+  const size_t end = text.find('\n');
+  ASSERT_NE(end, std::string::npos);
+  const std::string line = text.substr(0, end);
+  const std::string name = line.substr(0, line.find(' '));
+  EXPECT_EQ(line.substr(line.size() - name.size() - 3), ", " + name + ".");
+}
+
+TEST(SyntheticCorpus, RejectsTinySize) {
+  EXPECT_THAT(MakeSyntheticCorpus({1, 10}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("synthetic corpus: num_tokens must be >= 64, got 10")));
+}
+
+TEST(UnigramEntropy, UniformIsLogN) {
+  EXPECT_NEAR(UnigramEntropy({0, 1, 2, 3}), std::log(4.0), 1e-12);
+  EXPECT_EQ(UnigramEntropy({7, 7, 7}), 0.0);
+  EXPECT_EQ(UnigramEntropy({}), 0.0);
+}
+
+TEST(TextFile, BytesAreTokens) {
+  const std::string path = TempPath("text.txt");
+  WriteFile(path, std::string("hi\xff\n", 4));
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadTextFile(path));
+  EXPECT_EQ(data.vocab_size, 256);
+  EXPECT_THAT(data.tokens, ElementsAre('h', 'i', 255, '\n'));
+  WriteFile(path, "");
+  EXPECT_THAT(LoadTextFile(path), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("data file '" + path + "': file is empty")));
+  EXPECT_THAT(LoadTextFile(TempPath("absent.txt")),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("data file '" + TempPath("absent.txt") +
+                                 "': cannot open: No such file or directory")));
+}
+
+TEST(NanoGptFile, Uint16LittleEndian) {
+  const std::string path = TempPath("train.bin");
+  WriteFile(path, std::string("\x01\x00\xff\x00\x00\x01", 6));
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadNanoGptFile(path, 300));
+  EXPECT_THAT(data.tokens, ElementsAre(1, 255, 256));
+  EXPECT_EQ(data.vocab_size, 300);
+  EXPECT_THAT(LoadNanoGptFile(path, 256),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("nanoGPT token file '" + path +
+                                 "': token 256 at index 2 is >= vocab size 256")));
+  WriteFile(path, std::string("\x01\x00\x02", 3));
+  EXPECT_THAT(LoadNanoGptFile(path, 300),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("size 3 bytes is not a multiple of 2 (uint16 tokens)")));
+  EXPECT_THAT(LoadNanoGptFile(TempPath("absent.bin"), 300),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
+}
+
+TEST(Megatron, ReadsSequencesInOrder) {
+  const std::string prefix = TempPath("mega");
+  // Two documents: sequences {0, 1} and {2}; int32 tokens.
+  WriteFile(prefix + ".idx", MegatronIdx(4, 4, {2, 1, 3}, {0, 2, 3}));
+  std::string bin;
+  for (int32_t t : {10, 11, 20, 30, 31, 32}) Put<int32_t>(&bin, t);
+  WriteFile(prefix + ".bin", bin);
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadMegatronDataset(prefix, 64));
+  EXPECT_THAT(data.tokens, ElementsAre(10, 11, 20, 30, 31, 32));
+
+  ASSERT_OK_AND_ASSIGN(MegatronIndex index,
+                       ParseMegatronIndex(MegatronIdx(4, 4, {2, 1, 3}, {0, 2, 3}), "x"));
+  EXPECT_EQ(index.dtype_code, 4);
+  EXPECT_THAT(index.lengths, ElementsAre(2, 1, 3));
+  EXPECT_THAT(index.pointers, ElementsAre(0, 8, 12));
+  EXPECT_THAT(index.document_index, ElementsAre(0, 2, 3));
+  EXPECT_EQ(index.bin_bytes(), 24);
+}
+
+TEST(Megatron, Uint16AndUint8) {
+  const std::string prefix = TempPath("mega16");
+  WriteFile(prefix + ".idx", MegatronIdx(8, 2, {3}, {0, 1}));
+  WriteFile(prefix + ".bin", std::string("\x05\x00\x00\x01\x07\x00", 6));
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadMegatronDataset(prefix, 50304));
+  EXPECT_THAT(data.tokens, ElementsAre(5, 256, 7));
+  WriteFile(prefix + ".idx", MegatronIdx(1, 1, {2, 1}, {0, 2}));
+  WriteFile(prefix + ".bin", "abc");
+  ASSERT_OK_AND_ASSIGN(data, LoadMegatronDataset(prefix, 256));
+  EXPECT_THAT(data.tokens, ElementsAre('a', 'b', 'c'));
+}
+
+TEST(Megatron, LoadErrors) {
+  const std::string prefix = TempPath("megabad");
+  const std::string idx = prefix + ".idx", bin = prefix + ".bin";
+  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("megatron index '" + idx + "': cannot open")));
+  WriteFile(idx, MegatronIdx(3, 2, {2}, {0, 1}));
+  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("megatron data '" + bin + "'")));
+  WriteFile(bin, std::string("\x01\x00", 2));
+  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("megatron data '" + bin + "': size 2 bytes, index '" + idx +
+                                 "' says 4")));
+  WriteFile(bin, std::string("\x01\x00\xff\xff", 4));  // int16 -1
+  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("token -1 at index 1 is outside [0, vocab size 10)")));
+  WriteFile(idx, MegatronIdx(7, 4, {1}, {0, 1}));
+  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("dtype code 7 (float32) is not an integer token type")));
+}
+
+TEST(Megatron, ParseErrors) {
+  const std::string good = MegatronIdx(4, 4, {2, 1}, {0, 2});
+  auto parse = [](const std::string& bytes) { return ParseMegatronIndex(bytes, "d.idx"); };
+  EXPECT_THAT(parse(good.substr(0, 20)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("megatron index 'd.idx': truncated header: 20 bytes, expected "
+                                 "at least 34")));
+  std::string bad = good;
+  bad[0] = 'X';
+  EXPECT_THAT(parse(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("megatron index 'd.idx': bad magic, expected "
+                                             "\"MMIDIDX\\0\\0\"")));
+  bad = good;
+  bad[9] = 2;
+  EXPECT_THAT(parse(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("unsupported version 2, expected 1")));
+  bad = good;
+  bad[17] = 9;
+  EXPECT_THAT(parse(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("unknown dtype code 9, expected 1..8")));
+  EXPECT_THAT(parse(good.substr(0, good.size() - 1)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("truncated: 2 sequences and 2 documents need 34 + 12 * 2 + 8 * 2 "
+                                 "bytes, file has 73")));
+  EXPECT_THAT(parse(good + "zz"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("2 trailing bytes after the document index")));
+  bad = good;
+  const int32_t negative = -3;
+  std::memcpy(&bad[34 + 4], &negative, 4);
+  EXPECT_THAT(parse(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("sequence 1 has negative length -3")));
+  bad = good;
+  const int64_t pointer = 12;
+  std::memcpy(&bad[34 + 8 + 8], &pointer, 8);
+  EXPECT_THAT(parse(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("sequence 1 starts at byte 12, expected 8 (pointers must be "
+                                 "contiguous: previous pointer + length * 4)")));
+  EXPECT_THAT(parse(MegatronIdx(4, 4, {2, 1}, {0, 3})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("document index entry 1 is 3, expected non-decreasing values "
+                                 "from 0 to the sequence count 2")));
+  EXPECT_THAT(parse(MegatronIdx(4, 4, {2, 1}, {0, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("document index ends at 1, expected the sequence count 2")));
+  EXPECT_THAT(parse(MegatronIdx(4, 4, {2, 1}, {})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("document count is 0")));
+  // A sequence count that would overflow a naive size computation.
+  bad = good;
+  const uint64_t huge = 0x2000000000000001ull;
+  std::memcpy(&bad[18], &huge, 8);
+  EXPECT_THAT(parse(bad), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated: ")));
+}
+
+// Seeded random mutations of a valid index: the parser returns OK or an error, never crashes, and
+// whatever it accepts is self-consistent.
+TEST(Megatron, MutatedIndexNeverCrashes) {
+  const std::string good = MegatronIdx(8, 2, {5, 0, 7, 3}, {0, 1, 3, 4});
+  std::mt19937_64 rng(99);
+  int accepted = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string bytes = good;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      switch (rng() % 4) {
+        case 0: bytes[rng() % bytes.size()] = static_cast<char>(rng()); break;
+        case 1: bytes[rng() % bytes.size()] ^= static_cast<char>(1u << (rng() % 8)); break;
+        case 2: bytes.resize(rng() % (bytes.size() + 1)); break;
+        case 3: bytes.insert(rng() % (bytes.size() + 1), 1, static_cast<char>(rng())); break;
+      }
+      if (bytes.empty()) bytes = "M";
+    }
+    absl::StatusOr<MegatronIndex> index = ParseMegatronIndex(bytes, "m.idx");
+    if (!index.ok()) {
+      EXPECT_THAT(std::string(index.status().message()), HasSubstr("megatron index 'm.idx': "));
+      continue;
+    }
+    ++accepted;
+    ASSERT_EQ(index->lengths.size(), index->pointers.size());
+    ASSERT_EQ(index->document_index.front(), 0);
+    ASSERT_EQ(index->document_index.back(), static_cast<int64_t>(index->lengths.size()));
+    ASSERT_GE(index->bin_bytes(), 0);
+  }
+  EXPECT_GT(accepted, 0);  // some mutations (e.g. a dtype code change) stay valid
+}
+
+TEST(LoadDatasetSpec, EveryKind) {
+  ASSERT_OK_AND_ASSIGN(TokenDataset synthetic, LoadDatasetSpec("synthetic:1000", 256, 3));
+  ASSERT_OK_AND_ASSIGN(SyntheticCorpus direct, MakeSyntheticCorpus({3, 1000}));
+  EXPECT_EQ(synthetic.tokens, direct.data.tokens);
+  ASSERT_OK_AND_ASSIGN(TokenDataset default_size, LoadDatasetSpec("synthetic", 256, 3));
+  EXPECT_EQ(default_size.tokens.size(), 1u << 20);
+
+  const std::string text = TempPath("spec.txt");
+  WriteFile(text, "abc");
+  ASSERT_OK_AND_ASSIGN(TokenDataset t, LoadDatasetSpec("text:" + text, 256, 0));
+  EXPECT_THAT(t.tokens, ElementsAre('a', 'b', 'c'));
+  const std::string nano = TempPath("spec.bin");
+  WriteFile(nano, std::string("\x02\x00", 2));
+  ASSERT_OK_AND_ASSIGN(TokenDataset n, LoadDatasetSpec("nanogpt:" + nano, 5, 0));
+  EXPECT_THAT(n.tokens, ElementsAre(2));
+  const std::string prefix = TempPath("spec_mega");
+  WriteFile(prefix + ".idx", MegatronIdx(1, 1, {2}, {0, 1}));
+  WriteFile(prefix + ".bin", std::string("\x01\x04", 2));
+  ASSERT_OK_AND_ASSIGN(TokenDataset m, LoadDatasetSpec("megatron:" + prefix, 5, 0));
+  EXPECT_THAT(m.tokens, ElementsAre(1, 4));
+
+  for (const char* spec : {"csv:x", "text", "text:", "synthetic:many", ""}) {
+    EXPECT_THAT(LoadDatasetSpec(spec, 256, 0),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("data spec '", spec,
+                                                "': expected synthetic[:TOKENS], text:PATH, "
+                                                "nanogpt:PATH or megatron:PREFIX"))));
+  }
+  EXPECT_THAT(LoadDatasetSpec("nanogpt:" + TempPath("none.bin"), 5, 0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
+}
+
+TEST(SplitTrainEval, TailIsHeldOut) {
+  TokenDataset data{"d", 10, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  ASSERT_OK_AND_ASSIGN(auto parts, SplitTrainEval(data, 0.25, 2));
+  EXPECT_THAT(parts.first.tokens, ElementsAre(0, 1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(parts.second.tokens, ElementsAre(7, 8, 9));
+  EXPECT_EQ(parts.second.vocab_size, 10);
+  EXPECT_THAT(SplitTrainEval(data, 1.5, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("eval fraction must be in (0, 1), got 1.5")));
+  EXPECT_THAT(SplitTrainEval(data, 0.05, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("dataset 'd' has 10 tokens: an eval fraction of 0.05 leaves 9 "
+                                 "train and 1 eval tokens, each needs at least 2")));
+}
+
+}  // namespace
+}  // namespace orthoshard::integration

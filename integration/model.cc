@@ -1,0 +1,284 @@
+#include "integration/model.h"
+
+#include <cmath>
+#include <utility>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/silu.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::integration {
+namespace {
+
+absl::Status Positive(absl::string_view what, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("GptConfig: ", what, " must be > 0, got ", value));
+}
+
+std::string ShapeString(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+// Checks ids [B, T] are int64 and in [0, vocab).
+absl::Status CheckIds(absl::string_view what, const at::Tensor& ids, int64_t vocab,
+                      int64_t max_seq_len) {
+  if (!ids.defined() || ids.dim() != 2 || ids.scalar_type() != at::kLong) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gpt: ", what, " must be an int64 tensor [batch, seq], got ",
+        ids.defined() ? absl::StrCat(c10::toString(ids.scalar_type()), " ", ShapeString(ids))
+                      : std::string("an undefined tensor")));
+  }
+  if (ids.size(0) < 1 || ids.size(1) < 1 || ids.size(1) > max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("Gpt: ", what, " shape ", ShapeString(ids),
+                                                   " needs batch >= 1 and 1 <= seq <= ",
+                                                   max_seq_len));
+  }
+  const int64_t lo = ids.min().item<int64_t>();
+  const int64_t hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("Gpt: ", what, " ids must be in [0, ", vocab,
+                                                   "), got range [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* ParamKindName(ParamKind kind) {
+  switch (kind) {
+    case ParamKind::kEmbedding: return "embedding";
+    case ParamKind::kHidden: return "hidden";
+    case ParamKind::kNorm: return "norm";
+    case ParamKind::kOutput: return "output";
+  }
+  return "?";
+}
+
+absl::StatusOr<GptConfig> GptPreset(absl::string_view name) {
+  GptConfig c;
+  if (name == "tiny") return c;
+  if (name == "small") {
+    c.num_layers = 4;
+    c.hidden = 256;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.ffn_hidden = 704;
+    c.max_seq_len = 256;
+    return c;
+  }
+  if (name == "gpt2-124m") {
+    c.vocab_size = 50304;
+    c.max_seq_len = 1024;
+    c.num_layers = 12;
+    c.hidden = 768;
+    c.num_heads = 12;
+    c.num_kv_heads = 12;
+    c.ffn_hidden = 2048;
+    return c;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model preset '", name, "'; expected one of tiny, small, gpt2-124m"));
+}
+
+absl::Status ValidateConfig(const GptConfig& c) {
+  RETURN_IF_ERROR(Positive("vocab_size", c.vocab_size));
+  RETURN_IF_ERROR(Positive("max_seq_len", c.max_seq_len));
+  RETURN_IF_ERROR(Positive("num_layers", c.num_layers));
+  RETURN_IF_ERROR(Positive("hidden", c.hidden));
+  RETURN_IF_ERROR(Positive("num_heads", c.num_heads));
+  RETURN_IF_ERROR(Positive("num_kv_heads", c.num_kv_heads));
+  RETURN_IF_ERROR(Positive("ffn_hidden", c.ffn_hidden));
+  if (c.hidden % c.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GptConfig: hidden ", c.hidden,
+                                                   " is not divisible by num_heads ", c.num_heads));
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GptConfig: num_heads ", c.num_heads,
+                                                   " is not divisible by num_kv_heads ",
+                                                   c.num_kv_heads));
+  }
+  if ((c.hidden / c.num_heads) % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptConfig: head_dim ", c.hidden / c.num_heads, " must be even for rotary embeddings"));
+  }
+  if (!(c.rope_theta > 0) || !(c.norm_eps > 0) || !(c.init_std > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptConfig: rope_theta, norm_eps and init_std must be > 0, got ", c.rope_theta, ", ",
+        c.norm_eps, ", ", c.init_std));
+  }
+  return absl::OkStatus();
+}
+
+void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::ScalarType dtype,
+                  at::Tensor* cos, at::Tensor* sin) {
+  const int64_t half = head_dim / 2;
+  std::vector<double> c(max_seq_len * half), s(max_seq_len * half);
+  for (int64_t t = 0; t < max_seq_len; ++t) {
+    for (int64_t j = 0; j < half; ++j) {
+      // RoFormer (Su et al. 2021), eq. 15: theta_j = base^(-2j/d).
+      const double angle = static_cast<double>(t) *
+                           std::pow(theta, -2.0 * static_cast<double>(j) / head_dim);
+      c[t * half + j] = std::cos(angle);
+      s[t * half + j] = std::sin(angle);
+    }
+  }
+  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  *cos = at::from_blob(c.data(), {max_seq_len, half}, opts).clone().to(dtype);  // own the data
+  *sin = at::from_blob(s.data(), {max_seq_len, half}, opts).clone().to(dtype);
+}
+
+at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t t = x.size(-2);
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor c = cos.narrow(0, 0, t);  // [T, D/2], broadcast over [B, N]
+  const at::Tensor s = sin.narrow(0, 0, t);
+  const at::Tensor x1 = x.narrow(-1, 0, half);
+  const at::Tensor x2 = x.narrow(-1, half, half);
+  const at::Tensor parts[] = {x1 * c - x2 * s, x1 * s + x2 * c};
+  return at::cat(at::TensorList(parts), -1);
+}
+
+absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::ScalarType dtype,
+                                at::Device device) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  if (dtype != at::kFloat && dtype != at::kDouble) {
+    return absl::InvalidArgumentError(absl::StrCat("Gpt: param dtype must be float or double, got ",
+                                                   c10::toString(dtype)));
+  }
+  try {
+    Gpt model;
+    model.config_ = config;
+    const int64_t C = config.hidden, V = config.vocab_size, F = config.ffn_hidden;
+    const int64_t H = config.num_heads, KV = config.num_kv_heads, D = C / H;
+    const int L = static_cast<int>(config.num_layers);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    const double residual_std = config.init_std / std::sqrt(2.0 * L);
+
+    auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
+                   double std, FusedSplit split = {}) {
+      at::Tensor t;
+      if (kind == ParamKind::kNorm) {
+        t = at::ones(shape, at::TensorOptions().dtype(dtype).device(device));
+      } else {
+        t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+        t.normal_(0.0, std, gen);
+        t = t.to(device, dtype);
+      }
+      t.set_requires_grad(true);
+      model.params_.push_back({std::move(name), t, kind, layer, std::move(split)});
+      return t;
+    };
+
+    model.embedding_ = add("embedding.weight", {V, C}, ParamKind::kEmbedding, 0, config.init_std);
+    for (int i = 0; i < L; ++i) {
+      const std::string p = absl::StrCat("layers.", i, ".");
+      Layer layer;
+      layer.attn_norm = add(p + "attn_norm.weight", {C}, ParamKind::kNorm, i + 1, 0);
+      layer.qkv = add(p + "attn.qkv.weight", {(H + 2 * KV) * D, C}, ParamKind::kHidden, i + 1,
+                      config.init_std, FusedSplit{KV, {H / KV * D, D, D}});
+      layer.proj = add(p + "attn.proj.weight", {C, H * D}, ParamKind::kHidden, i + 1, residual_std);
+      layer.mlp_norm = add(p + "mlp_norm.weight", {C}, ParamKind::kNorm, i + 1, 0);
+      layer.fc1 = add(p + "mlp.fc1.weight", {2 * F, C}, ParamKind::kHidden, i + 1,
+                      config.init_std, FusedSplit{1, {F, F}});
+      layer.fc2 = add(p + "mlp.fc2.weight", {C, F}, ParamKind::kHidden, i + 1, residual_std);
+      model.layers_.push_back(std::move(layer));
+    }
+    model.final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0);
+    model.output_ = config.tie_embeddings
+                        ? model.embedding_
+                        : add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1,
+                              config.init_std);
+    RotaryTables(config.max_seq_len, D, config.rope_theta, dtype, &model.rope_cos_,
+                 &model.rope_sin_);
+    model.rope_cos_ = model.rope_cos_.to(device);
+    model.rope_sin_ = model.rope_sin_.to(device);
+    return model;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+int64_t Gpt::num_params() const {
+  int64_t n = 0;
+  for (const ModelParam& p : params_) n += p.tensor.numel();
+  return n;
+}
+
+at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x) const {
+  const int64_t B = x.size(0), T = x.size(1), C = config_.hidden;
+  const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = C / H, R = H / KV;
+  const int64_t F = config_.ffn_hidden;
+
+  const at::Tensor h = at::rms_norm(x, {C}, layer.attn_norm, config_.norm_eps);
+  const at::Tensor qkv = at::linear(h, layer.qkv).view({B, T, KV, R + 2, D});
+  at::Tensor q = qkv.narrow(3, 0, R).reshape({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+  at::Tensor k = qkv.select(3, R).transpose(1, 2);                           // [B, KV, T, D]
+  at::Tensor v = qkv.select(3, R + 1).transpose(1, 2);                       // [B, KV, T, D]
+  q = ApplyRotary(q, rope_cos_, rope_sin_);
+  k = ApplyRotary(k, rope_cos_, rope_sin_);
+  if (R > 1) {  // each KV head serves R consecutive query heads
+    k = k.unsqueeze(2).expand({B, KV, R, T, D}).reshape({B, H, T, D});
+    v = v.unsqueeze(2).expand({B, KV, R, T, D}).reshape({B, H, T, D});
+  }
+  const at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
+                                                        /*dropout_p=*/0.0, /*is_causal=*/true);
+  const at::Tensor x1 = x + at::linear(y.transpose(1, 2).reshape({B, T, H * D}), layer.proj);
+
+  const at::Tensor m = at::rms_norm(x1, {C}, layer.mlp_norm, config_.norm_eps);
+  const at::Tensor gate_up = at::linear(m, layer.fc1);  // [B, T, 2F]
+  const at::Tensor a = at::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F);
+  return x1 + at::linear(a, layer.fc2);
+}
+
+at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens) const {
+  CallHook(0);
+  at::Tensor x = at::embedding(embedding_, tokens);  // [B, T, C]
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    CallHook(static_cast<int>(i) + 1);
+    x = Block(layers_[i], x);
+  }
+  CallHook(static_cast<int>(layers_.size()) + 1);
+  x = at::rms_norm(x, {config_.hidden}, final_norm_, config_.norm_eps);
+  return at::linear(x, output_);  // [B, T, V]
+}
+
+absl::StatusOr<at::Tensor> Gpt::Forward(const at::Tensor& tokens) const {
+  try {
+    RETURN_IF_ERROR(CheckIds("tokens", tokens, config_.vocab_size, config_.max_seq_len));
+    return ForwardUnchecked(tokens);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<at::Tensor> Gpt::Loss(const at::Tensor& tokens, const at::Tensor& targets) const {
+  try {
+    RETURN_IF_ERROR(CheckIds("tokens", tokens, config_.vocab_size, config_.max_seq_len));
+    RETURN_IF_ERROR(CheckIds("targets", targets, config_.vocab_size, config_.max_seq_len));
+    if (!targets.sizes().equals(tokens.sizes())) {
+      return absl::InvalidArgumentError(absl::StrCat("Gpt: targets shape ", ShapeString(targets),
+                                                     " differs from tokens shape ",
+                                                     ShapeString(tokens)));
+    }
+    const at::Tensor logits = ForwardUnchecked(tokens);
+    return at::cross_entropy_loss(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace orthoshard::integration

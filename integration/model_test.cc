@@ -1,0 +1,386 @@
+#include "integration/model.h"
+
+#include <cmath>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorIndexing.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/tril.h>
+#include <ATen/ops/zeros.h>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "optimizers/routing.h"
+
+namespace orthoshard::integration {
+namespace {
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+GptConfig Small(bool tied) {
+  GptConfig c;
+  c.vocab_size = 11;
+  c.max_seq_len = 8;
+  c.num_layers = 2;
+  c.hidden = 8;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.ffn_hidden = 12;
+  c.tie_embeddings = tied;
+  c.init_std = 0.3;  // large enough that every path matters in the gradient check
+  return c;
+}
+
+at::Tensor Tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(vocab, {b, t}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+TEST(GptConfig, PresetsAndValidation) {
+  ASSERT_OK_AND_ASSIGN(GptConfig tiny, GptPreset("tiny"));
+  EXPECT_OK(ValidateConfig(tiny));
+  ASSERT_OK_AND_ASSIGN(GptConfig small, GptPreset("small"));
+  EXPECT_OK(ValidateConfig(small));
+  ASSERT_OK_AND_ASSIGN(GptConfig gpt2, GptPreset("gpt2-124m"));
+  EXPECT_OK(ValidateConfig(gpt2));
+  EXPECT_EQ(gpt2.num_layers, 12);
+  EXPECT_EQ(gpt2.hidden, 768);
+  EXPECT_EQ(gpt2.num_heads, 12);
+  EXPECT_EQ(gpt2.vocab_size, 50304);
+  EXPECT_EQ(gpt2.max_seq_len, 1024);
+  EXPECT_THAT(GptPreset("huge"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown model preset 'huge'; expected one of tiny, small, "
+                                 "gpt2-124m")));
+  GptConfig bad = Small(true);
+  bad.num_kv_heads = 3;
+  EXPECT_THAT(ValidateConfig(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("num_heads 4 is not divisible by "
+                                                      "num_kv_heads 3")));
+  bad = Small(true);
+  bad.hidden = 12;
+  bad.num_heads = 4;
+  bad.num_kv_heads = 4;
+  EXPECT_THAT(ValidateConfig(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("head_dim 3 must be even")));
+  bad = Small(true);
+  bad.num_layers = 0;
+  EXPECT_THAT(Gpt::Create(bad, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("GptConfig: num_layers must be > 0, got 0")));
+  EXPECT_THAT(Gpt::Create(Small(true), 1, at::kHalf).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param dtype must be float or double, got Half")));
+}
+
+TEST(Gpt, ParamsNamesShapesRolesAndSplits) {
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(/*tied=*/false), 1));
+  std::vector<std::string> names;
+  for (const ModelParam& p : model.params()) names.push_back(p.name);
+  EXPECT_THAT(names, ElementsAre("embedding.weight", "layers.0.attn_norm.weight",
+                                 "layers.0.attn.qkv.weight", "layers.0.attn.proj.weight",
+                                 "layers.0.mlp_norm.weight", "layers.0.mlp.fc1.weight",
+                                 "layers.0.mlp.fc2.weight", "layers.1.attn_norm.weight",
+                                 "layers.1.attn.qkv.weight", "layers.1.attn.proj.weight",
+                                 "layers.1.mlp_norm.weight", "layers.1.mlp.fc1.weight",
+                                 "layers.1.mlp.fc2.weight", "final_norm.weight",
+                                 "output_layer.weight"));
+  const auto& p = model.params();
+  EXPECT_EQ(p[0].kind, ParamKind::kEmbedding);
+  EXPECT_EQ(p[0].tensor.sizes(), (std::vector<int64_t>{11, 8}));
+  // H = 4, KV = 2, D = 2: (4 + 2 * 2) * 2 = 16 rows in 2 groups of {2 queries * 2, 2, 2}.
+  EXPECT_EQ(p[2].tensor.sizes(), (std::vector<int64_t>{16, 8}));
+  EXPECT_EQ(p[2].kind, ParamKind::kHidden);
+  EXPECT_EQ(p[2].split.num_groups, 2);
+  EXPECT_THAT(p[2].split.block_rows, ElementsAre(4, 2, 2));
+  EXPECT_EQ(p[5].tensor.sizes(), (std::vector<int64_t>{24, 8}));
+  EXPECT_EQ(p[5].split.num_groups, 1);
+  EXPECT_THAT(p[5].split.block_rows, ElementsAre(12, 12));
+  EXPECT_EQ(p[6].tensor.sizes(), (std::vector<int64_t>{8, 12}));
+  EXPECT_TRUE(p[6].split.block_rows.empty());
+  EXPECT_EQ(p[1].kind, ParamKind::kNorm);
+  EXPECT_EQ(p[14].kind, ParamKind::kOutput);
+  std::vector<int> layers;
+  for (const ModelParam& q : p) layers.push_back(q.layer);
+  EXPECT_THAT(layers, ElementsAre(0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3));
+  for (const ModelParam& q : p) EXPECT_TRUE(q.tensor.requires_grad()) << q.name;
+  EXPECT_EQ(model.num_forward_layers(), 4);
+  for (const ModelParam& q : p) {
+    EXPECT_TRUE(q.tensor.is_leaf()) << q.name;
+    EXPECT_EQ(q.tensor.device(), at::Device(at::kCPU));
+    EXPECT_EQ(q.tensor.scalar_type(), at::kFloat);
+  }
+
+  ASSERT_OK_AND_ASSIGN(Gpt tied, Gpt::Create(Small(/*tied=*/true), 1));
+  EXPECT_EQ(tied.params().size(), 14u);
+  EXPECT_EQ(tied.params().back().name, "final_norm.weight");
+  EXPECT_EQ(tied.num_params(), model.num_params() - 11 * 8);
+}
+
+// The optimizers' default name-based routing sends exactly the kHidden params to Muon.
+TEST(Gpt, NamesRouteLikeKinds) {
+  for (bool tied : {false, true}) {
+    ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(tied), 1));
+    std::vector<optimizers::ParamDescriptor> descriptors;
+    for (const ModelParam& p : model.params()) {
+      descriptors.push_back({p.name, std::vector<int64_t>(p.tensor.sizes().begin(),
+                                                          p.tensor.sizes().end())});
+    }
+    ASSERT_OK_AND_ASSIGN(optimizers::RoutingReport report,
+                         optimizers::PlanRouting(optimizers::RoutingConfig{}, descriptors));
+    for (size_t i = 0; i < descriptors.size(); ++i) {
+      EXPECT_EQ(report.entries[i].route == optimizers::Route::kMuon,
+                model.params()[i].kind == ParamKind::kHidden)
+          << model.params()[i].name;
+    }
+  }
+}
+
+TEST(Gpt, ForwardShapeAndErrors) {
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(true), 1));
+  ASSERT_OK_AND_ASSIGN(at::Tensor logits, model.Forward(Tokens(3, 5, 11, 1)));
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 5, 11}));
+  EXPECT_THAT(model.Forward(Tokens(3, 9, 11, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Gpt: tokens shape [3, 9] needs batch >= 1 and 1 <= seq <= 8")));
+  EXPECT_THAT(model.Forward(Tokens(3, 5, 11, 1).to(at::kInt)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Gpt: tokens must be an int64 tensor [batch, seq], got Int [3, 5]")));
+  at::Tensor bad = Tokens(2, 4, 11, 1);
+  bad.index_put_({1, 2}, 11);
+  EXPECT_THAT(model.Forward(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("tokens ids must be in [0, 11), got range")));
+  EXPECT_THAT(model.Loss(Tokens(2, 4, 11, 1), Tokens(2, 3, 11, 2)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("targets shape [2, 3] differs from tokens shape [2, 4]")));
+}
+
+TEST(Gpt, SameSeedSameParams) {
+  ASSERT_OK_AND_ASSIGN(Gpt a, Gpt::Create(Small(false), 42));
+  ASSERT_OK_AND_ASSIGN(Gpt b, Gpt::Create(Small(false), 42));
+  ASSERT_OK_AND_ASSIGN(Gpt c, Gpt::Create(Small(false), 43));
+  for (size_t i = 0; i < a.params().size(); ++i) {
+    EXPECT_TRUE(at::equal(a.params()[i].tensor, b.params()[i].tensor)) << a.params()[i].name;
+    if (a.params()[i].kind != ParamKind::kNorm) {
+      EXPECT_FALSE(at::equal(a.params()[i].tensor, c.params()[i].tensor)) << a.params()[i].name;
+    }
+  }
+  const at::Tensor tokens = Tokens(2, 8, 11, 3);
+  ASSERT_OK_AND_ASSIGN(at::Tensor la, a.Forward(tokens));
+  ASSERT_OK_AND_ASSIGN(at::Tensor lb, b.Forward(tokens));
+  EXPECT_TRUE(at::equal(la, lb));
+}
+
+TEST(Gpt, Causal) {
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(false), 7));
+  const at::Tensor a = Tokens(2, 8, 11, 4);
+  at::Tensor b = a.clone();
+  b.narrow(1, 5, 3).copy_(Tokens(2, 3, 11, 5));
+  ASSERT_OK_AND_ASSIGN(at::Tensor la, model.Forward(a));
+  ASSERT_OK_AND_ASSIGN(at::Tensor lb, model.Forward(b));
+  EXPECT_TRUE(at::allclose(la.narrow(1, 0, 5), lb.narrow(1, 0, 5), 1e-5, 1e-6));
+  EXPECT_FALSE(at::allclose(la.narrow(1, 5, 3), lb.narrow(1, 5, 3), 1e-5, 1e-6));
+}
+
+TEST(Rotary, MatchesDirectFormula) {
+  const int64_t B = 2, N = 3, T = 7, D = 6;
+  const double theta = 100.0;
+  at::Tensor cos, sin;
+  RotaryTables(/*max_seq_len=*/10, D, theta, at::kDouble, &cos, &sin);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor x = at::randn({B, N, T, D}, gen, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor y = ApplyRotary(x, cos, sin);
+  ASSERT_EQ(y.sizes(), x.sizes());
+  const auto xa = x.accessor<double, 4>();
+  const auto ya = y.accessor<double, 4>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < D / 2; ++j) {
+          const double angle = t / std::pow(theta, 2.0 * j / D);
+          const double x1 = xa[b][n][t][j], x2 = xa[b][n][t][j + D / 2];
+          EXPECT_NEAR(ya[b][n][t][j], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-12);
+          EXPECT_NEAR(ya[b][n][t][j + D / 2], x1 * std::sin(angle) + x2 * std::cos(angle), 1e-12);
+        }
+      }
+    }
+  }
+  // Rotations preserve the dot product's dependence on relative position only:
+  // <R_s q, R_t k> == <R_{s+1} q, R_{t+1} k>.
+  const at::Tensor q = at::randn({1, 1, 1, D}, gen, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor qs = ApplyRotary(q.expand({1, 1, 10, D}).contiguous(), cos, sin);
+  const at::Tensor ks = ApplyRotary(q.expand({1, 1, 10, D}).contiguous() * 0.5 + 1, cos, sin);
+  const double d25 = (qs.select(2, 2) * ks.select(2, 5)).sum().item<double>();
+  const double d36 = (qs.select(2, 3) * ks.select(2, 6)).sum().item<double>();
+  EXPECT_NEAR(d25, d36, 1e-12);
+}
+
+// An independent forward from the documented layout, head by head with explicit formulas:
+// RMSNorm x / sqrt(mean(x^2) + eps) * w; query head h of group g = h / R reads qkv rows
+// [g*(R+2)*D + (h % R)*D, +D), its key rows [g*(R+2)*D + R*D, +D), value rows the D after;
+// softmax(q k^T / sqrt(D) + causal mask) v; SwiGLU silu(gate) * up with gate = fc1 rows [0, F).
+at::Tensor ReferenceLogits(const Gpt& model, const at::Tensor& tokens) {
+  const GptConfig& c = model.config();
+  const int64_t T = tokens.size(1), C = c.hidden, H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t D = C / H, R = H / KV, F = c.ffn_hidden;
+  const auto& p = model.params();
+  auto rms = [&](const at::Tensor& x, const at::Tensor& w) {
+    return x / ((x * x).mean({-1}, true) + c.norm_eps).sqrt() * w;
+  };
+  at::Tensor cos, sin;
+  RotaryTables(c.max_seq_len, D, c.rope_theta, at::kDouble, &cos, &sin);
+  const at::Tensor mask = at::tril(at::ones({T, T}, at::TensorOptions().dtype(at::kBool)));
+  at::Tensor x = p[0].tensor.index_select(0, tokens.reshape({-1})).view({tokens.size(0), T, C});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const at::Tensor* w[6];
+    for (int k = 0; k < 6; ++k) w[k] = &p[1 + 6 * l + k].tensor;
+    const at::Tensor h = rms(x, *w[0]);
+    std::vector<at::Tensor> heads;
+    for (int64_t head = 0; head < H; ++head) {
+      const int64_t base = (head / R) * (R + 2) * D;
+      const at::Tensor q = ApplyRotary(at::matmul(h, w[1]->narrow(0, base + (head % R) * D, D).t())
+                                           .unsqueeze(1), cos, sin);
+      const at::Tensor k = ApplyRotary(at::matmul(h, w[1]->narrow(0, base + R * D, D).t())
+                                           .unsqueeze(1), cos, sin);
+      const at::Tensor v = at::matmul(h, w[1]->narrow(0, base + (R + 1) * D, D).t());
+      at::Tensor scores = at::matmul(q.squeeze(1), k.squeeze(1).transpose(1, 2)) / std::sqrt(D);
+      scores = scores.masked_fill(mask.logical_not(), -INFINITY);
+      heads.push_back(at::matmul(at::softmax(scores, -1), v));
+    }
+    x = x + at::matmul(at::cat(at::TensorList(heads), -1), w[2]->t());
+    const at::Tensor m = rms(x, *w[3]);
+    const at::Tensor gate = at::matmul(m, w[4]->narrow(0, 0, F).t());
+    const at::Tensor up = at::matmul(m, w[4]->narrow(0, F, F).t());
+    x = x + at::matmul(gate * at::sigmoid(gate) * up, w[5]->t());
+  }
+  x = rms(x, p[1 + 6 * c.num_layers].tensor);
+  const at::Tensor& out = c.tie_embeddings ? p[0].tensor : p.back().tensor;
+  return at::matmul(x, out.t());
+}
+
+TEST(Gpt, MatchesReferenceFormulas) {
+  for (bool tied : {false, true}) {
+    ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(tied), 21, at::kDouble));
+    const at::Tensor tokens = Tokens(3, 7, 11, 12);
+    ASSERT_OK_AND_ASSIGN(at::Tensor logits, model.Forward(tokens));
+    at::NoGradGuard no_grad;
+    const at::Tensor reference = ReferenceLogits(model, tokens);
+    EXPECT_TRUE(at::allclose(logits, reference, 1e-10, 1e-10))
+        << "tied " << tied << " max diff " << (logits - reference).abs().max().item<double>();
+  }
+}
+
+// The hook runs once per forward layer, in order; a wrapper that only fills a layer's params
+// inside hook(layer) gets the same logits as a model whose params were there all along.
+TEST(Gpt, PreForwardHookRunsBeforeEachLayerReadsItsParams) {
+  for (bool tied : {false, true}) {
+    ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(tied), 11));
+    const at::Tensor tokens = Tokens(2, 8, 11, 6);
+    ASSERT_OK_AND_ASSIGN(at::Tensor reference, model.Forward(tokens));
+
+    std::vector<at::Tensor> saved;
+    {
+      at::NoGradGuard no_grad;
+      for (const ModelParam& p : model.params()) {
+        saved.push_back(p.tensor.clone());
+        p.tensor.fill_(std::nan(""));
+      }
+    }
+    std::vector<int> calls;
+    model.set_pre_forward_hook([&](int layer) {
+      calls.push_back(layer);
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < model.params().size(); ++i) {
+        if (model.params()[i].layer == layer) model.params()[i].tensor.copy_(saved[i]);
+      }
+    });
+    ASSERT_OK_AND_ASSIGN(at::Tensor logits, model.Forward(tokens));
+    EXPECT_THAT(calls, ElementsAre(0, 1, 2, 3));
+    EXPECT_TRUE(at::equal(logits, reference)) << "tied " << tied;
+    calls.clear();
+    ASSERT_OK(model.Loss(tokens, tokens).status());
+    EXPECT_THAT(calls, ElementsAre(0, 1, 2, 3));
+    model.set_pre_forward_hook(nullptr);
+    calls.clear();
+    ASSERT_OK(model.Forward(tokens).status());
+    EXPECT_TRUE(calls.empty());
+  }
+}
+
+// A contiguous param buffer (as buffers/ builds) can take over the params' storage with set_data:
+// the model then reads the buffer, and gradients still reach the same leaves.
+TEST(Gpt, ParamsCanBecomeViewsOfOneBuffer) {
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(false), 13));
+  const at::Tensor tokens = Tokens(2, 8, 11, 14);
+  ASSERT_OK_AND_ASSIGN(at::Tensor reference, model.Forward(tokens));
+  const at::Tensor buffer = at::zeros({model.num_params()});
+  int64_t offset = 0;
+  for (const ModelParam& p : model.params()) {
+    at::Tensor view = buffer.narrow(0, offset, p.tensor.numel()).view(p.tensor.sizes());
+    view.copy_(p.tensor.detach());
+    p.tensor.set_data(view);
+    offset += p.tensor.numel();
+  }
+  ASSERT_OK_AND_ASSIGN(at::Tensor logits, model.Forward(tokens));
+  EXPECT_TRUE(at::equal(logits, reference));
+  buffer.mul_(0.5);  // the model sees writes to the buffer
+  ASSERT_OK_AND_ASSIGN(at::Tensor halved, model.Forward(tokens));
+  EXPECT_FALSE(at::allclose(halved, reference));
+  ASSERT_OK_AND_ASSIGN(at::Tensor loss, model.Loss(tokens, tokens));
+  loss.backward();
+  for (const ModelParam& p : model.params()) {
+    ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+    EXPECT_EQ(p.tensor.grad().sizes(), p.tensor.sizes());
+  }
+  EXPECT_EQ(model.params()[3].tensor.data_ptr<float>(),
+            buffer.data_ptr<float>() + model.params()[0].tensor.numel() +
+                model.params()[1].tensor.numel() + model.params()[2].tensor.numel());
+}
+
+// Autograd gradients against central finite differences, in double.
+TEST(Gpt, GradientMatchesFiniteDifferences) {
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(false), 3, at::kDouble));
+  const at::Tensor tokens = Tokens(2, 6, 11, 8);
+  const at::Tensor targets = Tokens(2, 6, 11, 9);
+  ASSERT_OK_AND_ASSIGN(at::Tensor loss, model.Loss(tokens, targets));
+  loss.backward();
+  at::NoGradGuard no_grad;
+  auto loss_value = [&] { return model.Loss(tokens, targets).value().item<double>(); };
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(10);
+  for (const ModelParam& p : model.params()) {
+    ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+    const at::Tensor flat = p.tensor.view({-1});
+    const at::Tensor grad = p.tensor.grad().reshape({-1});
+    for (int k = 0; k < 3; ++k) {
+      const int64_t i = at::randint(flat.numel(), {1}, gen, at::TensorOptions().dtype(at::kLong))
+                            .item<int64_t>();
+      const double h = 1e-6;
+      const double original = flat[i].item<double>();
+      flat[i].fill_(original + h);
+      const double up = loss_value();
+      flat[i].fill_(original - h);
+      const double down = loss_value();
+      flat[i].fill_(original);
+      const double numeric = (up - down) / (2 * h);
+      const double analytic = grad[i].item<double>();
+      EXPECT_NEAR(analytic, numeric, 1e-6 + 1e-5 * std::abs(numeric)) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace orthoshard::integration
