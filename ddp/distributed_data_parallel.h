@@ -1,0 +1,212 @@
+// Data-parallel training over contiguous buffers (Megatron-LM's DistributedDataParallel): the
+// model's params become views of one ParamAndGradBuffer per PerBufferParamLayout; backward
+// accumulates gradients straight into the grad buffers; grad sync reduce-scatters every bucket so
+// each rank holds the mean gradient of its shard; param sync all-gathers every bucket straight into
+// param_data after the optimizer updated each rank's shard.
+//
+// One training step, as the caller drives it:
+//   ddp.ZeroGradBuffers();
+//   for each micro-batch m of M:
+//     ddp.set_is_last_microbatch(m == M - 1);    // no communication before the last one
+//     forward (calling ddp.PreForwardHook()(layer) before each layer), loss.backward();
+//   RETURN_IF_ERROR(ddp.FinishGradSync());      // each rank: mean grads of its shards
+//   optimizer steps the shards this rank owns, writing ParamShard(bucket, rank) of each buffer;
+//   RETURN_IF_ERROR(ddp.StartParamSync());      // the next forward's hooks wait per layer
+//
+// Cross-rank contract: every rank calls these methods in the same order with the same model, the
+// same layout, the same config and the same `is_last_microbatch` sequence, and runs forward and
+// backward over the same graph (gradients of the same params). The collectives each call launches
+// are then the same on every rank: for each communicator, the bucket groups of all buffers on it
+// are launched in one fixed order computed from the layout (see GradReduceOrder()), whatever the
+// order in which gradients become ready, so ranks never launch mismatched collectives.
+//
+// Threading: not thread-safe. Backward must run on the thread that owns this object (LibTorch's
+// CPU autograd runs the hooks on the thread that called backward). GPU streams are not handled.
+#ifndef ORTHOSHARD_DDP_DISTRIBUTED_DATA_PARALLEL_H_
+#define ORTHOSHARD_DDP_DISTRIBUTED_DATA_PARALLEL_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "buffers/param_and_grad_buffer.h"
+#include "collectives/communicator.h"
+#include "layout/layout.h"
+
+namespace orthoshard::ddp {
+
+// Something DDP did, reported to DdpConfig::on_event (tests and benchmarks observe the order of
+// launches and waits through it).
+struct SyncEvent {
+  enum class Kind {
+    kGradReduceLaunched,   // a bucket group's reduce-scatter was launched
+    kGradReduceWaited,     // ... and waited on successfully
+    kParamGatherLaunched,  // a bucket group's all-gather was launched
+    kParamGatherWaited,    // ... and waited on successfully
+    kBackwardEnded,        // the autograd engine finished the backward pass of the last micro-batch
+  };
+  Kind kind = Kind::kBackwardEnded;
+  int buffer = -1;  // index into FullParamLayout::buffers (-1 for kBackwardEnded)
+  int group = -1;   // index into that buffer's bucket_groups() (-1 for kBackwardEnded)
+  int layer = -1;   // the layer whose pre-forward hook caused it, or -1
+};
+const char* SyncEventKindName(SyncEvent::Kind kind);  // "grad_reduce_launched", ...
+
+// Configuration (Megatron's DistributedDataParallelConfig).
+struct DdpConfig {
+  // Launch each bucket group's reduce-scatter during backward, as soon as the last gradient of the
+  // group (and of every group before it in GradReduceOrder()) was accumulated in the last
+  // micro-batch. Off: FinishGradSync launches every reduce-scatter.
+  bool overlap_grad_reduce = true;
+  // StartParamSync launches only the first bucket group's all-gather (in forward order); the
+  // pre-forward hook waits on each group just before the first layer that needs it and launches the
+  // next one. Off: StartParamSync launches every all-gather and waits for all of them.
+  bool overlap_param_gather = false;
+  // Consecutive buckets communicated as one group (one LaunchGroup, one Work); >= 1.
+  int buckets_per_group = 1;
+  // Require fp32 gradient buffers, so gradients are accumulated and reduced in fp32 (plan the
+  // layout with LayoutOptions::grad_dtype = kFloat32). Off: whatever grad dtype the layout chose.
+  bool grad_reduce_in_fp32 = true;
+  // true: the result is the mean over the data-parallel ranks: each bucket is multiplied by
+  // 1 / (ranks of its communicator) before a SUM reduce-scatter (Megatron's gradient pre-scaling;
+  // in low precision this keeps the sum in range). false: the plain sum.
+  bool average_gradients = true;
+  // Bound on every wait for a collective; std::nullopt means the communicator's timeout().
+  std::optional<absl::Duration> timeout;
+  // Called after every event (see SyncEvent) on the calling thread; may be empty.
+  std::function<void(const SyncEvent&)> on_event;
+};
+
+class DistributedDataParallel {
+ public:
+  // Builds one ParamAndGradBuffer per buffer of `layout` (turning `params` into views of them) and
+  // hooks every param's gradient accumulator.
+  //   params: every model param, in the order of the ParamSpec list `layout` was computed from
+  //     (forward order); leaves with requires_grad, on the CPU, dtypes and numels as planned.
+  //   dense_comm: the data-parallel group of dense buffers; size() must equal their layout dp.
+  //   expert_comm: the group of expert buffers (layout key.expert); nullptr means dense_comm.
+  //   Both must outlive this object.
+  // Errors: kInvalidArgument naming the param or buffer for a param placed in no buffer or in two,
+  // a param without requires_grad or not a leaf, a communicator whose size differs from the
+  // buffer's dp, a non-fp32 grad buffer with grad_reduce_in_fp32, buckets_per_group < 1; and
+  // every error of ParamAndGradBuffer::Create.
+  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
+      const layout::FullParamLayout& layout, const std::vector<at::Tensor>& params,
+      collectives::Communicator* dense_comm, collectives::Communicator* expert_comm,
+      const DdpConfig& config);
+
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // The buffers, parallel to FullParamLayout::buffers (for the optimizers and checkpoints).
+  int num_buffers() const { return static_cast<int>(buffers_.size()); }
+  buffers::ParamAndGradBuffer& buffer(int i) { return *buffers_[i]; }
+  const buffers::ParamAndGradBuffer& buffer(int i) const { return *buffers_[i]; }
+
+  // Whether the next backward is the last micro-batch of the step. While false, gradient hooks only
+  // accumulate (no communication). Default true. Each micro-batch runs exactly one backward: in
+  // the last one a gradient that becomes ready twice is an error (see FinishGradSync). The end of
+  // the last backward is detected with the autograd engine's queue_callback and reported as
+  // SyncEvent::kBackwardEnded.
+  void set_is_last_microbatch(bool last) { is_last_microbatch_ = last; }
+  bool is_last_microbatch() const { return is_last_microbatch_; }
+
+  // Zeroes every grad buffer (the `.grad` views stay valid) and forgets which gradients were ready.
+  // Call at the start of each step. Precondition: no grad sync in flight (FinishGradSync returned).
+  void ZeroGradBuffers();
+
+  // Launches the reduce-scatter of every bucket group not launched yet (in GradReduceOrder()) and
+  // waits for all of them. Afterwards, on each rank, GradShard(bucket, rank) of every bucket of
+  // every buffer holds the mean (or, without average_gradients, the sum) over the ranks of that
+  // buffer's communicator of their accumulated gradients. The rest of grad_data is unspecified
+  // (partial sums, pre-scaled local gradients or the engine's scratch): read only this rank's
+  // shards. Errors: an error a gradient hook recorded during backward (kFailedPrecondition for a
+  // gradient ready twice in one step; a launch error); from Wait, kDeadlineExceeded or kUnavailable
+  // naming the buffer, bucket group, its buckets and the collective. After an error the
+  // communicator is unusable (see communicator.h).
+  absl::Status FinishGradSync();
+
+  // All-gathers every bucket: each rank's ParamShard(bucket, rank) becomes that shard on every
+  // rank, in place in param_data. Without overlap_param_gather, launches everything and waits
+  // before returning. With it, launches the first bucket group in forward order and returns; the
+  // pre-forward hook waits on the rest (FinishParamSync waits on whatever is left). A param sync
+  // still in flight is finished first. Errors: as FinishGradSync, for the all-gathers.
+  absl::Status StartParamSync();
+
+  // Launches and waits on every bucket group's all-gather not waited on yet. Errors: as
+  // StartParamSync, including one recorded by the pre-forward hook.
+  absl::Status FinishParamSync();
+
+  // The forward-side mechanism for overlap_param_gather. torch::nn::Module has no forward
+  // pre-hooks, so the model calls the returned function with layer index L (0-based, in forward
+  // order) right before layer L runs its forward, exactly once per layer per forward pass, in
+  // increasing L. `param_layers[i]` is the layer of params[i] (the list given to Create), in [0,
+  // num_layers), non-decreasing in i. The function waits on every bucket group that holds a param
+  // of layer L and was not waited on yet (launching it and the groups before it in forward order
+  // first if needed), then launches the next group in forward order. Without a param sync in flight
+  // it does nothing. A failure is recorded and returned by the next FinishParamSync /
+  // StartParamSync / FinishGradSync (the forward then ran on stale params and must be discarded).
+  // The function refers to this object: it must not be called after this object is destroyed.
+  // Errors: kInvalidArgument if param_layers has the wrong size, a layer out of range or a
+  // decreasing layer index.
+  absl::StatusOr<std::function<void(int layer)>> PreForwardHook(
+      const std::vector<int>& param_layers);
+
+  // For each communicator (dense first, then expert if it differs), the (buffer, group) pairs in
+  // the order their reduce-scatters are launched: a merge of every buffer's groups in bucket order
+  // (= backprop order), by the forward index of the earliest param in the group, latest first.
+  // All-gathers with overlap_param_gather are launched in the reverse order.
+  std::vector<std::vector<std::pair<int, int>>> GradReduceOrder() const;
+
+ private:
+  struct Group;     // per (buffer, bucket group) state
+  struct Sequence;  // per communicator: the groups in launch order
+  class GradHook;
+
+  explicit DistributedDataParallel(const DdpConfig& config);
+
+  void OnGradReady(int param_index);
+  void OnBackwardEnded();
+  absl::Status ValidateAndBuild(const layout::FullParamLayout& layout,
+                                const std::vector<at::Tensor>& params,
+                                collectives::Communicator* dense_comm,
+                                collectives::Communicator* expert_comm);
+  void ResetGradSyncState();
+  void Emit(SyncEvent::Kind kind, int buffer, int group, int layer);
+  absl::Status LaunchGradReduce(Sequence& seq, int pos);
+  absl::Status LaunchReadyGradReduces(Sequence& seq);
+  absl::Status WaitGroup(Sequence& seq, int pos, bool gather, int layer);
+  absl::Status LaunchParamGather(Sequence& seq, int pos, int layer);
+  absl::Status PreForward(int layer);
+  void RecordError(absl::Status status);
+  absl::Status TakeError();
+
+  DdpConfig config_;
+  std::vector<std::unique_ptr<buffers::ParamAndGradBuffer>> buffers_;
+  std::vector<collectives::Communicator*> buffer_comms_;     // parallel to buffers_
+  std::vector<std::vector<std::unique_ptr<Group>>> groups_;  // [buffer][group]
+  std::vector<Sequence> sequences_;
+  // Per model param: (buffer, group); and its grad accumulator (the tensor only holds it weakly).
+  std::vector<std::pair<int, int>> param_group_;
+  std::vector<bool> param_ready_;  // gradient ready in the current step's last micro-batch
+  std::vector<std::shared_ptr<void>> grad_accumulators_;  // torch::autograd::Node
+  std::vector<std::uintptr_t> hook_keys_;
+  std::vector<std::vector<std::pair<int, int>>> layer_groups_;  // [layer] -> (buffer, group)
+  bool is_last_microbatch_ = true;
+  bool backward_callback_queued_ = false;
+  bool param_sync_in_flight_ = false;
+  absl::Status pending_error_;
+};
+
+}  // namespace orthoshard::ddp
+
+#endif  // ORTHOSHARD_DDP_DISTRIBUTED_DATA_PARALLEL_H_

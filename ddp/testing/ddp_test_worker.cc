@@ -1,0 +1,532 @@
+// One rank of the DDP multi-process tests: `ddp_test_worker`, started by LaunchLocal at 1-4 ranks.
+// Each phase builds a small model (matmuls of at:: ops over params of varied shapes and dtypes,
+// including bf16 params with fp32 grads and an expert matrix on its own communicator), computes
+// locally every rank's gradients on that rank's micro-batches as the reference, and checks what DDP
+// produced. Prints "ddp phase NAME passed on rank R" per phase and "ddp worker passed on rank R" at
+// the end; exits 1 with the difference otherwise.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "buffers/param_and_grad_buffer.h"
+#include "collectives/gloo_communicator.h"
+#include "collectives/rendezvous.h"
+#include "common/status_macros.h"
+#include "ddp/distributed_data_parallel.h"
+#include "layout/layout.h"
+
+namespace orthoshard::ddp {
+namespace {
+
+using collectives::Communicator;
+using layout::ParamRole;
+using layout::ParamSpec;
+
+constexpr int64_t kBatch = 4;  // samples per micro-batch
+
+struct Model {
+  std::vector<ParamSpec> specs;  // forward order
+  std::vector<int> layers;       // layer of each param
+  int64_t in_features = 0;
+  std::function<at::Tensor(const std::vector<at::Tensor>&, const at::Tensor&)> forward;
+};
+
+at::Tensor Pattern(int64_t n, double phase, double freq) {
+  return at::arange(n, at::kFloat).mul(freq).add(phase).sin();
+}
+
+ParamSpec Spec(std::string name, std::vector<int64_t> shape, DType dtype, ParamRole role,
+               bool expert = false) {
+  ParamSpec spec;
+  spec.name = std::move(name);
+  spec.shape = std::move(shape);
+  spec.dtype = dtype;
+  spec.role = role;
+  spec.expert = expert;
+  return spec;
+}
+
+// Four layers: fp32 matrix + bias, bf16 matrix + bias (bf16 matmul), an expert matrix, a head.
+Model MainModel() {
+  Model m;
+  m.specs = {Spec("l0.w", {24, 16}, DType::kFloat32, ParamRole::kMuon),
+             Spec("l0.b", {24}, DType::kFloat32, ParamRole::kAdam),
+             Spec("l1.w", {32, 24}, DType::kBFloat16, ParamRole::kMuon),
+             Spec("l1.b", {32}, DType::kBFloat16, ParamRole::kAdam),
+             Spec("l2.w", {40, 32}, DType::kFloat32, ParamRole::kMuon, /*expert=*/true),
+             Spec("l3.w", {8, 40}, DType::kFloat32, ParamRole::kAdam),
+             Spec("l3.g", {8}, DType::kFloat32, ParamRole::kAdam)};
+  m.layers = {0, 0, 1, 1, 2, 3, 3};
+  m.in_features = 16;
+  m.forward = [](const std::vector<at::Tensor>& p, const at::Tensor& x) {
+    at::Tensor h0 = x.mm(p[0].t()).add(p[1]).tanh();                                    // [B, 24]
+    at::Tensor h1 = h0.to(at::kBFloat16).mm(p[2].t()).add(p[3]).to(at::kFloat).tanh();  // [B, 32]
+    at::Tensor h2 = h1.mm(p[4].t()).tanh();                                             // [B, 40]
+    return h2.mm(p[5].t()).mul(p[6]);                                                   // [B, 8]
+  };
+  return m;
+}
+
+// One Muon matrix and a bias: at 3 and 4 ranks, dp exceeds the number of Muon matrices.
+Model TinyModel() {
+  Model m;
+  m.specs = {Spec("t.w", {3, 5}, DType::kFloat32, ParamRole::kMuon),
+             Spec("t.b", {3}, DType::kFloat32, ParamRole::kAdam)};
+  m.layers = {0, 0};
+  m.in_features = 5;
+  m.forward = [](const std::vector<at::Tensor>& p, const at::Tensor& x) {
+    return x.mm(p[0].t()).add(p[1]);
+  };
+  return m;
+}
+
+std::vector<at::Tensor> MakeParams(const Model& model) {
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < model.specs.size(); ++i) {
+    const ParamSpec& spec = model.specs[i];
+    params.push_back(Pattern(spec.numel(), 0.7 * i, 0.37)
+                         .mul(0.5)
+                         .reshape(spec.shape)
+                         .to(buffers::ToScalarType(spec.dtype))
+                         .clone()
+                         .set_requires_grad(true));
+  }
+  return params;
+}
+
+at::Tensor Input(const Model& model, int rank, int micro) {
+  return Pattern(kBatch * model.in_features, 1.3 * rank + 0.71 * micro + 0.1, 0.53)
+      .reshape({kBatch, model.in_features});
+}
+
+// Sum over samples of (out - 0.1)^2, divided by `norm` (the samples of the whole step).
+at::Tensor Loss(const Model& model, const std::vector<at::Tensor>& params, const at::Tensor& x,
+                double norm) {
+  return model.forward(params, x).sub(0.1).pow(2).sum().div(norm);
+}
+
+// Mean over `world` ranks of each rank's gradient on its `micro` micro-batches taken as one big
+// batch: [param] -> flat fp32.
+std::vector<at::Tensor> ReferenceMeanGrads(const Model& model, int world, int micro) {
+  std::vector<at::Tensor> sum;
+  for (int r = 0; r < world; ++r) {
+    std::vector<at::Tensor> params = MakeParams(model);
+    std::vector<at::Tensor> inputs;
+    for (int m = 0; m < micro; ++m) inputs.push_back(Input(model, r, m));
+    Loss(model, params, at::cat(inputs), kBatch * micro).backward();
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor g = params[i].grad().to(at::kFloat).flatten();
+      if (r == 0) {
+        sum.push_back(g);
+      } else {
+        sum[i] = sum[i].add(g);
+      }
+    }
+  }
+  for (at::Tensor& g : sum) g = g.div(world);
+  return sum;
+}
+
+layout::FullParamLayout Plan(const Model& model, int world) {
+  layout::LayoutOptions options;
+  options.dp = world;
+  options.bucket_size = 256;
+  auto plan = layout::ComputeFullParamLayout(model.specs, options);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "layout: %s\n", plan.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *plan;
+}
+
+struct Run {
+  std::vector<at::Tensor> params;
+  std::vector<SyncEvent> events;
+  std::unique_ptr<DistributedDataParallel> ddp;
+};
+
+absl::StatusOr<std::unique_ptr<Run>> MakeRun(const Model& model, int world, DdpConfig config,
+                                             Communicator* comm, Communicator* expert_comm) {
+  auto run = std::make_unique<Run>();
+  run->params = MakeParams(model);
+  Run* raw = run.get();
+  config.on_event = [raw](const SyncEvent& e) { raw->events.push_back(e); };
+  ASSIGN_OR_RETURN(run->ddp, DistributedDataParallel::Create(Plan(model, world), run->params, comm,
+                                                             expert_comm, config));
+  return run;
+}
+
+int Count(const std::vector<SyncEvent>& events, SyncEvent::Kind kind) {
+  return static_cast<int>(std::count_if(events.begin(), events.end(),
+                                        [kind](const SyncEvent& e) { return e.kind == kind; }));
+}
+
+// One step: `micro` micro-batches of this rank, then FinishGradSync. Checks that nothing was
+// communicated before the last micro-batch.
+absl::Status Step(const Model& model, Run& run, int rank, int micro) {
+  run.ddp->ZeroGradBuffers();
+  run.events.clear();
+  for (int m = 0; m < micro; ++m) {
+    run.ddp->set_is_last_microbatch(m == micro - 1);
+    Loss(model, run.params, Input(model, rank, m), kBatch * micro).backward();
+    if (m < micro - 1 && !run.events.empty()) {
+      return absl::InternalError(absl::StrCat("micro-batch ", m, " of ", micro, " caused ",
+                                              run.events.size(), " sync events, expected none"));
+    }
+  }
+  return run.ddp->FinishGradSync();
+}
+
+// Every shard of this rank equals the reference mean gradient (zero on padding), within
+// tol * max(1, max |expected|) per shard; tol is picked by the buffer's param dtype.
+absl::Status CheckGradShards(const DistributedDataParallel& ddp, const std::vector<at::Tensor>& ref,
+                             int rank, double tol_fp32, double tol_bf16) {
+  for (int b = 0; b < ddp.num_buffers(); ++b) {
+    const buffers::ParamAndGradBuffer& buf = ddp.buffer(b);
+    const layout::PerBufferParamLayout& lay = buf.layout();
+    const double tol = lay.key.param_dtype == DType::kBFloat16 ? tol_bf16 : tol_fp32;
+    for (int k = 0; k < buf.num_buckets(); ++k) {
+      const auto [s, e] = lay.ShardRange(k, rank);
+      at::Tensor expected = at::zeros({e - s}, at::kFloat);
+      for (const layout::ParamPlacement& p : lay.params) {
+        const int64_t lo = std::max(s, p.start), hi = std::min(e, p.end);
+        if (lo >= hi) continue;
+        expected.narrow(0, lo - s, hi - lo)
+            .copy_(ref[p.param_index].narrow(0, lo - p.start, hi - lo));
+      }
+      at::Tensor actual = buf.grad_data().narrow(0, s, e - s).to(at::kFloat);
+      if (e == s) continue;
+      const double diff = actual.sub(expected).abs().max().item<double>();
+      const double scale = std::max(1.0, expected.abs().max().item<double>());
+      if (diff > tol * scale) {
+        return absl::InternalError(absl::StrCat("buffer ", lay.key.ToString(), " bucket ", k,
+                                                " shard ", rank, ": max |diff| ", diff, " exceeds ",
+                                                tol * scale));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckShardsBitwise(const DistributedDataParallel& a, const DistributedDataParallel& b,
+                                int rank) {
+  for (int i = 0; i < a.num_buffers(); ++i) {
+    for (int k = 0; k < a.buffer(i).num_buckets(); ++k) {
+      if (!a.buffer(i).GradShard(k, rank).equal(b.buffer(i).GradShard(k, rank))) {
+        return absl::InternalError(absl::StrCat("buffer ", i, " bucket ", k, " shard ", rank,
+                                                ": overlap on and off differ"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Overlap on: every reduce-scatter was launched before backward ended, in GradReduceOrder per
+// communicator. Overlap off: none before.
+absl::Status CheckGradEvents(const Run& run, bool overlap) {
+  const auto orders = run.ddp->GradReduceOrder();
+  size_t total = 0;
+  for (const auto& order : orders) total += order.size();
+  int launched_before_end = 0;
+  bool ended = false;
+  std::vector<std::pair<int, int>> launches;
+  for (const SyncEvent& e : run.events) {
+    if (e.kind == SyncEvent::Kind::kBackwardEnded) ended = true;
+    if (e.kind == SyncEvent::Kind::kGradReduceLaunched) {
+      launches.push_back({e.buffer, e.group});
+      if (!ended) ++launched_before_end;
+    }
+  }
+  if (!ended) return absl::InternalError("no backward_ended event");
+  if (launches.size() != total) {
+    return absl::InternalError(absl::StrCat(launches.size(), " launches, expected ", total));
+  }
+  const int expected_before = overlap ? static_cast<int>(total) : 0;
+  if (launched_before_end != expected_before) {
+    return absl::InternalError(absl::StrCat(launched_before_end,
+                                            " reduce-scatters launched during backward, expected ",
+                                            expected_before));
+  }
+  for (const auto& order : orders) {
+    std::vector<std::pair<int, int>> mine;
+    for (const auto& l : launches) {
+      if (std::find(order.begin(), order.end(), l) != order.end()) mine.push_back(l);
+    }
+    if (mine != order) return absl::InternalError("reduce-scatters not launched in order");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradSyncPhase(const Model& model, int world, int rank, Communicator* comm,
+                           Communicator* expert_comm) {
+  const std::vector<at::Tensor> ref = ReferenceMeanGrads(model, world, 1);
+  // Overlap off, on, and on with two buckets per group.
+  std::unique_ptr<Run> runs[3];
+  for (int i = 0; i < 3; ++i) {
+    DdpConfig config;
+    config.overlap_grad_reduce = i > 0;
+    config.buckets_per_group = i == 2 ? 2 : 1;
+    ASSIGN_OR_RETURN(runs[i], MakeRun(model, world, config, comm, expert_comm));
+    for (int step = 0; step < 2; ++step) {  // the second step proves the reset between steps
+      RETURN_IF_ERROR(Step(model, *runs[i], rank, 1));
+      RETURN_IF_ERROR(CheckGradEvents(*runs[i], i > 0));
+      RETURN_IF_ERROR(CheckGradShards(*runs[i]->ddp, ref, rank, 1e-5, 1e-5));
+    }
+  }
+  RETURN_IF_ERROR(CheckShardsBitwise(*runs[0]->ddp, *runs[1]->ddp, rank));
+  return CheckShardsBitwise(*runs[0]->ddp, *runs[2]->ddp, rank);
+}
+
+// Three micro-batches, accumulated, against one batch of all three. fp32: reassociated sums
+// (1e-4); bf16 params: the big batch's gradient is rounded to bf16 once, the accumulated one per
+// micro-batch (3e-2, a few bf16 ulps).
+absl::Status AccumulationPhase(const Model& model, int world, int rank, Communicator* comm,
+                               Communicator* expert_comm) {
+  constexpr int kMicro = 3;
+  const std::vector<at::Tensor> ref = ReferenceMeanGrads(model, world, kMicro);
+  DdpConfig config;
+  config.overlap_grad_reduce = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(model, world, config, comm, expert_comm));
+  RETURN_IF_ERROR(Step(model, *run, rank, kMicro));
+  return CheckGradShards(*run->ddp, ref, rank, 1e-4, 3e-2);
+}
+
+at::Tensor ExpectedParams(const buffers::ParamAndGradBuffer& buf, int b) {
+  return Pattern(buf.param_data().numel(), 0.3 * b + 2, 0.011).to(buf.param_data().scalar_type());
+}
+
+// Each rank writes the expected values only into its own shards (garbage elsewhere); param sync
+// must make all of param_data the expected values. With overlap_param_gather, checks per layer
+// that the hook waited on every group of that layer, kept at most one gather in flight beyond
+// those waited on, and launched in forward order.
+absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicator* comm,
+                            Communicator* expert_comm, bool overlap, int buckets_per_group = 1) {
+  DdpConfig config;
+  config.overlap_param_gather = overlap;
+  config.buckets_per_group = buckets_per_group;
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(model, world, config, comm, expert_comm));
+  DistributedDataParallel& ddp = *run->ddp;
+  ASSIGN_OR_RETURN(std::function<void(int)> hook, ddp.PreForwardHook(model.layers));
+  {
+    c10::NoGradGuard no_grad;
+    for (int b = 0; b < ddp.num_buffers(); ++b) {
+      buffers::ParamAndGradBuffer& buf = ddp.buffer(b);
+      buf.param_data().fill_(100 + rank);
+      at::Tensor expected = ExpectedParams(buf, b);
+      for (int k = 0; k < buf.num_buckets(); ++k) {
+        const auto [s, e] = buf.layout().ShardRange(k, rank);
+        buf.ParamShard(k, rank).copy_(expected.narrow(0, s, e - s));
+      }
+    }
+  }
+  run->events.clear();
+  RETURN_IF_ERROR(ddp.StartParamSync());
+  const auto orders = ddp.GradReduceOrder();
+  auto waited = [&](std::pair<int, int> group) {
+    for (const SyncEvent& e : run->events) {
+      if (e.kind == SyncEvent::Kind::kParamGatherWaited && e.buffer == group.first &&
+          e.group == group.second) {
+        return true;
+      }
+    }
+    return false;
+  };
+  if (overlap) {
+    const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
+    if (launched != static_cast<int>(orders.size()) ||
+        Count(run->events, SyncEvent::Kind::kParamGatherWaited) != 0) {
+      return absl::InternalError(absl::StrCat("after StartParamSync: ", launched,
+                                              " gathers launched, expected one per communicator (",
+                                              orders.size(), ") and none waited"));
+    }
+  }
+  const int num_layers = model.layers.back() + 1;
+  for (int layer = 0; layer < num_layers; ++layer) {
+    hook(layer);
+    for (size_t i = 0; i < model.layers.size(); ++i) {
+      if (model.layers[i] != layer) continue;
+      for (int bi = 0; bi < ddp.num_buffers(); ++bi) {
+        const layout::ParamPlacement* p = ddp.buffer(bi).layout().Find(model.specs[i].name);
+        if (p == nullptr) continue;
+        const int bucket_group = p->bucket / config.buckets_per_group;
+        if (overlap && !waited({bi, bucket_group})) {
+          return absl::InternalError(absl::StrCat("after the hook of layer ", layer, ": group of '",
+                                                  p->name, "' not waited on"));
+        }
+        at::Tensor expected = ExpectedParams(ddp.buffer(bi), bi).narrow(0, p->start, p->numel());
+        if (!run->params[i].flatten().equal(expected)) {
+          return absl::InternalError(absl::StrCat("after the hook of layer ", layer, ": param '",
+                                                  p->name, "' differs from the gathered values"));
+        }
+      }
+    }
+    if (overlap) {
+      for (const auto& order : orders) {
+        int launched = 0, done = 0;
+        for (const SyncEvent& e : run->events) {
+          const bool mine = std::find(order.begin(), order.end(),
+                                      std::pair<int, int>{e.buffer, e.group}) != order.end();
+          if (mine && e.kind == SyncEvent::Kind::kParamGatherLaunched) {
+            if (order[order.size() - 1 - launched] != std::pair<int, int>{e.buffer, e.group}) {
+              return absl::InternalError("param gathers not launched in forward order");
+            }
+            ++launched;
+          }
+          if (mine && e.kind == SyncEvent::Kind::kParamGatherWaited) ++done;
+        }
+        if (launched - done > 1) {
+          return absl::InternalError(absl::StrCat("after the hook of layer ", layer, ": ",
+                                                  launched - done,
+                                                  " gathers in flight, expected <= 1"));
+        }
+      }
+    }
+  }
+  RETURN_IF_ERROR(ddp.FinishParamSync());
+  for (int b = 0; b < ddp.num_buffers(); ++b) {
+    if (!ddp.buffer(b).param_data().equal(ExpectedParams(ddp.buffer(b), b))) {
+      return absl::InternalError(absl::StrCat("buffer ", b, ": param_data differs after sync"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Validation errors at Create and PreForwardHook.
+absl::Status ErrorsPhase(int world, Communicator* comm) {
+  const Model model = TinyModel();
+  std::vector<at::Tensor> params = MakeParams(model);
+  auto wrong_dp =
+      DistributedDataParallel::Create(Plan(model, world + 1), params, comm, nullptr, {});
+  if (wrong_dp.ok() || wrong_dp.status().code() != absl::StatusCode::kInvalidArgument ||
+      !absl::StrContains(wrong_dp.status().message(),
+                         absl::StrCat("is planned for dp ", world + 1,
+                                      " but its dense communicator has ", world, " ranks"))) {
+    return absl::InternalError(absl::StrCat("wrong dp gave ", wrong_dp.status().ToString()));
+  }
+  params[1] = params[1].detach();
+  auto no_grad = DistributedDataParallel::Create(Plan(model, world), params, comm, nullptr, {});
+  if (no_grad.ok() ||
+      !absl::StrContains(no_grad.status().message(), "'t.b' must be a defined leaf")) {
+    return absl::InternalError(
+        absl::StrCat("param without grad gave ", no_grad.status().ToString()));
+  }
+  params = MakeParams(model);
+  ASSIGN_OR_RETURN(auto ddp,
+                   DistributedDataParallel::Create(Plan(model, world), params, comm, nullptr, {}));
+  auto hook = ddp->PreForwardHook({1, 0});
+  if (hook.ok() || !absl::StrContains(hook.status().message(), "param #1 has layer 0")) {
+    return absl::InternalError(absl::StrCat("decreasing layers gave ", hook.status().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// The last rank never joins the reduce-scatter: the others' FinishGradSync must time out naming
+// the buffer, the bucket group and the collective.
+absl::Status TimeoutPhase(int world, int rank, Communicator* comm) {
+  const Model model = TinyModel();
+  if (rank == world - 1) {
+    sleep(12);
+    return absl::OkStatus();
+  }
+  DdpConfig config;
+  config.timeout = absl::Seconds(2);
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(model, world, config, comm, nullptr));
+  const absl::Status status = Step(model, *run, rank, 1);
+  if (status.code() != absl::StatusCode::kDeadlineExceeded ||
+      !absl::StrContains(status.message(), "ddp: grad reduce-scatter of buffer ") ||
+      !absl::StrContains(status.message(), "bucket group 0 (buckets 0) failed")) {
+    return absl::InternalError(absl::StrCat("timeout gave ", status.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+int Main() {
+  using namespace collectives;
+  auto info = ParseRendezvous(ProcessEnvironment());
+  if (!info.ok()) {
+    std::fprintf(stderr, "%s\n", info.status().ToString().c_str());
+    return 1;
+  }
+  GlooOptions options = GlooOptionsFromRendezvous(*info);
+  options.timeout = absl::Seconds(60);
+  options.rendezvous_timeout = absl::Seconds(60);
+  auto comm = CreateGlooCommunicator(options);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
+    return 1;
+  }
+  // The expert group: the same ranks over the same store under another prefix.
+  absl::StatusOr<std::unique_ptr<Communicator>> expert_comm;
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(info->master_port);
+    store_options.isServer = info->HostsStore();
+    store_options.waitWorkers = false;
+    store_options.timeout = std::chrono::seconds(60);
+    auto store = c10::make_intrusive<c10d::TCPStore>(info->master_addr, store_options);
+    expert_comm = CreateGlooCommunicator(
+        c10::make_intrusive<c10d::PrefixStore>("expert", std::move(store)), options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "expert store: %s\n", e.what());
+    return 1;
+  }
+  if (!expert_comm.ok()) {
+    std::fprintf(stderr, "%s\n", expert_comm.status().ToString().c_str());
+    return 1;
+  }
+  const int world = info->world_size, rank = info->rank;
+  Communicator* dense = comm->get();
+  Communicator* expert = expert_comm->get();
+  const Model main_model = MainModel(), tiny = TinyModel();
+  const std::vector<std::pair<std::string, std::function<absl::Status()>>> phases = {
+      {"errors", [&] { return ErrorsPhase(world, dense); }},
+      {"grad_sync", [&] { return GradSyncPhase(main_model, world, rank, dense, expert); }},
+      {"accumulation", [&] { return AccumulationPhase(main_model, world, rank, dense, expert); }},
+      {"param_sync", [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, false); }},
+      {"param_sync_overlap",
+       [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, true); }},
+      {"param_sync_overlap_grouped",
+       [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, true, 2); }},
+      {"tiny_grad_sync", [&] { return GradSyncPhase(tiny, world, rank, dense, nullptr); }},
+      {"tiny_param_sync_overlap",
+       [&] { return ParamSyncPhase(tiny, world, rank, dense, nullptr, true); }},
+      {"timeout", [&] { return world > 1 ? TimeoutPhase(world, rank, dense) : absl::OkStatus(); }},
+  };
+  for (const auto& [name, phase] : phases) {
+    const absl::Status status = phase();
+    if (!status.ok()) {
+      std::printf("ddp phase %s FAILED on rank %d: %s\n", name.c_str(), rank,
+                  status.ToString().c_str());
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+    std::printf("ddp phase %s passed on rank %d\n", name.c_str(), rank);
+  }
+  std::printf("ddp worker passed on rank %d\n", rank);
+  std::fflush(stdout);
+  // The timeout phase left a collective unfinished; leave without joining engine threads.
+  std::_Exit(0);
+}
+
+}  // namespace
+}  // namespace orthoshard::ddp
+
+int main() { return orthoshard::ddp::Main(); }
