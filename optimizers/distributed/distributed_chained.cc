@@ -1,0 +1,223 @@
+// DistributedChainedOptimizer (see distributed_optimizer.h).
+#include <cmath>
+#include <utility>
+
+#include <ATen/ops/tensor.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "layout/layout.h"
+#include "optimizers/distributed/distributed_optimizer.h"
+#include "optimizers/routing.h"
+#include "optimizers/schedule.h"
+
+namespace orthoshard::optimizers::distributed {
+namespace {
+
+constexpr char kStepName[] = "chained/step";
+constexpr char kSkippedName[] = "chained/skipped_steps";
+
+bool IsLayerwiseStrategy(layout::Strategy s) { return s != layout::Strategy::kDistOpt; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DistributedChainedOptimizer>> DistributedChainedOptimizer::Create(
+    std::vector<buffers::ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
+    ChainedConfig config, DistributedMode mode) {
+  if (comm == nullptr) return absl::InvalidArgumentError("communicator is null");
+  RETURN_IF_ERROR(ValidateSchedule(config.schedule));
+  std::vector<ParamDescriptor> descriptors;
+  std::vector<BufferParamRef> refs;
+  for (buffers::ParamAndGradBuffer* buffer : buffers) {
+    if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
+    if (buffer->layout().dp != comm->size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer ", buffer->layout().key.ToString(), " is sharded over dp ",
+                       buffer->layout().dp, ", the communicator has ", comm->size(), " ranks"));
+    }
+    for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
+      descriptors.push_back({buffer->layout().params[i].name, buffer->Param(i).sizes().vec()});
+      refs.push_back({buffer, i});
+    }
+  }
+  ASSIGN_OR_RETURN(RoutingReport report, PlanRouting(config.routing, descriptors));
+  std::unique_ptr<DistributedChainedOptimizer> opt(new DistributedChainedOptimizer());
+  opt->buffers_ = std::move(buffers);
+  opt->comm_ = comm;
+  opt->mode_ = mode;
+  if (mode == DistributedMode::kReplicated) {
+    std::vector<Param> params;
+    for (const BufferParamRef& ref : refs) {
+      params.push_back({ref.buffer->layout().params[ref.index].name, ref.buffer->Param(ref.index),
+                        ref.buffer->GradView(ref.index), {}});
+    }
+    ASSIGN_OR_RETURN(opt->replicated_, ChainedOptimizer::Create(std::move(params), config));
+  } else {
+    std::vector<LayerWiseParam> muon_params;
+    std::vector<DistOptParam> adam_params;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const BufferParamRef& ref = refs[i];
+      if (report.entries[i].route == Route::kMuon) {
+        const layout::PerBufferParamLayout& layout = ref.buffer->layout();
+        if (!IsLayerwiseStrategy(layout.strategy) &&
+            layout.OwnerOf(layout.params[ref.index]) < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", descriptors[i].name,
+              "' is routed to muon but straddles a shard boundary of a distopt buffer; Muon "
+              "needs whole matrices (use a shard-aligned layout)"));
+        }
+        muon_params.push_back({ref, config.muon, {}});
+      } else {
+        AdamWHyper hp = config.adamw;
+        if (descriptors[i].shape.size() != 2) hp.weight_decay = config.adamw_non_matrix_weight_decay;
+        adam_params.push_back({ref, hp});
+      }
+    }
+    ASSIGN_OR_RETURN(opt->layerwise_, LayerWiseDistributedOptimizer::Create(
+                                          std::move(muon_params), comm->rank(), comm->size()));
+    ASSIGN_OR_RETURN(opt->distopt_, DistributedOptimizer::Create(std::move(adam_params),
+                                                                 comm->rank(), comm->size()));
+  }
+  opt->config_ = std::move(config);
+  opt->report_ = std::move(report);
+  return opt;
+}
+
+absl::StatusOr<StepResult> DistributedChainedOptimizer::Step() {
+  if (mode_ == DistributedMode::kReplicated) return replicated_->Step();
+  ASSIGN_OR_RETURN(const double adamw_local, distopt_->LocalGradSumSquares());
+  ASSIGN_OR_RETURN(const double muon_local, layerwise_->LocalGradSumSquares());
+  const bool local_nonfinite = !std::isfinite(adamw_local + muon_local);
+  // One all-reduce for every global statistic. A non-finite partial sum is sent as 0 with the flag
+  // set, so the flag alone decides (inf - inf cannot turn into a finite sum).
+  at::Tensor stats = at::tensor(
+      {local_nonfinite ? 0.0 : adamw_local, local_nonfinite ? 0.0 : muon_local,
+       local_nonfinite ? 1.0 : 0.0},
+      at::kDouble);
+  ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work, comm_->AllReduce(stats));
+  RETURN_IF_ERROR(work->Wait(comm_->timeout()));
+  const double adamw_sum = stats[0].item<double>();
+  const double muon_sum = stats[1].item<double>();
+  const double nonfinite_ranks = stats[2].item<double>();
+
+  StepResult result;
+  const bool include_muon = config_.clip_mode == ClipMode::kAllBeforeMomentum;
+  result.grad_norm = std::sqrt(adamw_sum + (include_muon ? muon_sum : 0.0));
+  if (nonfinite_ranks > 0.0 || !std::isfinite(adamw_sum + muon_sum)) {
+    result.skipped = true;
+    result.lr_multiplier = 0.0;
+    ++skipped_;
+    return result;
+  }
+  if (config_.max_grad_norm > 0.0) {
+    // As ChainedOptimizer: Megatron's max_norm / (norm + 1e-6) when that is < 1.
+    const double coefficient = config_.max_grad_norm / (result.grad_norm + 1e-6);
+    if (coefficient < 1.0) result.clip_scale = coefficient;
+  }
+  result.lr_multiplier = LrMultiplier(config_.schedule, steps_);
+  RETURN_IF_ERROR(distopt_->Step({result.lr_multiplier, result.clip_scale}));
+  RETURN_IF_ERROR(
+      layerwise_->Step({result.lr_multiplier, include_muon ? result.clip_scale : 1.0}));
+  ++steps_;
+  return result;
+}
+
+absl::Status DistributedChainedOptimizer::LaunchParamSync() {
+  if (mode_ == DistributedMode::kReplicated) return absl::OkStatus();
+  if (!pending_sync_.empty()) {
+    return absl::FailedPreconditionError("param sync launched twice without WaitParamSync");
+  }
+  ASSIGN_OR_RETURN(pending_sync_, LaunchParamAllGather(*comm_, buffers_));
+  return absl::OkStatus();
+}
+
+absl::Status DistributedChainedOptimizer::WaitParamSync() {
+  return WaitAll(pending_sync_, comm_->timeout());
+}
+
+absl::StatusOr<StepResult> DistributedChainedOptimizer::StepAndSync() {
+  ASSIGN_OR_RETURN(StepResult result, Step());
+  RETURN_IF_ERROR(LaunchParamSync());
+  RETURN_IF_ERROR(WaitParamSync());
+  return result;
+}
+
+int64_t DistributedChainedOptimizer::steps_taken() const {
+  return replicated_ ? replicated_->steps_taken() : steps_;
+}
+
+int64_t DistributedChainedOptimizer::skipped_steps() const {
+  return replicated_ ? replicated_->skipped_steps() : skipped_;
+}
+
+std::vector<std::string> DistributedChainedOptimizer::OwnedMuonParams() const {
+  if (layerwise_) return layerwise_->OwnedParams();
+  std::vector<std::string> names;
+  for (const RoutingReport::Entry& e : report_.entries) {
+    if (e.route == Route::kMuon) names.push_back(e.name);
+  }
+  return names;
+}
+
+std::vector<ShardedTensor> DistributedChainedOptimizer::ExportState() const {
+  std::vector<ShardedTensor> out;
+  if (replicated_) {
+    for (const NamedTensor& t : replicated_->ExportState()) {
+      std::string name = t.name;
+      if (absl::StartsWith(name, "adamw/")) name = name.substr(6);
+      if (absl::StartsWith(name, "muon/")) name = name.substr(5);
+      if (t.tensor.dim() == 0) {
+        out.push_back({name, {}, 0, t.tensor.clone()});
+      } else {
+        out.push_back({name, t.tensor.sizes().vec(), 0, t.tensor.reshape({-1}).clone()});
+      }
+    }
+    return out;
+  }
+  out = distopt_->ExportState();
+  for (ShardedTensor& t : layerwise_->ExportState()) out.push_back(std::move(t));
+  out.push_back({kStepName, {}, 0, at::tensor({steps_}, at::kLong).reshape({})});
+  out.push_back({kSkippedName, {}, 0, at::tensor({skipped_}, at::kLong).reshape({})});
+  return out;
+}
+
+absl::Status DistributedChainedOptimizer::ImportState(absl::Span<const ShardedTensor> state) {
+  if (replicated_) {
+    ASSIGN_OR_RETURN(std::vector<NamedTensor> whole, AssembleModelSpace(state));
+    std::vector<NamedTensor> prefixed;
+    for (NamedTensor& t : whole) {
+      if (absl::StartsWith(t.name, "chained/")) {
+        prefixed.push_back(std::move(t));
+        continue;
+      }
+      const std::string param = t.name.substr(0, t.name.rfind('/'));
+      const char* prefix = nullptr;
+      for (const RoutingReport::Entry& e : report_.entries) {
+        if (e.name == param) prefix = e.route == Route::kMuon ? "muon/" : "adamw/";
+      }
+      if (prefix == nullptr) continue;  // not state of a param of ours (as in kSharded)
+      prefixed.push_back({absl::StrCat(prefix, t.name), t.tensor});
+    }
+    return replicated_->ImportState(prefixed);
+  }
+  int64_t steps = -1, skipped = -1;
+  for (const ShardedTensor& t : state) {
+    if (t.name == kStepName) steps = t.tensor.item<int64_t>();
+    if (t.name == kSkippedName) skipped = t.tensor.item<int64_t>();
+  }
+  if (steps < 0) return absl::NotFoundError(absl::StrCat("missing state tensor '", kStepName, "'"));
+  if (skipped < 0) {
+    return absl::NotFoundError(absl::StrCat("missing state tensor '", kSkippedName, "'"));
+  }
+  // Validate both halves before either copies, so a failure leaves everything untouched.
+  RETURN_IF_ERROR(layerwise_->ImportState(state, /*validate_only=*/true));
+  RETURN_IF_ERROR(distopt_->ImportState(state, /*validate_only=*/true));
+  RETURN_IF_ERROR(layerwise_->ImportState(state));
+  RETURN_IF_ERROR(distopt_->ImportState(state));
+  steps_ = steps;
+  skipped_ = skipped;
+  return absl::OkStatus();
+}
+
+}  // namespace orthoshard::optimizers::distributed

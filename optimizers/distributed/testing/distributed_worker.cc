@@ -1,0 +1,279 @@
+// One rank of distributed_optimizer_test, started by LaunchLocal:
+//   distributed_worker SCENARIO DIR [OLD_DP]
+// Builds the test model's buffers over all ranks, fills per-rank gradients, reduce-scatters (or
+// all-reduces) them itself as DDP would, steps the DistributedChainedOptimizer, syncs params, and
+// compares with a single-process ChainedOptimizer on the mean gradients. Prints
+// "PASS <scenario> rank <r>" on success; exits 1 with the difference otherwise.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "collectives/gloo_communicator.h"
+#include "collectives/rendezvous.h"
+#include "common/status_macros.h"
+#include "optimizers/distributed/distributed_optimizer.h"
+#include "optimizers/distributed/testing/test_model.h"
+
+namespace orthoshard::optimizers::distributed::testing {
+namespace {
+
+using collectives::Communicator;
+
+constexpr int kBucketSize = 300;
+constexpr int kSteps = 3;
+
+struct Options {
+  std::string scenario;
+  std::string dir;
+  int old_dp = 0;
+};
+
+absl::Status Check(bool ok, const std::string& what) {
+  return ok ? absl::OkStatus() : absl::InternalError(what);
+}
+
+// Every param equals the reference: bitwise, or within rtol/atol when tolerance > 0.
+absl::Status CompareParams(const std::vector<layout::ParamSpec>& specs,
+                           const std::vector<at::Tensor>& got,
+                           const std::vector<at::Tensor>& want, double tolerance,
+                           const std::string& when) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const bool same = tolerance > 0 ? at::allclose(got[i].to(at::kFloat), want[i].to(at::kFloat),
+                                                   tolerance, tolerance)
+                                    : at::equal(got[i], want[i]);
+    if (!same) {
+      const double diff =
+          got[i].to(at::kFloat).sub(want[i].to(at::kFloat)).abs().max().item().toDouble();
+      return absl::InternalError(absl::StrCat(when, ": param '", specs[i].name,
+                                              "' differs from the single-process run (max |diff| ",
+                                              diff, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0's params broadcast to every rank equal this rank's, bitwise.
+absl::Status CompareAcrossRanks(Communicator& comm, const std::vector<at::Tensor>& params) {
+  for (const at::Tensor& p : params) {
+    at::Tensor copy = p.clone();
+    ASSIGN_OR_RETURN(auto work, comm.Broadcast(copy));
+    RETURN_IF_ERROR(work->Wait(comm.timeout()));
+    RETURN_IF_ERROR(Check(at::equal(copy, p), "params differ between ranks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReduceGrads(Communicator& comm, DistributedModel& model, DistributedMode mode) {
+  ASSIGN_OR_RETURN(auto works, mode == DistributedMode::kSharded
+                                   ? LaunchGradReduceScatter(comm, model.buffers)
+                                   : LaunchGradAllReduce(comm, model.buffers));
+  return WaitAll(works, comm.timeout());
+}
+
+// ---- record files for the export/import scenario ----
+
+void WriteRecords(const std::string& path, const std::vector<ShardedTensor>& records) {
+  std::ofstream out(path, std::ios::binary);
+  auto put = [&out](int64_t v) { out.write(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(static_cast<int64_t>(records.size()));
+  for (const ShardedTensor& r : records) {
+    put(static_cast<int64_t>(r.name.size()));
+    out.write(r.name.data(), r.name.size());
+    put(static_cast<int64_t>(r.full_shape.size()));
+    for (int64_t d : r.full_shape) put(d);
+    put(r.offset);
+    put(static_cast<int64_t>(r.tensor.scalar_type()));
+    put(r.tensor.dim());
+    put(r.tensor.numel());
+    at::Tensor t = r.tensor.contiguous();
+    out.write(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  }
+}
+
+std::vector<ShardedTensor> ReadRecords(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  auto get = [&in]() {
+    int64_t v = 0;
+    in.read(reinterpret_cast<char*>(&v), sizeof(v));
+    return v;
+  };
+  std::vector<ShardedTensor> records(get());
+  for (ShardedTensor& r : records) {
+    r.name.resize(get());
+    in.read(r.name.data(), r.name.size());
+    r.full_shape.resize(get());
+    for (int64_t& d : r.full_shape) d = get();
+    r.offset = get();
+    const auto dtype = static_cast<at::ScalarType>(get());
+    const int64_t dim = get();
+    const int64_t numel = get();
+    r.tensor = dim == 0 ? at::empty({}, dtype) : at::empty({numel}, dtype);
+    in.read(static_cast<char*>(r.tensor.data_ptr()), r.tensor.nbytes());
+  }
+  return records;
+}
+
+// ---- scenarios ----
+
+absl::Status Run(const Options& o, Communicator& comm) {
+  const int dp = comm.size();
+  const int rank = comm.rank();
+  const std::string& s = o.scenario;
+  const bool replicated = s == "replicated" || s == "import_replicated";
+  const DistributedMode mode = replicated ? DistributedMode::kReplicated : DistributedMode::kSharded;
+  const layout::Strategy strategy =
+      s == "sharded_lpt" ? layout::Strategy::kMegatronLpt : layout::Strategy::kLayerwise;
+  const std::vector<layout::ParamSpec> specs = s == "idle" ? SmallModel(1, /*only_two_matrices=*/true) : SmallModel(2);
+  const double max_norm = s == "clip" ? 1.0 : 0.0;
+  const double tolerance = s == "clip" ? 1e-5 : 0.0;
+  const ChainedConfig config = TestConfig(max_norm);
+
+  ASSIGN_OR_RETURN(DistributedModel model, BuildDistributedModel(specs, dp, strategy, kBucketSize));
+  ASSIGN_OR_RETURN(auto opt,
+                   DistributedChainedOptimizer::Create(model.buffers, &comm, config, mode));
+  ASSIGN_OR_RETURN(auto ref, Reference::Create(specs, config));
+
+  if (s == "idle") {
+    // Two matrices over 3 or 4 ranks: exactly two owners, the other ranks idle.
+    const int64_t owned = static_cast<int64_t>(opt->OwnedMuonParams().size());
+    at::Tensor counts = at::empty({2}, at::kLong);
+    counts[0].fill_(owned);
+    counts[1].fill_(owned == 0 ? 1 : 0);
+    ASSIGN_OR_RETURN(auto work, comm.AllReduce(counts));
+    RETURN_IF_ERROR(work->Wait(comm.timeout()));
+    RETURN_IF_ERROR(Check(counts[0].item().toLong() == 2 && counts[1].item().toLong() == dp - 2,
+                          absl::StrCat("owned matrices ", counts[0].item().toLong(),
+                                       ", idle ranks ", counts[1].item().toLong())));
+  }
+
+  int first_step = 0;
+  if (s == "import" || s == "import_replicated") {
+    // Resume from every old rank's records (written at dp old_dp) and replay the reference.
+    std::vector<ShardedTensor> records;
+    for (int r = 0; r < o.old_dp; ++r) {
+      for (ShardedTensor& t : ReadRecords(absl::StrCat(o.dir, "/rank", r, ".bin"))) {
+        records.push_back(std::move(t));
+      }
+    }
+    ASSIGN_OR_RETURN(std::vector<NamedTensor> whole, AssembleModelSpace(records));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      bool found = false;
+      for (const NamedTensor& t : whole) {
+        if (t.name == "param/" + specs[i].name) {
+          model.params[i].copy_(t.tensor);
+          found = true;
+        }
+      }
+      RETURN_IF_ERROR(Check(found, "no saved value of " + specs[i].name));
+    }
+    RETURN_IF_ERROR(opt->ImportState(records));
+    for (int step = 0; step < kSteps; ++step) RETURN_IF_ERROR(ref->Step(o.old_dp, step).status());
+    first_step = kSteps;
+    RETURN_IF_ERROR(Check(opt->steps_taken() == kSteps, "steps not restored"));
+  }
+
+  for (int step = first_step; step < first_step + kSteps; ++step) {
+    FillRankGrads(specs, model, rank, step);
+    const bool poison = s == "nonfinite" && step == 1;
+    const layout::ParamPlacement& poisoned = model.buffers[0]->layout().params[0];
+    if (poison && rank == dp - 1) model.buffers[0]->grad_data()[poisoned.start].fill_(NAN);
+    RETURN_IF_ERROR(ReduceGrads(comm, model, mode));
+
+    std::vector<at::Tensor> before;
+    std::vector<ShardedTensor> state_before;
+    if (poison) {
+      for (const at::Tensor& p : model.params) before.push_back(p.clone());
+      state_before = opt->ExportState();
+    }
+    ASSIGN_OR_RETURN(StepResult got, opt->StepAndSync());
+    // The reference sees the NaN in the param the poisoned element belongs to.
+    const int nan_param = poison ? poisoned.param_index : -1;
+    ASSIGN_OR_RETURN(StepResult want, ref->Step(dp, step, nan_param));
+    RETURN_IF_ERROR(Check(got.skipped == want.skipped,
+                          absl::StrCat("step ", step, ": skipped ", got.skipped, " vs ",
+                                       want.skipped)));
+    if (poison) {
+      RETURN_IF_ERROR(Check(got.skipped, "non-finite step not skipped"));
+      RETURN_IF_ERROR(CompareParams(specs, model.params, before, 0.0, "after a skipped step"));
+      std::vector<ShardedTensor> state_after = opt->ExportState();
+      RETURN_IF_ERROR(Check(state_after.size() == state_before.size(), "state changed size"));
+      for (size_t i = 0; i < state_after.size(); ++i) {
+        if (state_after[i].name == "chained/skipped_steps") continue;  // counts the skip
+        RETURN_IF_ERROR(Check(at::equal(state_after[i].tensor, state_before[i].tensor),
+                              "state changed by a skipped step: " + state_after[i].name));
+      }
+      RETURN_IF_ERROR(Check(opt->skipped_steps() == 1, "skip not counted"));
+    }
+    if (s == "clip") {
+      RETURN_IF_ERROR(Check(got.clip_scale < 1.0, "clipping not active"));
+      RETURN_IF_ERROR(Check(std::abs(got.grad_norm - want.grad_norm) <= 1e-6 * want.grad_norm,
+                            absl::StrFormat("global norm %.17g vs %.17g", got.grad_norm,
+                                            want.grad_norm)));
+    } else if (!got.skipped) {
+      RETURN_IF_ERROR(Check(got.clip_scale == 1.0, "unexpected clipping"));
+    }
+    RETURN_IF_ERROR(CompareParams(specs, model.params, ref->params(), tolerance,
+                                  absl::StrCat("step ", step)));
+  }
+  RETURN_IF_ERROR(CompareAcrossRanks(comm, model.params));
+
+  if (s == "export") {
+    std::vector<ShardedTensor> records = opt->ExportState();
+    if (rank == 0) {
+      for (size_t i = 0; i < specs.size(); ++i) {
+        records.push_back({"param/" + specs[i].name, specs[i].shape, 0,
+                           model.params[i].reshape({-1}).clone()});
+      }
+    }
+    WriteRecords(absl::StrCat(o.dir, "/rank", rank, ".bin"), records);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace orthoshard::optimizers::distributed::testing
+
+int main(int argc, char** argv) {
+  using namespace orthoshard;
+  optimizers::distributed::testing::Options options;
+  if (argc < 3 || (argc == 4 && !absl::SimpleAtoi(argv[3], &options.old_dp))) {
+    std::fprintf(stderr, "usage: %s SCENARIO DIR [OLD_DP]\n", argv[0]);
+    return 2;
+  }
+  options.scenario = argv[1];
+  options.dir = argv[2];
+  auto info = collectives::ParseRendezvous(collectives::ProcessEnvironment());
+  if (!info.ok()) {
+    std::fprintf(stderr, "%s\n", info.status().ToString().c_str());
+    return 1;
+  }
+  collectives::GlooOptions gloo = collectives::GlooOptionsFromRendezvous(*info);
+  gloo.timeout = absl::Seconds(60);
+  gloo.rendezvous_timeout = absl::Seconds(60);
+  auto comm = collectives::CreateGlooCommunicator(gloo);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
+    return 1;
+  }
+  const absl::Status status = optimizers::distributed::testing::Run(options, **comm);
+  if (!status.ok()) {
+    std::printf("FAIL %s rank %d: %s\n", argv[1], info->rank, status.ToString().c_str());
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+  std::printf("PASS %s rank %d\n", argv[1], info->rank);
+  std::fflush(stdout);
+  std::_Exit(0);
+}

@@ -1,0 +1,78 @@
+// A small model for the distributed-optimizer tests and benchmark: its param specs, deterministic
+// initial values, deterministic per-rank gradients whose data-parallel mean is exact in fp32
+// (multiples of 1/64 in [-1, 1]; sums over up to 64 ranks are exact, so the mean does not depend on
+// the order a collective adds them in), the buffers a rank builds from a layout, and the
+// single-process ChainedOptimizer reference that steps on the mean gradient.
+#ifndef ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_TESTING_TEST_MODEL_H_
+#define ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_TESTING_TEST_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "buffers/param_and_grad_buffer.h"
+#include "layout/layout.h"
+#include "optimizers/chained.h"
+
+namespace orthoshard::optimizers::distributed::testing {
+
+// A transformer-like model in bf16: a tied embedding [24, 16] (shared_embedding), per layer a
+// fused qkv [48, 16], proj [16, 16], fc1 [40, 16] + bias, fc2 [16, 40], norms; a final norm.
+// 4 Muon matrices per layer; `only_two_matrices` keeps qkv and fc2 only (1 layer = 2 matrices, for
+// idle ranks).
+std::vector<layout::ParamSpec> SmallModel(int num_layers, bool only_two_matrices = false);
+
+// `n` Muon matrices of [rows, cols] plus a [rows] norm each and an embedding [vocab, cols].
+std::vector<layout::ParamSpec> LargeModel(int n, int64_t rows, int64_t cols, int64_t vocab);
+
+// Deterministic initial values (same on every rank and process), in each spec's dtype.
+std::vector<at::Tensor> MakeModelParams(const std::vector<layout::ParamSpec>& specs);
+
+// Rank `rank`'s fp32 gradient for param `index` at step `step`.
+at::Tensor RankGrad(const layout::ParamSpec& spec, int index, int rank, int step);
+// The mean of RankGrad over `dp` ranks (exact sum, then one division, as an AVG collective does).
+at::Tensor MeanGrad(const layout::ParamSpec& spec, int index, int dp, int step);
+
+struct DistributedModel {
+  layout::FullParamLayout layout;
+  std::vector<at::Tensor> params;  // model params, now views of the buffers
+  std::vector<std::unique_ptr<buffers::ParamAndGradBuffer>> owned_buffers;
+  std::vector<buffers::ParamAndGradBuffer*> buffers;
+};
+
+// Lays out `specs` over `dp` ranks with `bucket_size` elements and builds the buffers.
+absl::StatusOr<DistributedModel> BuildDistributedModel(const std::vector<layout::ParamSpec>& specs,
+                                                       int dp, layout::Strategy muon_strategy,
+                                                       int64_t bucket_size);
+
+// Zeroes every grad buffer and writes RankGrad(rank, step) into each param's gradient view.
+void FillRankGrads(const std::vector<layout::ParamSpec>& specs, DistributedModel& model, int rank,
+                   int step);
+
+// Config used by the tests: distinct lrs and weight decays; clipping at `max_grad_norm`.
+ChainedConfig TestConfig(double max_grad_norm);
+
+// Single-process reference: ChainedOptimizer over fresh copies of MakeModelParams.
+class Reference {
+ public:
+  static absl::StatusOr<std::unique_ptr<Reference>> Create(
+      const std::vector<layout::ParamSpec>& specs, const ChainedConfig& config);
+  // Sets every gradient to MeanGrad(dp, step) and steps. `nan_param` >= 0 puts a NaN into that
+  // param's gradient.
+  absl::StatusOr<StepResult> Step(int dp, int step, int nan_param = -1);
+  const std::vector<at::Tensor>& params() const { return params_; }
+  ChainedOptimizer& optimizer() { return *optimizer_; }
+
+ private:
+  std::vector<layout::ParamSpec> specs_;
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> grads_;
+  std::unique_ptr<ChainedOptimizer> optimizer_;
+};
+
+}  // namespace orthoshard::optimizers::distributed::testing
+
+#endif  // ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_TESTING_TEST_MODEL_H_
