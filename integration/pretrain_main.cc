@@ -1,0 +1,308 @@
+// `pretrain`: trains a GPT preset on N ranks (see integration/trainer.h for what a run does).
+//
+//   bazel run //integration:pretrain                       tiny model, synthetic corpus, 2 local ranks
+//   pretrain --config=run.textproto --steps=50             a PretrainConfig text proto; flags win
+//   torchrun --no-python --nproc-per-node=2 bazel-bin/integration/pretrain ...
+//
+// Without a launcher environment (torchrun's RANK/WORLD_SIZE or SLURM's variables) the binary
+// validates its input, then relaunches itself on --nproc_per_node local ranks through
+// collectives::LaunchLocal; under a launcher it joins the job directly. The last line on stdout
+// is rank 0's summary as one JSON object (TrainSummary::ToJson).
+//
+// Exit codes: 0 success; 2 bad input found before training starts (unknown flag, bad flag value,
+// missing or corrupt data/config file, a mode not built yet: kInvalidArgument, kNotFound,
+// kFailedPrecondition, kDataLoss, kUnimplemented), with one "pretrain: ..." line on stderr and
+// nothing written; 1 any other failure; under the local launcher, the first failing rank's code.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/string_view.h"
+#include "collectives/gloo_communicator.h"
+#include "collectives/launcher.h"
+#include "collectives/rendezvous.h"
+#include "integration/dataset.h"
+#include "integration/model.h"
+#include "integration/progress.h"
+#include "integration/trainer.h"
+
+namespace {
+const orthoshard::integration::TrainerConfig kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, config, "",
+          "PretrainConfig text-format file (integration/pretrain_config.proto); flags given on the "
+          "command line override its fields");
+ABSL_FLAG(int, nproc_per_node, 2,
+          "local ranks to launch when not already under a launcher (torchrun/SLURM environment)");
+ABSL_FLAG(std::string, model, kDefaults.model, "model preset: tiny, small, gpt2-124m");
+ABSL_FLAG(std::string, data, kDefaults.data,
+          "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX");
+ABSL_FLAG(std::string, optimizer, kDefaults.optimizer,
+          "muon (Muon for hidden matrices, AdamW for the rest) or adamw (AdamW for all)");
+ABSL_FLAG(std::string, dist, kDefaults.dist,
+          "distribution: replicated (grads all-reduced, every rank steps every param), layerwise "
+          "(DDP reduce-scatter + layer-wise Muon + ZeRO-1 AdamW, params all-gathered per layer "
+          "before forward) or distopt (ZeRO-1 for every param; needs --optimizer=adamw)");
+ABSL_FLAG(std::string, device, kDefaults.device, "cpu (cuda needs NCCL: not built yet)");
+ABSL_FLAG(int64_t, steps, kDefaults.steps, "optimizer steps");
+ABSL_FLAG(int64_t, global_batch, kDefaults.global_batch,
+          "samples per step over all ranks (divisible by ranks x micro_batches)");
+ABSL_FLAG(int64_t, micro_batches, kDefaults.micro_batches,
+          "gradient-accumulation micro-batches per step on each rank");
+ABSL_FLAG(int64_t, seq_len, kDefaults.seq_len, "tokens per sample; 0 = the model's max_seq_len");
+ABSL_FLAG(double, lr, kDefaults.lr, "AdamW base learning rate (all params with --optimizer=adamw)");
+ABSL_FLAG(double, muon_lr, kDefaults.muon_lr, "Muon base learning rate");
+ABSL_FLAG(double, weight_decay, kDefaults.weight_decay, "AdamW weight decay of 2-D params");
+ABSL_FLAG(double, muon_weight_decay, kDefaults.muon_weight_decay, "Muon weight decay");
+ABSL_FLAG(double, max_grad_norm, kDefaults.max_grad_norm, "global-norm clip; <= 0 disables");
+ABSL_FLAG(std::string, schedule, kDefaults.schedule, "lr schedule: constant, cosine, linear, wsd");
+ABSL_FLAG(int64_t, warmup_steps, kDefaults.warmup_steps, "linear warmup steps (capped at --steps)");
+ABSL_FLAG(double, min_lr_ratio, kDefaults.min_lr_ratio, "floor of the lr decay, fraction of lr");
+ABSL_FLAG(int64_t, decay_steps, kDefaults.decay_steps, "wsd: final decay steps; 0 = steps / 5");
+ABSL_FLAG(int64_t, eval_every, kDefaults.eval_every,
+          "eval every N steps (always before the first and after the last); 0 = end only");
+ABSL_FLAG(int64_t, eval_batches, kDefaults.eval_batches, "eval micro-batches per rank");
+ABSL_FLAG(double, eval_fraction, kDefaults.eval_fraction, "tail of the data held out for eval");
+ABSL_FLAG(int64_t, bucket_elems, kDefaults.bucket_elems, "soft minimum grad bucket size (elements)");
+ABSL_FLAG(int64_t, check_every, kDefaults.check_every,
+          "compare a param checksum across ranks every N steps (and at the end); 0 = end only");
+ABSL_FLAG(int64_t, log_every, kDefaults.log_every, "without a terminal: a progress line every N steps");
+ABSL_FLAG(std::string, log_dir, kDefaults.log_dir, "TensorBoard event files (rank 0); empty = none");
+ABSL_FLAG(std::string, save_dir, kDefaults.save_dir, "checkpoint directory (not built yet)");
+ABSL_FLAG(int64_t, save_every, kDefaults.save_every, "steps between checkpoints (not built yet)");
+ABSL_FLAG(bool, resume, kDefaults.resume, "resume from --save_dir (not built yet)");
+ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of model init, data order and synthetic corpus");
+ABSL_FLAG(int, num_threads, kDefaults.num_threads,
+          "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default");
+
+namespace orthoshard::integration {
+namespace {
+
+constexpr char kTtyEnv[] = "ORTHOSHARD_PRETRAIN_TTY";
+
+int ExitCode(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kUnimplemented:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "pretrain: %s\n", std::string(status.message()).c_str());
+  return ExitCode(status);
+}
+
+// Checks every "--name[=value]" argument against the registered flags before absl parses them, so
+// that an unknown flag or a bad value is exit code 2 (absl itself exits with 1). Records the names
+// given. Errors: kInvalidArgument.
+absl::Status PrescanFlags(int argc, char** argv, std::set<std::string>* given) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg, "' (flags are --name=value)"));
+    }
+    const size_t eq = arg.find('=');
+    std::string name(arg.substr(0, eq));
+    // absl's usage flags are not in the registry; ParseCommandLine handles them.
+    if (name == "help" || name == "helpfull" || name == "helpshort" || name == "helppackage" ||
+        name == "version" || name == "only_check_args" || name == "helpon" ||
+        name == "helpmatch") {
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && eq == absl::string_view::npos) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        given->insert(name.substr(2));
+        continue;
+      }
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "; see --help"));
+    }
+    given->insert(name);
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " is missing its value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, ": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Defaults, then --config, then the flags given on the command line.
+absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
+  TrainerConfig c;
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (!config_path.empty()) {
+    std::ifstream in(config_path);
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("--config '", config_path, "': cannot open"));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::Status s = ApplyConfigText(text.str(), config_path, &c);
+    if (!s.ok()) return s;
+  }
+#define ORTHOSHARD_FLAG(field) \
+  if (given.count(#field)) c.field = absl::GetFlag(FLAGS_##field)
+  ORTHOSHARD_FLAG(model);
+  ORTHOSHARD_FLAG(data);
+  ORTHOSHARD_FLAG(optimizer);
+  ORTHOSHARD_FLAG(dist);
+  ORTHOSHARD_FLAG(device);
+  ORTHOSHARD_FLAG(steps);
+  ORTHOSHARD_FLAG(global_batch);
+  ORTHOSHARD_FLAG(micro_batches);
+  ORTHOSHARD_FLAG(seq_len);
+  ORTHOSHARD_FLAG(lr);
+  ORTHOSHARD_FLAG(muon_lr);
+  ORTHOSHARD_FLAG(weight_decay);
+  ORTHOSHARD_FLAG(muon_weight_decay);
+  ORTHOSHARD_FLAG(max_grad_norm);
+  ORTHOSHARD_FLAG(schedule);
+  ORTHOSHARD_FLAG(warmup_steps);
+  ORTHOSHARD_FLAG(min_lr_ratio);
+  ORTHOSHARD_FLAG(decay_steps);
+  ORTHOSHARD_FLAG(eval_every);
+  ORTHOSHARD_FLAG(eval_batches);
+  ORTHOSHARD_FLAG(eval_fraction);
+  ORTHOSHARD_FLAG(bucket_elems);
+  ORTHOSHARD_FLAG(check_every);
+  ORTHOSHARD_FLAG(log_every);
+  ORTHOSHARD_FLAG(log_dir);
+  ORTHOSHARD_FLAG(save_dir);
+  ORTHOSHARD_FLAG(save_every);
+  ORTHOSHARD_FLAG(resume);
+  ORTHOSHARD_FLAG(seed);
+  ORTHOSHARD_FLAG(num_threads);
+#undef ORTHOSHARD_FLAG
+  return c;
+}
+
+// One rank of a job whose environment `info` describes.
+int RunRank(const TrainerConfig& config, const collectives::RendezvousInfo& info) {
+  auto comm = collectives::CreateGlooCommunicator(collectives::GlooOptionsFromRendezvous(info));
+  if (!comm.ok()) return Fail(comm.status());
+  TrainOptions options;
+  std::FILE* tty = nullptr;
+  if (info.rank == 0) {
+    const char* tty_env = std::getenv(kTtyEnv);
+    if (tty_env != nullptr && std::string(tty_env) == "1") tty = std::fopen("/dev/tty", "w");
+    options.terminal = tty != nullptr || IsTerminal(stdout);
+    if (tty != nullptr) options.out = tty;
+  }
+  absl::StatusOr<TrainSummary> summary = Train(config, **comm, options);
+  if (tty != nullptr) std::fclose(tty);
+  if (!summary.ok()) return Fail(summary.status());
+  if (info.rank == 0) std::printf("%s\n", summary->ToJson().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// Relaunches this binary on `nprocs` local ranks; prints rank 0's JSON line last, unprefixed.
+int LaunchSelf(int argc, char** argv, int nprocs) {
+  collectives::LaunchOptions options;
+  options.binary = "/proc/self/exe";
+  for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
+  options.nprocs = nprocs;
+  if (IsTerminal(stdout)) options.env.push_back({kTtyEnv, "1"});
+  std::string json;
+  options.output = [&json](absl::string_view line, bool is_stderr) {
+    absl::string_view rest = line;
+    if (!is_stderr && absl::ConsumePrefix(&rest, "[rank 0] {")) {
+      json = absl::StrCat("{", rest);
+      return;
+    }
+    std::fprintf(is_stderr ? stderr : stdout, "%.*s\n", static_cast<int>(line.size()),
+                 line.data());
+    std::fflush(is_stderr ? stderr : stdout);
+  };
+  absl::StatusOr<collectives::LaunchResult> result = collectives::LaunchLocal(options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "pretrain: launcher: %s\n", std::string(result.status().message()).c_str());
+    return 1;
+  }
+  if (result->exit_code != 0) {
+    std::fprintf(stderr, "pretrain: rank %d failed first with exit code %d\n",
+                 result->first_failed_rank, result->exit_code);
+    return result->exit_code;
+  }
+  if (!json.empty()) std::printf("%s\n", json.c_str());
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "trains a GPT on local ranks or under torchrun/SLURM.\n"
+      "  pretrain [--flags]   (no flags: tiny model, synthetic corpus, 2 local CPU ranks)\n"
+      "The last stdout line is a JSON summary. Exit codes: 0 ok, 2 bad input, 1 other failure.");
+  std::set<std::string> given;
+  absl::Status prescan = PrescanFlags(argc, argv, &given);
+  if (!prescan.ok()) return Fail(prescan);
+  absl::ParseCommandLine(argc, argv);  // handles --help; values were checked above
+  absl::StatusOr<TrainerConfig> config = MakeConfig(given);
+  if (!config.ok()) return Fail(config.status());
+
+  absl::StatusOr<collectives::RendezvousInfo> info =
+      collectives::ParseRendezvous(collectives::ProcessEnvironment());
+  if (info.ok()) {
+    if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
+    return RunRank(*config, *info);
+  }
+  if (info.status().code() != absl::StatusCode::kNotFound) return Fail(info.status());
+
+  // Not under a launcher: check everything that needs no ranks before starting any.
+  const int nprocs = absl::GetFlag(FLAGS_nproc_per_node);
+  if (nprocs < 1) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--nproc_per_node must be >= 1, got ", nprocs)));
+  }
+  if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
+  absl::StatusOr<GptConfig> preset = GptPreset(config->model);
+  if (!preset.ok()) return Fail(preset.status());
+  absl::StatusOr<TokenDataset> data =
+      LoadDatasetSpec(config->data, preset->vocab_size, config->seed);
+  if (!data.ok()) return Fail(data.status());
+  const int64_t seq_len = config->seq_len > 0 ? config->seq_len : preset->max_seq_len;
+  if (absl::Status s = SplitTrainEval(*data, config->eval_fraction, seq_len + 1).status(); !s.ok()) {
+    return Fail(s);
+  }
+  return LaunchSelf(argc, argv, nprocs);
+}
+
+}  // namespace
+}  // namespace orthoshard::integration
+
+int main(int argc, char** argv) { return orthoshard::integration::Main(argc, argv); }

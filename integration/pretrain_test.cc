@@ -1,0 +1,201 @@
+// Runs the real `pretrain` binary: a short 2-rank training through its built-in launcher (loss
+// falls, ranks' params agree, the JSON summary is the last stdout line, TensorBoard scalars read
+// back), a config file with a flag override on 1 rank, and bad input (exit code 2, one message on
+// stderr, nothing on stdout, nothing written).
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integration/tensorboard.h"
+
+namespace orthoshard::integration {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string TempDir() { return std::getenv("TEST_TMPDIR"); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs integration/pretrain (a data dependency, found from the runfiles cwd) with `args`.
+RunResult RunPretrain(const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::string base = absl::StrCat(TempDir(), "/run", counter++);
+  const std::string command = absl::StrCat("integration/pretrain ", absl::StrJoin(args, " "),
+                                           " >", base, ".out 2>", base, ".err");
+  const int status = std::system(command.c_str());
+  RunResult run;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  run.out = ReadFile(base + ".out");
+  run.err = ReadFile(base + ".err");
+  return run;
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+// The value of a number or string key of a flat JSON object.
+std::string JsonField(const std::string& json, const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\":");
+  const size_t at = json.find(needle);
+  if (at == std::string::npos) return "";
+  size_t begin = at + needle.size();
+  size_t end = json.find_first_of(",}", begin);
+  std::string value = json.substr(begin, end - begin);
+  if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
+  return value;
+}
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  const std::string value = JsonField(json, key);
+  EXPECT_FALSE(value.empty()) << "no key " << key << " in " << json;
+  return std::strtod(value.c_str(), nullptr);
+}
+
+TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
+  const std::string tb = TempDir() + "/tb";
+  RunResult run = RunPretrain({"--steps=30", "--eval_every=15", "--check_every=10", "--global_batch=16",
+                         "--warmup_steps=5", "--log_every=10", "--log_dir=" + tb});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const std::string json = LastLine(run.out);
+  ASSERT_THAT(json, StartsWith("{\"steps\":30,")) << run.out;
+  EXPECT_EQ(json.back(), '}');
+  EXPECT_EQ(JsonField(json, "world_size"), "2");
+  EXPECT_EQ(JsonField(json, "dist"), "layerwise");  // the default
+  // The cross-rank param checksum matched at steps 10, 20 and 30 (a mismatch fails the run).
+  EXPECT_EQ(JsonField(json, "checksum_checks"), "3");
+  const double initial = JsonNumber(json, "initial_loss");
+  const double final_loss = JsonNumber(json, "final_loss");
+  const double initial_eval = JsonNumber(json, "initial_eval_loss");
+  const double eval = JsonNumber(json, "eval_loss");
+  EXPECT_NEAR(initial, std::log(256.0), 0.5);  // an untrained model guesses bytes uniformly
+  EXPECT_LT(final_loss, initial - 1.0);
+  EXPECT_LT(eval, initial_eval - 1.0);
+  EXPECT_GT(JsonNumber(json, "tokens_per_s"), 0);
+  EXPECT_THAT(run.out, HasSubstr("optimizer routing: muon 8 params"));
+  EXPECT_THAT(run.out, HasSubstr("layout: buffer fp32/fp32/dense/layerwise"));
+  EXPECT_THAT(run.out, HasSubstr("step 30/30 | loss"));
+
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(tb)) {
+    files.push_back(entry.path().string());
+  }
+  ASSERT_EQ(files.size(), 1u);  // rank 0 only
+  EXPECT_THAT(files[0], HasSubstr("events.out.tfevents."));
+  ASSERT_OK_AND_ASSIGN(std::vector<TbEvent> events, ReadEventFile(files[0]));
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  std::map<std::string, std::vector<std::pair<int64_t, float>>> scalars;
+  for (const TbEvent& e : events) {
+    for (const ScalarValue& v : e.scalars) scalars[v.tag].push_back({e.step, v.value});
+  }
+  for (const char* tag : {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
+                          "train/step_time_s", "comm/bytes"}) {
+    ASSERT_EQ(scalars[tag].size(), 30u) << tag;
+    EXPECT_EQ(scalars[tag].front().first, 1) << tag;
+    EXPECT_EQ(scalars[tag].back().first, 30) << tag;
+  }
+  EXPECT_NEAR(scalars["train/loss"].front().second, initial, 1e-4);
+  EXPECT_NEAR(scalars["train/loss"].back().second, final_loss, 1e-4);
+  EXPECT_GT(scalars["comm/bytes"].back().second, scalars["comm/bytes"].front().second);
+  ASSERT_EQ(scalars["eval/loss"].size(), 3u);  // before training, step 15, step 30
+  EXPECT_EQ(scalars["eval/loss"][0].first, 0);
+  EXPECT_EQ(scalars["eval/loss"][2].first, 30);
+  EXPECT_NEAR(scalars["eval/loss"][2].second, eval, 1e-4);
+}
+
+// The other modes (the default layerwise is above): loss falls and params agree on both ranks at
+// every check, with 2 micro-batches of gradient accumulation.
+TEST(Pretrain, ReplicatedAndDistOptLearnAndAgree) {
+  for (const std::vector<std::string>& mode :
+       {std::vector<std::string>{"--dist=replicated"},
+        std::vector<std::string>{"--dist=distopt", "--optimizer=adamw"}}) {
+    std::vector<std::string> args = {"--steps=20", "--eval_every=0", "--check_every=5",
+                                     "--global_batch=16", "--micro_batches=2", "--warmup_steps=5"};
+    args.insert(args.end(), mode.begin(), mode.end());
+    RunResult run = RunPretrain(args);
+    ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+    const std::string json = LastLine(run.out);
+    EXPECT_EQ(JsonField(json, "dist"), mode[0].substr(7));
+    EXPECT_EQ(JsonField(json, "steps"), "20");
+    EXPECT_EQ(JsonField(json, "checksum_checks"), "4");  // steps 5, 10, 15, 20
+    EXPECT_LT(JsonNumber(json, "final_loss"), JsonNumber(json, "initial_loss") - 1.0) << json;
+    EXPECT_LT(JsonNumber(json, "eval_loss"), JsonNumber(json, "initial_eval_loss") - 1.0) << json;
+  }
+}
+
+TEST(Pretrain, FlagsOverrideTheConfigFile) {
+  const std::string config = TempDir() + "/run.textproto";
+  std::ofstream(config) << "steps: 50\nglobal_batch: 8\neval_every: 0\noptimizer: \"adamw\"\n";
+  RunResult run = RunPretrain({"--config=" + config, "--steps=3", "--nproc_per_node=1"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const std::string json = LastLine(run.out);
+  EXPECT_EQ(JsonField(json, "steps"), "3");           // the flag wins
+  EXPECT_EQ(JsonField(json, "optimizer"), "adamw");   // from the file
+  EXPECT_EQ(JsonField(json, "world_size"), "1");
+  EXPECT_THAT(run.out, HasSubstr("global batch 8 = 1 ranks"));  // from the file
+}
+
+TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/bad.idx") << "NOTANIDX-and-some-more-bytes-to-read";
+  std::ofstream(dir + "/bad.bin") << "xx";
+  std::ofstream(dir + "/bad.textproto") << "stepz: 3\n";
+  const std::string log_dir = dir + "/must_not_exist";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--stepz=3", "unknown flag --stepz"},
+      {"--steps=abc", "flag --steps: Illegal value 'abc'"},
+      {"--steps=0", "--steps must be >= 1, got 0"},
+      {"--global_batch=31", "--global_batch 31 is not divisible by world size 2"},
+      {"--data=text:" + dir + "/missing.txt", "cannot open"},
+      {"--data=megatron:" + dir + "/bad", "bad magic"},
+      {"--data=csv:x", "expected synthetic[:TOKENS], text:PATH"},
+      {"--config=" + dir + "/missing.textproto", "cannot open"},
+      {"--config=" + dir + "/bad.textproto", "stepz"},
+      {"--dist=distopt", "Muon needs whole matrices"},
+      {"--dist=mesh", "expected replicated, layerwise or distopt"},
+      {"--device=cuda", "NCCL"},
+      {"--resume", "--resume needs checkpoint"},
+      {"--model=huge", "huge"},
+  };
+  for (const auto& [arg, message] : cases) {
+    RunResult run = RunPretrain({arg, "--log_dir=" + log_dir});
+    EXPECT_EQ(run.exit_code, 2) << arg << ": " << run.err;
+    EXPECT_EQ(run.out, "") << arg;
+    EXPECT_THAT(run.err, StartsWith("pretrain: ")) << arg;
+    EXPECT_THAT(run.err, HasSubstr(message)) << arg;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << arg << ": " << run.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(log_dir));
+}
+
+}  // namespace
+}  // namespace orthoshard::integration

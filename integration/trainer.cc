@@ -1,0 +1,437 @@
+// The training loop of trainer.h (replicated data parallelism over ParamAndGradBuffers).
+#include "integration/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "buffers/param_and_grad_buffer.h"
+#include "ddp/distributed_data_parallel.h"
+#include "common/status_macros.h"
+#include "integration/dataset.h"
+#include "integration/loader.h"
+#include "integration/model.h"
+#include "integration/progress.h"
+#include "integration/tensorboard.h"
+#include "layout/layout.h"
+#include "optimizers/chained.h"
+#include "optimizers/distributed/distributed_optimizer.h"
+#include "optimizers/routing.h"
+#include "optimizers/schedule.h"
+
+namespace orthoshard::integration {
+namespace {
+
+using collectives::AllReduceOp;
+using collectives::Communicator;
+using collectives::ReduceOp;
+
+at::Tensor ToTensor(const std::vector<int64_t>& ids, int64_t rows, int64_t cols) {
+  return at::from_blob(const_cast<int64_t*>(ids.data()), {rows, cols},
+                       at::TensorOptions().dtype(at::kLong))
+      .clone();
+}
+
+// Launches `ops` as one group and waits for it.
+absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp> ops) {
+  ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work, comm.LaunchGroup(std::move(ops)));
+  return work->Wait(comm.timeout());
+}
+
+int64_t TotalBytes(const Communicator& comm) {
+  const collectives::TrafficCounters t = comm.traffic();
+  int64_t total = 0;
+  for (int64_t b : t.bytes) total += b;
+  return total;
+}
+
+optimizers::ScheduleConfig MakeSchedule(const TrainerConfig& c) {
+  optimizers::ScheduleConfig s;
+  s.kind = c.schedule == "cosine"   ? optimizers::ScheduleKind::kWarmupCosine
+           : c.schedule == "linear" ? optimizers::ScheduleKind::kWarmupLinear
+           : c.schedule == "wsd"    ? optimizers::ScheduleKind::kWsd
+                                    : optimizers::ScheduleKind::kConstant;
+  s.warmup_steps = std::min(c.warmup_steps, c.steps);
+  s.total_steps = c.steps;
+  s.decay_steps = c.decay_steps > 0 ? c.decay_steps : std::max<int64_t>(1, c.steps / 5);
+  s.min_lr_ratio = c.min_lr_ratio;
+  return s;
+}
+
+std::string LayoutSummary(const layout::FullParamLayout& full) {
+  std::string out;
+  for (const layout::PerBufferParamLayout& b : full.buffers) {
+    std::vector<int64_t> sizes;
+    for (const layout::Bucket& bucket : b.buckets) sizes.push_back(bucket.numel());
+    const int64_t padding = b.numel() - b.unpadded_numel;
+    absl::StrAppendFormat(
+        &out,
+        "layout: buffer %s (%s, dp %d): %d params, %d elements + %d padding (%.2f%%), "
+        "%d buckets [%s]\n",
+        b.key.ToString(), layout::StrategyName(b.strategy), b.dp, b.params.size(),
+        b.unpadded_numel, padding, b.numel() > 0 ? 100.0 * padding / b.numel() : 0.0,
+        b.buckets.size(), absl::StrJoin(sizes, ", "));
+  }
+  return out;
+}
+
+// Everything one rank builds before the first step.
+struct Setup {
+  int64_t seq_len = 0;
+  int64_t micro_batch_size = 0;
+  double unigram_entropy = 0;
+  int64_t train_tokens = 0, eval_tokens = 0;
+  DistMode mode = DistMode::kReplicated;
+  std::unique_ptr<Gpt> model;
+  layout::FullParamLayout layout;
+  // kReplicated: buffers owned here and a ChainedOptimizer stepping every param.
+  std::vector<std::unique_ptr<buffers::ParamAndGradBuffer>> owned_buffers;
+  std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
+  // kLayerwise / kDistOpt: DDP owns the buffers; the sharded optimizer steps this rank's part.
+  std::unique_ptr<ddp::DistributedDataParallel> ddp;
+  std::unique_ptr<optimizers::distributed::DistributedChainedOptimizer> sharded;
+  std::vector<buffers::ParamAndGradBuffer*> buffers;  // either way, parallel to layout.buffers
+  std::unique_ptr<DataLoader> train, eval;
+};
+
+absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
+  Setup s;
+  ASSIGN_OR_RETURN(s.mode, ParseDistMode(c.dist));
+  ASSIGN_OR_RETURN(GptConfig gpt, GptPreset(c.model));
+  s.seq_len = c.seq_len > 0 ? c.seq_len : gpt.max_seq_len;
+  s.micro_batch_size = c.global_batch / (static_cast<int64_t>(comm.size()) * c.micro_batches);
+
+  ASSIGN_OR_RETURN(TokenDataset data, LoadDatasetSpec(c.data, gpt.vocab_size, c.seed));
+  ASSIGN_OR_RETURN(auto split, SplitTrainEval(data, c.eval_fraction, s.seq_len + 1));
+  s.unigram_entropy = UnigramEntropy(split.first.tokens);
+  s.train_tokens = static_cast<int64_t>(split.first.tokens.size());
+  s.eval_tokens = static_cast<int64_t>(split.second.tokens.size());
+  LoaderOptions lo;
+  lo.seq_len = s.seq_len;
+  lo.micro_batch_size = s.micro_batch_size;
+  lo.micro_batches = c.micro_batches;
+  lo.rank = comm.rank();
+  lo.world_size = comm.size();
+  lo.seed = c.seed;
+  ASSIGN_OR_RETURN(DataLoader train,
+                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.first)), lo));
+  lo.micro_batches = c.eval_batches;
+  lo.shuffle = false;
+  ASSIGN_OR_RETURN(DataLoader eval,
+                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.second)), lo));
+  s.train = std::make_unique<DataLoader>(std::move(train));
+  s.eval = std::make_unique<DataLoader>(std::move(eval));
+
+  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(gpt, c.seed));
+  s.model = std::make_unique<Gpt>(std::move(model));
+  const std::vector<ModelParam>& params = s.model->params();
+
+  optimizers::RoutingConfig routing;
+  if (c.optimizer == "adamw") routing.overrides.push_back({"*", optimizers::Route::kAdamW});
+  std::vector<optimizers::ParamDescriptor> descriptors;
+  for (const ModelParam& p : params) {
+    descriptors.push_back({p.name, std::vector<int64_t>(p.tensor.sizes().begin(),
+                                                        p.tensor.sizes().end())});
+  }
+  ASSIGN_OR_RETURN(optimizers::RoutingReport report, optimizers::PlanRouting(routing, descriptors));
+
+  std::vector<layout::ParamSpec> specs;
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < params.size(); ++i) {
+    layout::ParamSpec spec;
+    spec.name = params[i].name;
+    spec.shape = descriptors[i].shape;
+    spec.dtype = DType::kFloat32;
+    spec.role = report.entries[i].route == optimizers::Route::kMuon ? layout::ParamRole::kMuon
+                                                                      : layout::ParamRole::kAdam;
+    spec.shared_embedding = params[i].kind == ParamKind::kEmbedding && gpt.tie_embeddings;
+    specs.push_back(std::move(spec));
+    tensors.push_back(params[i].tensor);
+  }
+  layout::LayoutOptions layout_options;
+  layout_options.dp = comm.size();
+  layout_options.bucket_size = c.bucket_elems;
+  layout_options.grad_dtype = DType::kFloat32;
+  // distopt: one byte-level (ZeRO-1) layout for everything; otherwise Muon's matrices get the
+  // shard-aligned layer-wise layout.
+  layout_options.muon_strategy =
+      s.mode == DistMode::kDistOpt ? layout::Strategy::kDistOpt : layout::Strategy::kLayerwise;
+  ASSIGN_OR_RETURN(s.layout, layout::ComputeFullParamLayout(specs, layout_options));
+
+  optimizers::ChainedConfig cc;
+  cc.routing = routing;
+  cc.adamw.lr = c.lr;
+  cc.adamw.beta2 = 0.95;
+  cc.adamw.weight_decay = c.weight_decay;
+  cc.muon.lr = c.muon_lr;
+  cc.muon.weight_decay = c.muon_weight_decay;
+  cc.schedule = MakeSchedule(c);
+  cc.max_grad_norm = c.max_grad_norm;
+
+  if (s.mode != DistMode::kReplicated) {
+    ddp::DdpConfig ddp_config;
+    ddp_config.overlap_grad_reduce = true;
+    ddp_config.overlap_param_gather = true;
+    ASSIGN_OR_RETURN(s.ddp, ddp::DistributedDataParallel::Create(s.layout, tensors, &comm,
+                                                                 nullptr, ddp_config));
+    std::vector<int> param_layers;
+    for (const ModelParam& p : params) param_layers.push_back(p.layer);
+    ASSIGN_OR_RETURN(std::function<void(int)> hook, s.ddp->PreForwardHook(param_layers));
+    s.model->set_pre_forward_hook(std::move(hook));
+    for (int i = 0; i < s.ddp->num_buffers(); ++i) s.buffers.push_back(&s.ddp->buffer(i));
+    ASSIGN_OR_RETURN(s.sharded, optimizers::distributed::DistributedChainedOptimizer::Create(
+                                    s.buffers, &comm, cc,
+                                    optimizers::distributed::DistributedMode::kSharded));
+    return s;
+  }
+
+  std::vector<at::Tensor> grads(params.size());
+  for (const layout::PerBufferParamLayout& b : s.layout.buffers) {
+    ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
+                     buffers::ParamAndGradBuffer::Create(b, tensors));
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      grads[b.params[i].param_index] = buffer->GradView(static_cast<int>(i));
+    }
+    s.buffers.push_back(buffer.get());
+    s.owned_buffers.push_back(std::move(buffer));
+  }
+
+  std::vector<optimizers::Param> opt_params;
+  for (size_t i = 0; i < params.size(); ++i) {
+    optimizers::Param p;
+    p.name = params[i].name;
+    p.param = params[i].tensor;
+    p.grad = grads[i];
+    p.split.num_groups = params[i].split.num_groups;
+    p.split.block_rows = params[i].split.block_rows;
+    opt_params.push_back(std::move(p));
+  }
+  ASSIGN_OR_RETURN(s.optimizer, optimizers::ChainedOptimizer::Create(std::move(opt_params), cc));
+  return s;
+}
+
+// Mean eval loss over this rank's fixed eval micro-batches, averaged over ranks.
+absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
+  at::NoGradGuard no_grad;
+  double total = 0;
+  const std::vector<MicroBatch> batches = s.eval->BatchAt(0);
+  for (const MicroBatch& b : batches) {
+    ASSIGN_OR_RETURN(at::Tensor loss, s.model->Loss(ToTensor(b.inputs, b.rows, b.cols),
+                                                    ToTensor(b.targets, b.rows, b.cols)));
+    total += loss.item<double>();
+  }
+  at::Tensor mean = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  mean.fill_(total / static_cast<double>(batches.size()));
+  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{mean, {ReduceOp::kAvg}}}));
+  return mean.item<double>();
+}
+
+// Compares a cheap checksum of every param (sum and sum of squares, in fp64) with rank 0's; every
+// rank learns whether any rank differs. Returns the sum.
+absl::StatusOr<double> CheckParamsIdentical(Setup& s, Communicator& comm, int64_t step) {
+  at::NoGradGuard no_grad;
+  if (s.ddp) RETURN_IF_ERROR(s.ddp->FinishParamSync());
+  double sum = 0, sum_squares = 0;
+  for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
+    const at::Tensor data = buffer->param_data().to(at::kDouble);
+    sum += data.sum().item<double>();
+    sum_squares += data.mul(data).sum().item<double>();
+  }
+  at::Tensor reference = at::zeros({2}, at::TensorOptions().dtype(at::kDouble));
+  reference.fill_(0);
+  double* r = reference.data_ptr<double>();
+  r[0] = sum;
+  r[1] = sum_squares;
+  RETURN_IF_ERROR(RunGroup(comm, {collectives::BroadcastOp{reference, {0}}}));
+  const bool differs = r[0] != sum || r[1] != sum_squares;
+  at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  flag.fill_(differs ? 1.0 : 0.0);
+  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{flag, {ReduceOp::kSum}}}));
+  if (flag.item<double>() != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "param checksum differs from rank 0's at step %d on %d rank(s) (this rank: sum %.17g vs "
+        "%.17g)",
+        step, static_cast<int64_t>(flag.item<double>()), sum, r[0]));
+  }
+  return sum;
+}
+
+absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& comm,
+                                       const TrainOptions& options) {
+  RETURN_IF_ERROR(ValidateTrainerConfig(c, comm.size()));
+  if (c.num_threads > 0) at::set_num_threads(c.num_threads);
+  const bool lead = comm.rank() == 0;
+  ASSIGN_OR_RETURN(Setup s, Build(c, comm));
+
+  TrainSummary summary;
+  summary.world_size = comm.size();
+  summary.dist = c.dist;
+  summary.model = c.model;
+  summary.optimizer = c.optimizer;
+  summary.num_params = s.model->num_params();
+  summary.unigram_entropy = s.unigram_entropy;
+
+  std::unique_ptr<EventWriter> tb;
+  if (lead) {
+    std::fprintf(options.out,
+                 "pretrain: model %s (%lld params), data %s (%lld train / %lld eval tokens, "
+                 "unigram entropy %.3f nats), %d ranks, dist %s, optimizer %s\n"
+                 "pretrain: global batch %lld = %d ranks x %lld micro-batches x %lld samples x "
+                 "%lld tokens\n",
+                 c.model.c_str(), static_cast<long long>(summary.num_params), c.data.c_str(),
+                 static_cast<long long>(s.train_tokens), static_cast<long long>(s.eval_tokens),
+                 s.unigram_entropy, comm.size(), c.dist.c_str(), c.optimizer.c_str(),
+                 static_cast<long long>(c.global_batch), comm.size(),
+                 static_cast<long long>(c.micro_batches),
+                 static_cast<long long>(s.micro_batch_size), static_cast<long long>(s.seq_len));
+    std::fputs((s.ddp ? s.sharded->routing_report() : s.optimizer->routing_report())
+                   .ToString()
+                   .c_str(),
+               options.out);
+    std::fputs(LayoutSummary(s.layout).c_str(), options.out);
+    std::fflush(options.out);
+    if (!c.log_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(c.log_dir, ec);
+      if (ec) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("--log_dir '", c.log_dir, "': cannot create: ", ec.message()));
+      }
+      ASSIGN_OR_RETURN(tb, EventWriter::Create(c.log_dir, absl::ToUnixMicros(absl::Now()) / 1e6));
+    }
+  }
+  auto scalar = [&](absl::string_view tag, int64_t step, double value) -> absl::Status {
+    if (!tb) return absl::OkStatus();
+    return tb->AddScalar(tag, step, static_cast<float>(value),
+                         absl::ToUnixMicros(absl::Now()) / 1e6);
+  };
+
+  ASSIGN_OR_RETURN(summary.initial_eval_loss, Evaluate(s, comm));
+  RETURN_IF_ERROR(scalar("eval/loss", 0, summary.initial_eval_loss));
+  summary.eval_loss = summary.initial_eval_loss;
+
+  ProgressOptions po;
+  po.total_steps = c.steps;
+  po.log_every = c.log_every;
+  po.terminal = options.terminal;
+  ProgressPrinter progress(options.out, po);
+  const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
+  absl::Duration train_time;
+  at::Tensor loss_avg = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  for (int64_t step = 1; step <= c.steps; ++step) {
+    const absl::Time start = absl::Now();
+    if (s.ddp) {
+      s.ddp->ZeroGradBuffers();
+    } else {
+      for (buffers::ParamAndGradBuffer* buffer : s.buffers) buffer->ZeroGrads();
+    }
+    double loss_sum = 0;
+    const std::vector<MicroBatch> batches = s.train->Next();
+    for (size_t m = 0; m < batches.size(); ++m) {
+      const MicroBatch& b = batches[m];
+      if (s.ddp) s.ddp->set_is_last_microbatch(m + 1 == batches.size());
+      ASSIGN_OR_RETURN(at::Tensor loss, s.model->Loss(ToTensor(b.inputs, b.rows, b.cols),
+                                                      ToTensor(b.targets, b.rows, b.cols)));
+      loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+      loss_sum += loss.item<double>();
+    }
+    loss_avg.fill_(loss_sum / static_cast<double>(batches.size()));
+    optimizers::StepResult result;
+    if (s.ddp) {
+      // DDP reduce-scattered buckets during backward; finish them, step this rank's shards, then
+      // start the all-gathers that the next forward's pre-forward hooks wait on layer by layer.
+      RETURN_IF_ERROR(s.ddp->FinishGradSync());
+      RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{loss_avg, {ReduceOp::kAvg}}}));
+      at::NoGradGuard no_grad;
+      ASSIGN_OR_RETURN(result, s.sharded->Step());
+      RETURN_IF_ERROR(s.ddp->StartParamSync());
+    } else {
+      // Every grad bucket of every buffer, averaged over ranks, plus the step's loss: one group.
+      std::vector<collectives::CollectiveOp> ops;
+      for (buffers::ParamAndGradBuffer* buffer : s.buffers) {
+        for (int b = 0; b < buffer->num_buckets(); ++b) {
+          ops.push_back(AllReduceOp{buffer->GradBucket(b), {ReduceOp::kAvg}});
+        }
+      }
+      ops.push_back(AllReduceOp{loss_avg, {ReduceOp::kAvg}});
+      RETURN_IF_ERROR(RunGroup(comm, std::move(ops)));
+      at::NoGradGuard no_grad;  // the optimizers update leaf params in place
+      ASSIGN_OR_RETURN(result, s.optimizer->Step());
+    }
+    const absl::Duration step_time = absl::Now() - start;
+    train_time += step_time;
+
+    const double loss = loss_avg.item<double>();
+    if (step == 1) summary.initial_loss = loss;
+    summary.final_loss = loss;
+    summary.steps = step;
+    const double elapsed = absl::ToDoubleSeconds(train_time);
+    const double tokens_per_s = elapsed > 0 ? tokens_per_step * step / elapsed : 0;
+    const double lr = c.lr * result.lr_multiplier;
+    if (lead) {
+      progress.Update({step, loss, tokens_per_s, lr, elapsed});
+      RETURN_IF_ERROR(scalar("train/loss", step, loss));
+      RETURN_IF_ERROR(scalar("train/lr", step, lr));
+      RETURN_IF_ERROR(scalar("train/grad_norm", step, result.grad_norm));
+      RETURN_IF_ERROR(scalar("train/tokens_per_s", step, tokens_per_s));
+      RETURN_IF_ERROR(scalar("train/step_time_s", step, absl::ToDoubleSeconds(step_time)));
+      RETURN_IF_ERROR(scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm))));
+    }
+    const bool last = step == c.steps;
+    if (last || (c.eval_every > 0 && step % c.eval_every == 0)) {
+      ASSIGN_OR_RETURN(summary.eval_loss, Evaluate(s, comm));
+      RETURN_IF_ERROR(scalar("eval/loss", step, summary.eval_loss));
+      if (lead) {
+        progress.Finish();
+        std::fprintf(options.out, "eval step %lld: loss %.4f\n", static_cast<long long>(step),
+                     summary.eval_loss);
+        std::fflush(options.out);
+      }
+      if (tb) RETURN_IF_ERROR(tb->Flush());
+    }
+    if (last || (c.check_every > 0 && step % c.check_every == 0)) {
+      ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
+      ++summary.checksum_checks;
+    }
+  }
+  if (lead) progress.Finish();
+  summary.elapsed_s = absl::ToDoubleSeconds(train_time);
+  summary.tokens_per_s =
+      summary.elapsed_s > 0 ? tokens_per_step * summary.steps / summary.elapsed_s : 0;
+  if (s.ddp) RETURN_IF_ERROR(s.ddp->FinishParamSync());
+  summary.skipped_steps = s.ddp ? s.sharded->skipped_steps() : s.optimizer->skipped_steps();
+  summary.comm_bytes = TotalBytes(comm);
+  if (tb) RETURN_IF_ERROR(tb->Flush());
+  return summary;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainSummary> Train(const TrainerConfig& config, Communicator& comm,
+                                   const TrainOptions& options) {
+  try {
+    return TrainImpl(config, comm, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("training: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace orthoshard::integration

@@ -1,0 +1,210 @@
+// TrainerConfig: parsing the text-format proto, validation, and the summary's JSON.
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "integration/model.h"
+#include "integration/pretrain_config.pb.h"
+#include "integration/trainer.h"
+
+namespace orthoshard::integration {
+namespace {
+
+// Collects the text-format parser's errors instead of logging them.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+absl::Status Positive(absl::string_view field, int64_t value) {
+  if (value >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 1, got ", value));
+}
+
+absl::Status NonNegative(absl::string_view field, int64_t value) {
+  if (value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
+}
+
+}  // namespace
+
+const char* DistModeName(DistMode mode) {
+  switch (mode) {
+    case DistMode::kReplicated:
+      return "replicated";
+    case DistMode::kLayerwise:
+      return "layerwise";
+    case DistMode::kDistOpt:
+      return "distopt";
+  }
+  return "?";
+}
+
+absl::StatusOr<DistMode> ParseDistMode(absl::string_view name) {
+  for (DistMode mode : {DistMode::kReplicated, DistMode::kLayerwise, DistMode::kDistOpt}) {
+    if (name == DistModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dist '", name, "': expected replicated, layerwise or distopt"));
+}
+
+absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
+                             TrainerConfig* config) {
+  PretrainConfig proto;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &proto)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config '", name, "': ", errors.first().empty() ? "does not parse"
+                                                                    : errors.first()));
+  }
+  TrainerConfig& c = *config;
+#define ORTHOSHARD_APPLY(field) \
+  if (proto.has_##field()) c.field = proto.field()
+  ORTHOSHARD_APPLY(model);
+  ORTHOSHARD_APPLY(data);
+  ORTHOSHARD_APPLY(optimizer);
+  ORTHOSHARD_APPLY(dist);
+  ORTHOSHARD_APPLY(device);
+  ORTHOSHARD_APPLY(steps);
+  ORTHOSHARD_APPLY(global_batch);
+  ORTHOSHARD_APPLY(micro_batches);
+  ORTHOSHARD_APPLY(seq_len);
+  ORTHOSHARD_APPLY(lr);
+  ORTHOSHARD_APPLY(muon_lr);
+  ORTHOSHARD_APPLY(weight_decay);
+  ORTHOSHARD_APPLY(muon_weight_decay);
+  ORTHOSHARD_APPLY(max_grad_norm);
+  ORTHOSHARD_APPLY(schedule);
+  ORTHOSHARD_APPLY(warmup_steps);
+  ORTHOSHARD_APPLY(min_lr_ratio);
+  ORTHOSHARD_APPLY(decay_steps);
+  ORTHOSHARD_APPLY(eval_every);
+  ORTHOSHARD_APPLY(eval_batches);
+  ORTHOSHARD_APPLY(eval_fraction);
+  ORTHOSHARD_APPLY(bucket_elems);
+  ORTHOSHARD_APPLY(check_every);
+  ORTHOSHARD_APPLY(log_every);
+  ORTHOSHARD_APPLY(log_dir);
+  ORTHOSHARD_APPLY(save_dir);
+  ORTHOSHARD_APPLY(save_every);
+  ORTHOSHARD_APPLY(resume);
+  ORTHOSHARD_APPLY(seed);
+  ORTHOSHARD_APPLY(num_threads);
+#undef ORTHOSHARD_APPLY
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world_size));
+  }
+  absl::StatusOr<DistMode> dist = ParseDistMode(c.dist);
+  if (!dist.ok()) return dist.status();
+  if (c.device == "cuda") {
+    return absl::UnimplementedError(
+        "--device=cuda needs the NCCL communicator, not built yet; use --device=cpu");
+  }
+  if (c.device != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device '", c.device, "': expected cpu or cuda"));
+  }
+  if (c.resume) {
+    return absl::UnimplementedError(
+        "--resume needs checkpoint save/load of optimizer state, not built yet");
+  }
+  if (!c.save_dir.empty() || c.save_every != 0) {
+    return absl::UnimplementedError(
+        "--save_dir/--save_every: checkpoint saving from the trainer is not built yet");
+  }
+  if (c.optimizer != "muon" && c.optimizer != "adamw") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer '", c.optimizer, "': expected muon or adamw"));
+  }
+  if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "linear" &&
+      c.schedule != "wsd") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--schedule '", c.schedule, "': expected constant, cosine, linear or wsd"));
+  }
+  if (*dist == DistMode::kDistOpt && c.optimizer == "muon") {
+    return absl::InvalidArgumentError(
+        "--dist=distopt shards every param at element level, but Muon needs whole matrices: use "
+        "--optimizer=adamw with it, or --dist=layerwise (Muon layer-wise + ZeRO-1 AdamW)");
+  }
+  absl::StatusOr<GptConfig> preset = GptPreset(c.model);
+  if (!preset.ok()) return preset.status();
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"steps", c.steps},
+                              {"global_batch", c.global_batch},
+                              {"micro_batches", c.micro_batches},
+                              {"eval_batches", c.eval_batches},
+                              {"bucket_elems", c.bucket_elems},
+                              {"log_every", c.log_every}}) {
+    if (absl::Status s = Positive(field, value); !s.ok()) return s;
+  }
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"seq_len", c.seq_len},
+                              {"warmup_steps", c.warmup_steps},
+                              {"decay_steps", c.decay_steps},
+                              {"eval_every", c.eval_every},
+                              {"check_every", c.check_every},
+                              {"num_threads", c.num_threads}}) {
+    if (absl::Status s = NonNegative(field, value); !s.ok()) return s;
+  }
+  if (c.seq_len > preset->max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq_len ", c.seq_len, " exceeds model '",
+                                                   c.model, "' max_seq_len ",
+                                                   preset->max_seq_len));
+  }
+  const int64_t per_step = static_cast<int64_t>(world_size) * c.micro_batches;
+  if (c.global_batch % per_step != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global_batch ", c.global_batch, " is not divisible by world size ", world_size,
+        " x --micro_batches ", c.micro_batches, " = ", per_step));
+  }
+  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
+  }
+  if (!(c.eval_fraction > 0 && c.eval_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_fraction must be in (0, 1), got ", c.eval_fraction));
+  }
+  for (auto [field, value] : {std::pair<const char*, double>{"lr", c.lr}, {"muon_lr", c.muon_lr}}) {
+    if (!(value > 0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be > 0, got ", value));
+    }
+  }
+  for (auto [field, value] : {std::pair<const char*, double>{"weight_decay", c.weight_decay},
+                              {"muon_weight_decay", c.muon_weight_decay}}) {
+    if (!(value >= 0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string TrainSummary::ToJson() const {
+  // %.17g round-trips doubles; the strings are fixed identifiers (no escaping needed).
+  return absl::StrFormat(
+      "{\"steps\":%d,\"initial_loss\":%.6f,\"final_loss\":%.6f,\"initial_eval_loss\":%.6f,"
+      "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
+      "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
+      "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
+      "\"param_checksum\":%.17g}",
+      steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
+      elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
+      checksum_checks, param_checksum);
+}
+
+}  // namespace orthoshard::integration

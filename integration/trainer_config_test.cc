@@ -1,0 +1,107 @@
+// TrainerConfig: text-format config, validation messages and the summary's JSON.
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integration/trainer.h"
+
+namespace orthoshard::integration {
+namespace {
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(TrainerConfig, TextProtoSetsOnlyTheFieldsItNames) {
+  TrainerConfig config;
+  ASSERT_OK(ApplyConfigText("steps: 7\nmodel: \"small\"\nlr: 0.5\nresume: false\n", "c", &config));
+  EXPECT_EQ(config.steps, 7);
+  EXPECT_EQ(config.model, "small");
+  EXPECT_EQ(config.lr, 0.5);
+  EXPECT_EQ(config.data, TrainerConfig().data);
+  EXPECT_EQ(config.global_batch, TrainerConfig().global_batch);
+}
+
+TEST(TrainerConfig, TextProtoErrorsNameTheFileAndPosition) {
+  TrainerConfig config;
+  EXPECT_THAT(ApplyConfigText("steps: 7\nstepz: 3\n", "run.textproto", &config),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("config 'run.textproto': 2:")));
+  EXPECT_THAT(ApplyConfigText("steps: \"x\"\n", "c", &config),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config 'c': 1:")));
+}
+
+TEST(TrainerConfig, ValidationNamesTheField) {
+  TrainerConfig config;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.steps = 0;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--steps must be >= 1, got 0")));
+  config = TrainerConfig();
+  config.global_batch = 30;
+  config.micro_batches = 4;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--global_batch 30 is not divisible by world size 2 x "
+                                 "--micro_batches 4 = 8")));
+  config = TrainerConfig();
+  config.seq_len = 65;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--seq_len 65 exceeds model 'tiny' max_seq_len 64")));
+  config = TrainerConfig();
+  config.optimizer = "sgd";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected muon or adamw")));
+  config = TrainerConfig();
+  config.model = "huge";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
+}
+
+TEST(TrainerConfig, DistModes) {
+  TrainerConfig config;
+  config.dist = "layerwise";
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.dist = "distopt";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--dist=distopt shards every param at element level, but Muon "
+                                 "needs whole matrices")));
+  config.optimizer = "adamw";
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.dist = "mesh";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected replicated, layerwise or distopt")));
+}
+
+TEST(TrainerConfig, FeaturesNotBuiltYetAreUnimplemented) {
+  TrainerConfig config;
+  config.device = "cuda";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("NCCL")));
+  config = TrainerConfig();
+  config.resume = true;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("--resume")));
+}
+
+TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
+  TrainSummary s;
+  s.steps = 3;
+  s.initial_loss = 5.5;
+  s.final_loss = 1.25;
+  s.dist = "replicated";
+  s.world_size = 2;
+  const std::string json = s.ToJson();
+  EXPECT_THAT(json, HasSubstr("\"steps\":3,"));
+  EXPECT_THAT(json, HasSubstr("\"initial_loss\":5.500000,"));
+  EXPECT_THAT(json, HasSubstr("\"final_loss\":1.250000,"));
+  EXPECT_THAT(json, HasSubstr("\"world_size\":2,"));
+  EXPECT_THAT(json, HasSubstr("\"dist\":\"replicated\""));
+  for (const char* key : {"eval_loss", "tokens_per_s"}) {
+    EXPECT_THAT(json, HasSubstr(std::string("\"") + key + "\":"));
+  }
+  EXPECT_EQ(json.front(), '{');
+  EXPECT_EQ(json.back(), '}');
+}
+
+}  // namespace
+}  // namespace orthoshard::integration
