@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -197,9 +198,15 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
     ASSIGN_OR_RETURN(std::function<void(int)> hook, s.ddp->PreForwardHook(param_layers));
     s.model->set_pre_forward_hook(std::move(hook));
     for (int i = 0; i < s.ddp->num_buffers(); ++i) s.buffers.push_back(&s.ddp->buffer(i));
+    // Each fused weight's split (QKV, SwiGLU fc1), as the replicated ChainedOptimizer gets it.
+    std::map<std::string, optimizers::FusedSplit> splits;
+    for (const ModelParam& p : params) {
+      if (p.split.block_rows.empty()) continue;
+      splits[p.name] = {p.split.num_groups, p.split.block_rows};
+    }
     ASSIGN_OR_RETURN(s.sharded, optimizers::distributed::DistributedChainedOptimizer::Create(
                                     s.buffers, &comm, cc,
-                                    optimizers::distributed::DistributedMode::kSharded));
+                                    optimizers::distributed::DistributedMode::kSharded, splits));
     return s;
   }
 

@@ -13,9 +13,9 @@
 //                layer waits for its own bucket group); optimizers::distributed's
 //                DistributedChainedOptimizer (kSharded) steps Muon on the whole matrices this rank
 //                owns in the shard-aligned layer-wise buffer and ZeRO-1 AdamW on this rank's element
-//                range of the byte-level buffer. Caveat: that optimizer takes no FusedSplit, so
-//                fused QKV and SwiGLU fc1 are orthogonalised as one matrix each (kReplicated splits
-//                them), and the two modes' Muon updates differ.
+//                range of the byte-level buffer. Each fused weight's FusedSplit (QKV, SwiGLU fc1)
+//                is passed on, so Muon orthogonalises per logical block exactly as kReplicated
+//                does; the two modes' params agree up to the order the gradient reductions add.
 //   kDistOpt     as kLayerwise with every param in the byte-level (ZeRO-1) layout; AdamW only
 //                (Muon needs whole matrices, so --optimizer=muon is rejected).
 //

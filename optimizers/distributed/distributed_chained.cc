@@ -1,5 +1,7 @@
 // DistributedChainedOptimizer (see distributed_optimizer.h).
 #include <cmath>
+#include <map>
+#include <string>
 #include <utility>
 
 #include <ATen/ops/tensor.h>
@@ -24,7 +26,7 @@ bool IsLayerwiseStrategy(layout::Strategy s) { return s != layout::Strategy::kDi
 
 absl::StatusOr<std::unique_ptr<DistributedChainedOptimizer>> DistributedChainedOptimizer::Create(
     std::vector<buffers::ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
-    ChainedConfig config, DistributedMode mode) {
+    ChainedConfig config, DistributedMode mode, const std::map<std::string, FusedSplit>& splits) {
   if (comm == nullptr) return absl::InvalidArgumentError("communicator is null");
   RETURN_IF_ERROR(ValidateSchedule(config.schedule));
   std::vector<ParamDescriptor> descriptors;
@@ -42,15 +44,29 @@ absl::StatusOr<std::unique_ptr<DistributedChainedOptimizer>> DistributedChainedO
     }
   }
   ASSIGN_OR_RETURN(RoutingReport report, PlanRouting(config.routing, descriptors));
+  for (const auto& [name, split] : splits) {
+    bool known = false;
+    for (const ParamDescriptor& d : descriptors) known = known || d.name == name;
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fused split given for unknown param '", name, "'"));
+    }
+  }
+  // The split of param i (empty, i.e. one matrix, when `splits` has none).
+  auto split_of = [&splits, &descriptors](size_t i) {
+    auto it = splits.find(descriptors[i].name);
+    return it == splits.end() ? FusedSplit{} : it->second;
+  };
   std::unique_ptr<DistributedChainedOptimizer> opt(new DistributedChainedOptimizer());
   opt->buffers_ = std::move(buffers);
   opt->comm_ = comm;
   opt->mode_ = mode;
   if (mode == DistributedMode::kReplicated) {
     std::vector<Param> params;
-    for (const BufferParamRef& ref : refs) {
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const BufferParamRef& ref = refs[i];
       params.push_back({ref.buffer->layout().params[ref.index].name, ref.buffer->Param(ref.index),
-                        ref.buffer->GradView(ref.index), {}});
+                        ref.buffer->GradView(ref.index), split_of(i)});
     }
     ASSIGN_OR_RETURN(opt->replicated_, ChainedOptimizer::Create(std::move(params), config));
   } else {
@@ -67,7 +83,7 @@ absl::StatusOr<std::unique_ptr<DistributedChainedOptimizer>> DistributedChainedO
               "' is routed to muon but straddles a shard boundary of a distopt buffer; Muon "
               "needs whole matrices (use a shard-aligned layout)"));
         }
-        muon_params.push_back({ref, config.muon, {}});
+        muon_params.push_back({ref, config.muon, split_of(i)});
       } else {
         AdamWHyper hp = config.adamw;
         if (descriptors[i].shape.size() != 2) hp.weight_decay = config.adamw_non_matrix_weight_decay;

@@ -43,6 +43,7 @@
 #define ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_DISTRIBUTED_OPTIMIZER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -179,9 +180,16 @@ class DistributedChainedOptimizer {
   // Errors: kInvalidArgument from routing, the schedule, hyperparameters, a buffer whose dp is not
   // comm.size(), or a Muon param straddling shards ("param 'w' is routed to muon but straddles a
   // shard boundary of a distopt buffer; Muon needs whole matrices (use a shard-aligned layout)").
+  // `splits` maps a param name to its FusedSplit (fused QKV, SwiGLU fc1): Muon orthogonalises each
+  // logical block separately, in both modes, exactly as ChainedOptimizer does with Param::split;
+  // params not in the map are one matrix, and splits of AdamW-routed params are ignored (as in
+  // ChainedOptimizer). Further errors (kInvalidArgument): a split naming no param of `buffers`
+  // ("fused split given for unknown param 'x'"), or one that does not fit its Muon param
+  // (ValidateSplit's message).
   static absl::StatusOr<std::unique_ptr<DistributedChainedOptimizer>> Create(
       std::vector<buffers::ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
-      ChainedConfig config, DistributedMode mode);
+      ChainedConfig config, DistributedMode mode,
+      const std::map<std::string, FusedSplit>& splits = {});
 
   // One step (see the file comment for the gradient contract). kSharded: one all-reduce of the
   // statistics, then both optimizers; params are NOT yet synced. Errors: those of the collective

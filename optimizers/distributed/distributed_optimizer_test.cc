@@ -4,6 +4,9 @@
 //                a single-process ChainedOptimizer on the mean gradients (and to each other)
 //   sharded_lpt  the same over Megatron's LPT shard-aligned layout
 //   replicated   the all-reduce baseline, bitwise equal too
+//   sharded_split / replicated_split  the same with fused qkv (2 groups of Q, K, V) and fc1 (gate,
+//                up) splits given to both: Muon orthogonalises per block in both modes, bitwise
+//                equal to the single-process ChainedOptimizer with the same splits
 //   idle         2 Muon matrices at dp 3 and 4: ranks owning none stay consistent
 //   nonfinite    a NaN gradient on one rank: every rank skips, params and state bitwise unchanged
 //   clip         clipping by the global norm (one all-reduce): norm equal to the single-process one
@@ -55,6 +58,11 @@ TEST_P(DistributedOptimizerTest, ShardedMatchesSingleProcessBitwise) { RunJob("s
 
 TEST_P(DistributedOptimizerTest, ReplicatedMatchesSingleProcessBitwise) {
   RunJob("replicated", GetParam());
+}
+
+TEST_P(DistributedOptimizerTest, FusedSplitsMatchSingleProcessBitwise) {
+  RunJob("sharded_split", GetParam());
+  RunJob("replicated_split", GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedOptimizerTest, ::testing::Values(1, 2, 3, 4),

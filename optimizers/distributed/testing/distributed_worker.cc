@@ -2,12 +2,14 @@
 //   distributed_worker SCENARIO DIR [OLD_DP]
 // Builds the test model's buffers over all ranks, fills per-rank gradients, reduce-scatters (or
 // all-reduces) them itself as DDP would, steps the DistributedChainedOptimizer, syncs params, and
-// compares with a single-process ChainedOptimizer on the mean gradients. Prints
+// compares with a single-process ChainedOptimizer on the mean gradients. The *_split scenarios
+// give both the same FusedSplits (fused qkv and fc1 orthogonalised per block). Prints
 // "PASS <scenario> rank <r>" on success; exits 1 with the difference otherwise.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -131,7 +134,9 @@ absl::Status Run(const Options& o, Communicator& comm) {
   const int dp = comm.size();
   const int rank = comm.rank();
   const std::string& s = o.scenario;
-  const bool replicated = s == "replicated" || s == "import_replicated";
+  const bool replicated =
+      s == "replicated" || s == "import_replicated" || s == "replicated_split";
+  const bool with_splits = s == "sharded_split" || s == "replicated_split";
   const DistributedMode mode = replicated ? DistributedMode::kReplicated : DistributedMode::kSharded;
   const layout::Strategy strategy =
       s == "sharded_lpt" ? layout::Strategy::kMegatronLpt : layout::Strategy::kLayerwise;
@@ -141,9 +146,34 @@ absl::Status Run(const Options& o, Communicator& comm) {
   const ChainedConfig config = TestConfig(max_norm);
 
   ASSIGN_OR_RETURN(DistributedModel model, BuildDistributedModel(specs, dp, strategy, kBucketSize));
-  ASSIGN_OR_RETURN(auto opt,
-                   DistributedChainedOptimizer::Create(model.buffers, &comm, config, mode));
-  ASSIGN_OR_RETURN(auto ref, Reference::Create(specs, config));
+  const std::map<std::string, FusedSplit> splits =
+      with_splits ? SmallModelSplits(specs) : std::map<std::string, FusedSplit>{};
+  ASSIGN_OR_RETURN(auto opt, DistributedChainedOptimizer::Create(model.buffers, &comm, config,
+                                                                 mode, splits));
+  ASSIGN_OR_RETURN(auto ref, Reference::Create(specs, config, splits));
+  if (with_splits) {
+    // Bad splits are rejected with the param named.
+    auto expect_error = [&](std::map<std::string, FusedSplit> bad,
+                            const std::string& message) -> absl::Status {
+      absl::Status st =
+          DistributedChainedOptimizer::Create(model.buffers, &comm, config, mode, bad).status();
+      return Check(st.code() == absl::StatusCode::kInvalidArgument &&
+                       absl::StrContains(st.message(), message),
+                   absl::StrCat("bad split: expected '", message, "', got ", st.ToString()));
+    };
+    RETURN_IF_ERROR(expect_error({{"nope.weight", FusedSplit{1, {2}}}},
+                                 "fused split given for unknown param 'nope.weight'"));
+    RETURN_IF_ERROR(expect_error({{"layers.0.attn.qkv.weight", FusedSplit{2, {16, 4}}}},
+                                 "param 'layers.0.attn.qkv.weight': fused split"));
+    // The splits must matter: a reference that orthogonalises fused weights whole ends elsewhere.
+    ASSIGN_OR_RETURN(auto unsplit, Reference::Create(specs, config));
+    RETURN_IF_ERROR(ref->Step(dp, 0).status());
+    RETURN_IF_ERROR(unsplit->Step(dp, 0).status());
+    RETURN_IF_ERROR(Check(CompareParams(specs, ref->params(), unsplit->params(), 0.0, "split")
+                              .code() == absl::StatusCode::kInternal,
+                          "fused splits did not change the single-process update"));
+    ASSIGN_OR_RETURN(ref, Reference::Create(specs, config, splits));
+  }
 
   if (s == "idle") {
     // Two matrices over 3 or 4 ranks: exactly two owners, the other ranks idle.

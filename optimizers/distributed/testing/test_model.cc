@@ -8,6 +8,7 @@
 #include <ATen/ops/sin.h>
 #include <ATen/ops/zeros.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -50,6 +51,15 @@ std::vector<ParamSpec> SmallModel(int num_layers, bool only_two_matrices) {
   }
   specs.push_back(Spec("final_norm.weight", {16}, ParamRole::kAdam));
   return specs;
+}
+
+std::map<std::string, FusedSplit> SmallModelSplits(const std::vector<ParamSpec>& specs) {
+  std::map<std::string, FusedSplit> splits;
+  for (const ParamSpec& spec : specs) {
+    if (absl::EndsWith(spec.name, ".attn.qkv.weight")) splits[spec.name] = {2, {16, 4, 4}};
+    if (absl::EndsWith(spec.name, ".mlp.fc1.weight")) splits[spec.name] = {1, {20, 20}};
+  }
+  return splits;
 }
 
 std::vector<ParamSpec> LargeModel(int n, int64_t rows, int64_t cols, int64_t vocab) {
@@ -128,15 +138,18 @@ ChainedConfig TestConfig(double max_grad_norm) {
   return config;
 }
 
-absl::StatusOr<std::unique_ptr<Reference>> Reference::Create(const std::vector<ParamSpec>& specs,
-                                                             const ChainedConfig& config) {
+absl::StatusOr<std::unique_ptr<Reference>> Reference::Create(
+    const std::vector<ParamSpec>& specs, const ChainedConfig& config,
+    const std::map<std::string, FusedSplit>& splits) {
   auto ref = std::make_unique<Reference>();
   ref->specs_ = specs;
   ref->params_ = MakeModelParams(specs);
   std::vector<Param> params;
   for (size_t i = 0; i < specs.size(); ++i) {
     ref->grads_.push_back(at::zeros(specs[i].shape, at::kFloat));
-    params.push_back({specs[i].name, ref->params_[i], ref->grads_[i], {}});
+    auto it = splits.find(specs[i].name);
+    params.push_back({specs[i].name, ref->params_[i], ref->grads_[i],
+                      it == splits.end() ? FusedSplit{} : it->second});
   }
   ASSIGN_OR_RETURN(ref->optimizer_, ChainedOptimizer::Create(std::move(params), config));
   return ref;

@@ -6,6 +6,7 @@
 #ifndef ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_TESTING_TEST_MODEL_H_
 #define ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_TESTING_TEST_MODEL_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@ namespace orthoshard::optimizers::distributed::testing {
 // 4 Muon matrices per layer; `only_two_matrices` keeps qkv and fc2 only (1 layer = 2 matrices, for
 // idle ranks).
 std::vector<layout::ParamSpec> SmallModel(int num_layers, bool only_two_matrices = false);
+
+// Fused splits of SmallModel's params: every qkv [48, 16] as 2 query groups of {16, 4, 4} rows
+// (Q, K, V) and every fc1 [40, 16] as {1, {20, 20}} (gate; up).
+std::map<std::string, FusedSplit> SmallModelSplits(const std::vector<layout::ParamSpec>& specs);
 
 // `n` Muon matrices of [rows, cols] plus a [rows] norm each and an embedding [vocab, cols].
 std::vector<layout::ParamSpec> LargeModel(int n, int64_t rows, int64_t cols, int64_t vocab);
@@ -58,8 +63,10 @@ ChainedConfig TestConfig(double max_grad_norm);
 // Single-process reference: ChainedOptimizer over fresh copies of MakeModelParams.
 class Reference {
  public:
+  // `splits`: Param::split of the named params (the rest are one matrix).
   static absl::StatusOr<std::unique_ptr<Reference>> Create(
-      const std::vector<layout::ParamSpec>& specs, const ChainedConfig& config);
+      const std::vector<layout::ParamSpec>& specs, const ChainedConfig& config,
+      const std::map<std::string, FusedSplit>& splits = {});
   // Sets every gradient to MeanGrad(dp, step) and steps. `nan_param` >= 0 puts a NaN into that
   // param's gradient.
   absl::StatusOr<StepResult> Step(int dp, int step, int nan_param = -1);
