@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -82,9 +83,18 @@ ABSL_FLAG(int64_t, check_every, kDefaults.check_every,
           "compare a param checksum across ranks every N steps (and at the end); 0 = end only");
 ABSL_FLAG(int64_t, log_every, kDefaults.log_every, "without a terminal: a progress line every N steps");
 ABSL_FLAG(std::string, log_dir, kDefaults.log_dir, "TensorBoard event files (rank 0); empty = none");
-ABSL_FLAG(std::string, save_dir, kDefaults.save_dir, "checkpoint directory (not built yet)");
-ABSL_FLAG(int64_t, save_every, kDefaults.save_every, "steps between checkpoints (not built yet)");
-ABSL_FLAG(bool, resume, kDefaults.resume, "resume from --save_dir (not built yet)");
+ABSL_FLAG(std::string, save_dir, kDefaults.save_dir,
+          "checkpoint root (layerwise/distopt): step_NNNNNN/ dirs + `latest`; saved at the end");
+ABSL_FLAG(int64_t, save_every, kDefaults.save_every,
+          "also save a checkpoint every N steps (needs --save_dir); 0 = at the end only");
+ABSL_FLAG(bool, resume, kDefaults.resume,
+          "continue from --save_dir's latest checkpoint (any saved rank count); exit 2 if it is "
+          "missing, corrupt or from another model/optimizer/data setup");
+ABSL_FLAG(int64_t, stop_after, kDefaults.stop_after,
+          "stop after this step; the lr schedule still spans --steps (for a later --resume); "
+          "0 = run to --steps");
+ABSL_FLAG(int, keep_checkpoints, kDefaults.keep_checkpoints,
+          "complete checkpoints kept in --save_dir; 0 = all");
 ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of model init, data order and synthetic corpus");
 ABSL_FLAG(int, num_threads, kDefaults.num_threads,
           "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default");
@@ -205,6 +215,8 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   ORTHOSHARD_FLAG(save_dir);
   ORTHOSHARD_FLAG(save_every);
   ORTHOSHARD_FLAG(resume);
+  ORTHOSHARD_FLAG(stop_after);
+  ORTHOSHARD_FLAG(keep_checkpoints);
   ORTHOSHARD_FLAG(seed);
   ORTHOSHARD_FLAG(num_threads);
 #undef ORTHOSHARD_FLAG
@@ -290,6 +302,10 @@ int Main(int argc, char** argv) {
         absl::StrCat("--nproc_per_node must be >= 1, got ", nprocs)));
   }
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
+  if (config->resume && !std::filesystem::exists(config->save_dir + "/latest")) {
+    return Fail(absl::NotFoundError(absl::StrCat("--resume: no checkpoint in --save_dir: '",
+                                                 config->save_dir, "/latest' does not exist")));
+  }
   absl::StatusOr<GptConfig> preset = GptPreset(config->model);
   if (!preset.ok()) return Fail(preset.status());
   absl::StatusOr<TokenDataset> data =

@@ -1,7 +1,8 @@
 // Runs the real `pretrain` binary: a short 2-rank training through its built-in launcher (loss
 // falls, ranks' params agree, the JSON summary is the last stdout line, TensorBoard scalars read
 // back), a config file with a flag override on 1 rank, and bad input (exit code 2, one message on
-// stderr, nothing on stdout, nothing written).
+// stderr, nothing on stdout, nothing written), and checkpoints: save + --resume continue bitwise
+// at the same rank count, finish at another, and a corrupt shard or missing checkpoint is exit 2.
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -205,7 +206,9 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--dist=distopt", "Muon needs whole matrices"},
       {"--dist=mesh", "expected replicated, layerwise or distopt"},
       {"--device=cuda", "NCCL"},
-      {"--resume", "--resume needs checkpoint"},
+      {"--resume", "--resume needs --save_dir"},
+      {"--resume --save_dir=" + dir + "/no_ckpt", "no_ckpt/latest' does not exist"},
+      {"--save_dir=" + dir + "/ckpt --dist=replicated", "need --dist=layerwise or --dist=distopt"},
       {"--model=huge", "huge"},
   };
   for (const auto& [arg, message] : cases) {
@@ -217,6 +220,123 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
     EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << arg << ": " << run.err;
   }
   EXPECT_FALSE(std::filesystem::exists(log_dir));
+}
+
+// Resume equivalence at the same dp: 8 steps straight vs 4 steps (--stop_after=4, the lr schedule
+// still spans --steps=8) + checkpoint, then --resume for steps 5..8 in a fresh process. Both end
+// at the same loss and params, bitwise (param_checksum is printed with 17 digits). Then the same
+// step-4 checkpoint resumed on 1 rank (same global batch, so the same data stream) finishes too; its
+// params differ only by the order the gradient reductions add (checked to 1e-3 relative).
+TEST(Pretrain, ResumeContinuesBitwiseAtTheSameDpAndRunsAtAnother) {
+  const std::string dir = TempDir() + "/resume";
+  const std::vector<std::string> common = {"--steps=8", "--eval_every=0", "--check_every=0",
+                                           "--global_batch=16", "--warmup_steps=2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunPretrain(args);
+  };
+  RunResult straight = with({});
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  RunResult first = with({"--stop_after=4", "--save_every=2", "--keep_checkpoints=1",
+                          "--save_dir=" + dir});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  EXPECT_EQ(JsonField(LastLine(first.out), "steps"), "4");
+  EXPECT_EQ(ReadFile(dir + "/latest").find("step_000004"), 0u) << ReadFile(dir + "/latest");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_000002"));  // keep 1
+  // A copy for the dp 2 -> 1 resume below (the resume at dp 2 moves `latest` to step 8).
+  const std::string dir1 = TempDir() + "/resume_dp1";
+  std::filesystem::copy(dir, dir1, std::filesystem::copy_options::recursive);
+  RunResult resumed = with({"--resume", "--save_dir=" + dir});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  const std::string a = LastLine(straight.out), b = LastLine(resumed.out);
+  EXPECT_EQ(JsonField(b, "steps"), "8");
+  EXPECT_EQ(JsonField(a, "final_loss"), JsonField(b, "final_loss"));
+  EXPECT_EQ(JsonField(a, "eval_loss"), JsonField(b, "eval_loss"));
+  ASSERT_FALSE(JsonField(a, "param_checksum").empty()) << a;
+  EXPECT_EQ(JsonField(a, "param_checksum"), JsonField(b, "param_checksum"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step_000008"));  // saved at the end
+
+  RunResult one = with({"--resume", "--save_dir=" + dir1, "--nproc_per_node=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  const std::string c = LastLine(one.out);
+  EXPECT_EQ(JsonField(c, "world_size"), "1");
+  EXPECT_EQ(JsonField(c, "steps"), "8");
+  const double want = JsonNumber(a, "param_checksum"), got = JsonNumber(c, "param_checksum");
+  std::printf("dp 2 -> 1 resume: param_checksum %.17g vs straight %.17g; final_loss %s vs %s\n",
+              got, want, JsonField(c, "final_loss").c_str(), JsonField(a, "final_loss").c_str());
+  EXPECT_NEAR(got, want, 1e-3 * std::abs(want));
+  EXPECT_NEAR(JsonNumber(c, "final_loss"), JsonNumber(a, "final_loss"), 0.05);
+}
+
+// A corrupted shard of the latest checkpoint: exit 2, the message names the file, no JSON line.
+TEST(Pretrain, ResumeFromACorruptShardExitsWithTwo) {
+  const std::string dir = TempDir() + "/corrupt";
+  RunResult save = RunPretrain({"--steps=2", "--eval_every=0", "--global_batch=16",
+                                "--save_dir=" + dir});
+  ASSERT_EQ(save.exit_code, 0) << save.out << save.err;
+  const std::string shard = dir + "/step_000002/rank1.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(shard));
+  std::string bytes = ReadFile(shard);
+  bytes[bytes.size() - 5] ^= 0x40;  // a bit in the last tensor's data
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string log_dir = TempDir() + "/corrupt_tb";
+  RunResult run = RunPretrain({"--steps=4", "--eval_every=0", "--global_batch=16",
+                               "--save_dir=" + dir, "--resume", "--log_dir=" + log_dir});
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("rank1.safetensors")) << run.err;
+  EXPECT_THAT(run.out, ::testing::Not(HasSubstr("{\"steps\"")));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_000004"));
+  EXPECT_FALSE(std::filesystem::exists(log_dir));
+}
+
+// An intact checkpoint from another setup is incompatible: exit 2 naming what differs.
+TEST(Pretrain, ResumeWithAnotherSetupExitsWithTwo) {
+  const std::string dir = TempDir() + "/other";
+  RunResult save = RunPretrain({"--steps=4", "--stop_after=1", "--eval_every=0",
+                                "--global_batch=16", "--save_dir=" + dir});
+  ASSERT_EQ(save.exit_code, 0) << save.out << save.err;
+  const std::string latest = ReadFile(dir + "/latest");
+  ASSERT_EQ(latest.find("step_000001"), 0u) << latest;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--seq_len=16", "saved by 'model=tiny seq_len="},
+      {"--global_batch=8", "loader resume: global batch 16 in the saved state, 8 now"},
+      {"--steps=1", "nothing left to run"},
+  };
+  for (const auto& [arg, message] : cases) {
+    std::vector<std::string> args = {"--steps=4", "--eval_every=0", "--global_batch=16",
+                                     "--save_dir=" + dir, "--resume"};
+    args.push_back(arg);  // wins over the same flag above
+    RunResult run = RunPretrain(args);
+    EXPECT_EQ(run.exit_code, 2) << arg << ": " << run.err;
+    EXPECT_THAT(run.err, HasSubstr(message)) << arg;
+    EXPECT_THAT(run.out, ::testing::Not(HasSubstr("{\"steps\""))) << arg;
+  }
+  EXPECT_EQ(ReadFile(dir + "/latest"), latest);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_000002"));
+}
+
+// distopt (ZeRO-1 AdamW for everything) resumes bitwise too.
+TEST(Pretrain, DistOptResumeIsBitwise) {
+  const std::string dir = TempDir() + "/distopt";
+  const std::vector<std::string> common = {"--steps=4", "--eval_every=0", "--check_every=0",
+                                           "--global_batch=16", "--warmup_steps=1",
+                                           "--dist=distopt", "--optimizer=adamw"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunPretrain(args);
+  };
+  RunResult straight = with({});
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  RunResult first = with({"--stop_after=2", "--save_dir=" + dir});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  RunResult resumed = with({"--resume", "--save_dir=" + dir});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  const std::string a = LastLine(straight.out), b = LastLine(resumed.out);
+  EXPECT_EQ(JsonField(a, "final_loss"), JsonField(b, "final_loss"));
+  ASSERT_FALSE(JsonField(a, "param_checksum").empty()) << a;
+  EXPECT_EQ(JsonField(a, "param_checksum"), JsonField(b, "param_checksum"));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The training loop of trainer.h (replicated data parallelism over ParamAndGradBuffers).
+// The training loop of trainer.h (replicated, layer-wise or ZeRO-1 data parallelism), with
+// distributed checkpoints (checkpoint/distributed_checkpoint.h) for save and resume.
 #include "integration/trainer.h"
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "buffers/param_and_grad_buffer.h"
+#include "checkpoint/distributed_checkpoint.h"
 #include "ddp/distributed_data_parallel.h"
 #include "common/status_macros.h"
 #include "integration/dataset.h"
@@ -281,12 +283,70 @@ absl::StatusOr<double> CheckParamsIdentical(Setup& s, Communicator& comm, int64_
   return sum;
 }
 
+// The configs a checkpoint records; a resume must match them (trainer.h: "incompatible").
+std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
+  return absl::StrCat("model=", c.model, " seq_len=", s.seq_len);
+}
+std::string OptimizerConfigString(const TrainerConfig& c) {
+  return absl::StrCat("optimizer=", c.optimizer);
+}
+
+// Loads save_dir's `latest` into the buffers, the sharded optimizer and the train loader; returns
+// the step it was saved at. Nothing is written. Errors: see Train in trainer.h.
+absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& comm,
+                               int64_t last_step) {
+  at::NoGradGuard no_grad;
+  absl::StatusOr<checkpoint::SharedState> loaded =
+      checkpoint::LoadDistributedCheckpoint(c.save_dir, s.buffers, *s.sharded, comm);
+  if (!loaded.ok()) {
+    const absl::Status& e = loaded.status();
+    // kAborted is "another rank failed to load": still the checkpoint's fault, i.e. bad input.
+    return absl::Status(e.code() == absl::StatusCode::kAborted
+                            ? absl::StatusCode::kFailedPrecondition
+                            : e.code(),
+                        absl::StrCat("--resume from '", c.save_dir, "': ", e.message()));
+  }
+  // Nothing below can fail on one rank only: every rank got the same shared state.
+  const std::string prefix = absl::StrCat("--resume from '", c.save_dir, "' (step ", loaded->step, "): ");
+  if (loaded->model_config != ModelConfigString(c, s)) {
+    return absl::FailedPreconditionError(absl::StrCat(prefix, "saved by '", loaded->model_config,
+                                                      "', this run is '", ModelConfigString(c, s), "'"));
+  }
+  if (loaded->optimizer_config != OptimizerConfigString(c)) {
+    return absl::FailedPreconditionError(absl::StrCat(prefix, "saved by '", loaded->optimizer_config,
+                                                      "', this run is '", OptimizerConfigString(c), "'"));
+  }
+  if (loaded->step >= last_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix, "nothing left to run: the last step of this run is ", last_step));
+  }
+  absl::StatusOr<LoaderState> position = LoaderState::Parse(loaded->data_position);
+  if (!position.ok()) {
+    return absl::DataLossError(absl::StrCat(prefix, "data position: ", position.status().message()));
+  }
+  if (absl::Status r = s.train->Restore(*position); !r.ok()) {
+    return absl::Status(r.code(), absl::StrCat(prefix, r.message()));
+  }
+  return loaded->step;
+}
+
 absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& comm,
                                        const TrainOptions& options) {
   RETURN_IF_ERROR(ValidateTrainerConfig(c, comm.size()));
   if (c.num_threads > 0) at::set_num_threads(c.num_threads);
   const bool lead = comm.rank() == 0;
   ASSIGN_OR_RETURN(Setup s, Build(c, comm));
+
+  const int64_t last_step = c.stop_after > 0 ? c.stop_after : c.steps;
+  int64_t first_step = 1;
+  if (c.resume) {
+    ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, last_step));
+    first_step = saved_step + 1;
+  }
+  std::unique_ptr<checkpoint::AsyncCheckpointSaver> saver;
+  checkpoint::SaveOptions save_options;
+  save_options.keep_last = c.keep_checkpoints;
+  if (!c.save_dir.empty()) saver = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
 
   TrainSummary summary;
   summary.world_size = comm.size();
@@ -343,7 +403,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
   absl::Duration train_time;
   at::Tensor loss_avg = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
-  for (int64_t step = 1; step <= c.steps; ++step) {
+  for (int64_t step = first_step; step <= last_step; ++step) {
     const absl::Time start = absl::Now();
     if (s.ddp) {
       s.ddp->ZeroGradBuffers();
@@ -387,11 +447,12 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     train_time += step_time;
 
     const double loss = loss_avg.item<double>();
-    if (step == 1) summary.initial_loss = loss;
+    if (step == first_step) summary.initial_loss = loss;
     summary.final_loss = loss;
     summary.steps = step;
     const double elapsed = absl::ToDoubleSeconds(train_time);
-    const double tokens_per_s = elapsed > 0 ? tokens_per_step * step / elapsed : 0;
+    const double tokens_per_s =
+        elapsed > 0 ? tokens_per_step * (step - first_step + 1) / elapsed : 0;
     const double lr = c.lr * result.lr_multiplier;
     if (lead) {
       progress.Update({step, loss, tokens_per_s, lr, elapsed});
@@ -402,7 +463,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       RETURN_IF_ERROR(scalar("train/step_time_s", step, absl::ToDoubleSeconds(step_time)));
       RETURN_IF_ERROR(scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm))));
     }
-    const bool last = step == c.steps;
+    const bool last = step == last_step;
     if (last || (c.eval_every > 0 && step % c.eval_every == 0)) {
       ASSIGN_OR_RETURN(summary.eval_loss, Evaluate(s, comm));
       RETURN_IF_ERROR(scalar("eval/loss", step, summary.eval_loss));
@@ -418,11 +479,26 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
       ++summary.checksum_checks;
     }
+    if (saver && (last || (c.save_every > 0 && step % c.save_every == 0))) {
+      // Save after the param sync (the library's precondition); the snapshot is taken here and
+      // written in the background while the next steps run.
+      RETURN_IF_ERROR(s.ddp->FinishParamSync());
+      checkpoint::SharedState shared;
+      shared.step = step;
+      shared.data_position = s.train->state().Serialize();
+      shared.rng_seed = c.seed;
+      shared.model_config = ModelConfigString(c, s);
+      shared.optimizer_config = OptimizerConfigString(c);
+      RETURN_IF_ERROR(saver->Start(c.save_dir, shared, s.buffers, *s.sharded, save_options));
+    }
   }
+  if (saver) RETURN_IF_ERROR(saver->Finalize());
   if (lead) progress.Finish();
   summary.elapsed_s = absl::ToDoubleSeconds(train_time);
-  summary.tokens_per_s =
-      summary.elapsed_s > 0 ? tokens_per_step * summary.steps / summary.elapsed_s : 0;
+  summary.tokens_per_s = summary.elapsed_s > 0 ? tokens_per_step *
+                                                     (summary.steps - first_step + 1) /
+                                                     summary.elapsed_s
+                                               : 0;
   if (s.ddp) RETURN_IF_ERROR(s.ddp->FinishParamSync());
   summary.skipped_steps = s.ddp ? s.sharded->skipped_steps() : s.optimizer->skipped_steps();
   summary.comm_bytes = TotalBytes(comm);

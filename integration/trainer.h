@@ -66,9 +66,11 @@ struct TrainerConfig {
   int64_t check_every = 100;         // cross-rank param checksum every N steps (and at the end); 0 = end
   int64_t log_every = 10;            // non-terminal progress: a line every N steps
   std::string log_dir;               // TensorBoard event files (rank 0); empty = none
-  std::string save_dir;              // checkpoints: not built yet (kUnimplemented when set)
-  int64_t save_every = 0;            // steps between checkpoints (needs save_dir)
-  bool resume = false;               // resume from save_dir: not built yet (kUnimplemented)
+  std::string save_dir;              // checkpoint root (layerwise/distopt only); saved at the end
+  int64_t save_every = 0;            // also save every N steps; 0 = at the end only
+  bool resume = false;               // continue from save_dir's `latest` (see Train)
+  int64_t stop_after = 0;            // stop after this step (the schedule still spans steps); 0 = steps
+  int keep_checkpoints = 3;          // complete checkpoints kept in save_dir; 0 = all
   uint64_t seed = 1234;              // model init, data permutation and synthetic corpus
   int num_threads = 1;               // at::set_num_threads per rank (ranks share the cores); 0 = leave
 };
@@ -81,7 +83,8 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 // Checks values that need no files or ranks. Errors: kInvalidArgument naming the field and its
 // bound (steps >= 1, known preset/optimizer/schedule, batch divisibility by world_size x
 // micro_batches, seq_len <= the preset's max_seq_len, eval_fraction in (0, 1), distopt with
-// muon, ...); kUnimplemented for device cuda, resume and save_dir (not built yet).
+// muon, --resume or --save_every without --save_dir, --save_dir with --dist=replicated,
+// stop_after > steps, ...); kUnimplemented for device cuda.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
 // What a finished run reports (every rank gets the same numbers except the per-rank timings).
@@ -117,6 +120,21 @@ struct TrainOptions {
 // Rank 0 prints the routing report, the layout summary and progress to options.out and writes
 // TensorBoard scalars to config.log_dir (created if missing): train/loss, train/lr,
 // train/grad_norm, train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss.
+//
+// Checkpoints (config.save_dir, layerwise and distopt): after every save_every-th step and after
+// the last step run (stop_after or steps), each rank snapshots what it owns (params, sharded
+// optimizer state) and writes it on a background thread (checkpoint::AsyncCheckpointSaver);
+// rank 0 adds the shared state: step, the train loader's LoaderState, seed, and the configs
+// "model=<preset> seq_len=<n>" and "optimizer=<muon|adamw>". With config.resume, before anything
+// is written, every rank loads save_dir's `latest` at this world size and layout (any saved dp),
+// restores optimizer state, params (then the param all-gather), the step counter and the loader
+// position, and runs steps saved+1 .. stop_after/steps. A checkpoint is INCOMPATIBLE, and Train
+// fails before writing anything, when: save_dir has no `latest` or a shard is missing, truncated or
+// fails its checksum (kNotFound / kDataLoss naming the file); the model preset or seq_len or the
+// optimizer differ, or a param's shape or dtype does (kFailedPrecondition); the loader's seed,
+// global batch, seq_len or dataset size differ (kFailedPrecondition "loader resume: ..."); or the
+// saved step is not below the last step to run (kFailedPrecondition). Another rank's load
+// failure is kFailedPrecondition too, so every rank exits with the bad-input code.
 // Errors: as ValidateTrainerConfig and LoadDatasetSpec; kInternal when the ranks' params diverge
 // ("param checksum differs from rank 0's at step 20"), or for a LibTorch error; communicator
 // errors as they come (kDeadlineExceeded, kUnavailable).

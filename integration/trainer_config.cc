@@ -101,6 +101,8 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
   ORTHOSHARD_APPLY(save_dir);
   ORTHOSHARD_APPLY(save_every);
   ORTHOSHARD_APPLY(resume);
+  ORTHOSHARD_APPLY(stop_after);
+  ORTHOSHARD_APPLY(keep_checkpoints);
   ORTHOSHARD_APPLY(seed);
   ORTHOSHARD_APPLY(num_threads);
 #undef ORTHOSHARD_APPLY
@@ -121,13 +123,25 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", c.device, "': expected cpu or cuda"));
   }
-  if (c.resume) {
-    return absl::UnimplementedError(
-        "--resume needs checkpoint save/load of optimizer state, not built yet");
+  if ((c.resume || c.save_every > 0) && c.save_dir.empty()) {
+    return absl::InvalidArgumentError(c.resume ? "--resume needs --save_dir (the checkpoint root)"
+                                               : "--save_every needs --save_dir");
   }
-  if (!c.save_dir.empty() || c.save_every != 0) {
-    return absl::UnimplementedError(
-        "--save_dir/--save_every: checkpoint saving from the trainer is not built yet");
+  if (!c.save_dir.empty() && *dist == DistMode::kReplicated) {
+    // The distributed checkpoint API saves a DistributedChainedOptimizer's exported state; the
+    // replicated mode steps a plain ChainedOptimizer over its own buffers, which it cannot take.
+    return absl::InvalidArgumentError(
+        "--save_dir/--resume need --dist=layerwise or --dist=distopt: the distributed checkpoint "
+        "saves the sharded optimizer's state, which --dist=replicated does not use");
+  }
+  if (c.save_every < 0 || c.stop_after < 0 || c.keep_checkpoints < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--save_every, --stop_after and --keep_checkpoints must be >= 0, got ", c.save_every, ", ",
+        c.stop_after, ", ", c.keep_checkpoints));
+  }
+  if (c.stop_after > c.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stop_after ", c.stop_after, " exceeds --steps ", c.steps));
   }
   if (c.optimizer != "muon" && c.optimizer != "adamw") {
     return absl::InvalidArgumentError(

@@ -78,9 +78,27 @@ TEST(TrainerConfig, FeaturesNotBuiltYetAreUnimplemented) {
   config.device = "cuda";
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("NCCL")));
-  config = TrainerConfig();
+}
+
+TEST(TrainerConfig, CheckpointFlagsAreChecked) {
+  TrainerConfig config;
   config.resume = true;
-  EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("--resume")));
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--resume needs --save_dir")));
+  config.save_dir = "/tmp/x";
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.dist = "replicated";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("need --dist=layerwise or --dist=distopt")));
+  config = TrainerConfig();
+  config.save_every = 5;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--save_every needs --save_dir")));
+  config = TrainerConfig();
+  config.stop_after = config.steps + 1;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--stop_after 301 exceeds --steps 300")));
 }
 
 TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {

@@ -160,8 +160,13 @@ void PlanDistOpt(const BufferInput& input, PerBufferParamLayout* out) {
 
 namespace {
 
+// Bound on the elements of all params together: far beyond any model, and small enough that padded
+// buffer offsets stay well inside int64_t (a shape like [2^62, 4] would otherwise overflow numel()).
+constexpr int64_t kMaxTotalNumel = int64_t{1} << 50;
+
 absl::Status ValidateParams(const std::vector<ParamSpec>& params) {
   std::set<std::string> names;
+  int64_t total_numel = 0;
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
     const ParamSpec& p = params[i];
     if (p.name.empty()) {
@@ -172,12 +177,24 @@ absl::Status ValidateParams(const std::vector<ParamSpec>& params) {
       return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' (index ", i,
                                                      "): duplicate name; names must be unique"));
     }
+    int64_t numel = 1;
     for (int d = 0; d < static_cast<int>(p.shape.size()); ++d) {
       if (p.shape[d] <= 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("param '", p.name, "' (index ", i, "): dimension ", d, " is ",
                          p.shape[d], "; expected > 0"));
       }
+      if (numel > kMaxTotalNumel / p.shape[d]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("param '", p.name, "' (index ", i, "): shape [",
+                         absl::StrJoin(p.shape, ","), "] has more than 2^50 elements"));
+      }
+      numel *= p.shape[d];
+    }
+    total_numel += numel;
+    if (total_numel > kMaxTotalNumel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", p.name, "' (index ", i, "): the params up to it hold more than 2^50 elements"));
     }
     if (p.role == ParamRole::kMuon && p.shape.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(

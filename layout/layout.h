@@ -134,7 +134,8 @@ struct LayoutOptions {
 // buffers are sharded over expert_dp. Deterministic: the same input gives the same plan on every
 // rank. Metrics of a plan: layout/metrics.h.
 // Errors: kInvalidArgument naming the param for an empty name, a duplicate name, a non-positive
-// dimension, or a non-2-D Muon param; kInvalidArgument for dp < 1, expert_dp < 0 or bucket_size < 1.
+// dimension, a non-2-D Muon param, or more than 2^50 elements (in the param, or in all params up to
+// it); kInvalidArgument for dp < 1, expert_dp < 0 or bucket_size < 1.
 absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSpec>& params,
                                                         const LayoutOptions& options);
 

@@ -2,6 +2,7 @@
 // (test_layer_wise_param_layout.py): uniform exact fit, remainder, mixed sizes, shared-embedding
 // isolation, dp divisibility, global alignment, backprop order, every param exactly once, dp 1.
 // The shard-aligned cases run for both Strategy::kLayerwise and Strategy::kMegatronLpt.
+#include <cstdint>
 #include <numeric>
 #include <set>
 #include <string>
@@ -274,6 +275,14 @@ TEST(LayoutTest, RejectsBadParams) {
   EXPECT_THAT(error({Adam("a", {4, 0})}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("param 'a' (index 0): dimension 1 is 0; expected > 0")));
+  // Found by //layout:spec_fuzzer: numel() of [2^63-1, 2] overflowed int64_t.
+  EXPECT_THAT(error({Adam("big", {INT64_MAX, 2})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'big' (index 0): shape [9223372036854775807,2] has more "
+                                 "than 2^50 elements")));
+  EXPECT_THAT(error({Adam("a", {1 << 25, 1 << 25}), Adam("b", {1 << 25, 1 << 25})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'b' (index 1): the params up to it hold more than 2^50")));
   ParamSpec vector = Adam("v", {8});
   vector.role = ParamRole::kMuon;
   EXPECT_THAT(error({vector}),

@@ -86,3 +86,48 @@ def os_cuda_library(name, srcs, hdrs = [], deps = [], nvcc_flags = [], **kwargs)
         }),
         **kwargs
     )
+
+def os_cc_fuzz_test(
+        name,
+        srcs,
+        deps = [],
+        corpus = [],
+        copts = [],
+        size = "small",
+        tags = [],
+        linkstatic = True,
+        runs = 3000,
+        **kwargs):
+    """A libFuzzer target (`LLVMFuzzerTestOneInput`) that is also a regression test.
+
+    `name` should end in `_fuzzer`; `corpus` lists seed files of this package. In a normal build it is
+    a cc_test linking //tools:fuzz_driver, which runs every seed file plus `runs` mutations of them
+    drawn from a fixed seed through the function: `bazel test //...` replays the corpus (keep it to a
+    few seconds: lower `runs` for a slow target). Under --config=fuzz (clang,
+    -fsanitize=fuzzer,address,undefined) the same target is a libFuzzer binary seeded with the corpus:
+        bazel run --config=fuzz //pkg:name -- -max_total_time=60 [/writable/corpus/dir]
+    """
+    pkg = native.package_name()
+    seeds = [(pkg + "/" + f) if pkg else f for f in corpus]
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        copts = ORTHOSHARD_COPTS + copts,
+        data = corpus,
+        deps = deps + select({
+            "//tools:fuzzing": [],
+            "//conditions:default": ["//tools:fuzz_driver"],
+        }),
+        linkopts = select({
+            "//tools:fuzzing": ["-fsanitize=fuzzer"],
+            "//conditions:default": [],
+        }),
+        args = select({
+            "//tools:fuzzing": ["-seed_inputs=" + ",".join(seeds)] if seeds else [],
+            "//conditions:default": ["-runs=%d" % runs] + seeds,
+        }),
+        size = size,
+        tags = tags + ["fuzz"],
+        linkstatic = linkstatic,
+        **kwargs
+    )

@@ -1,0 +1,423 @@
+"""Driver of //bench:report: runs every orthoshard benchmark in one sitting, N times round-robin,
+and writes BENCHMARKS.md (median [min, max] of the repeats; each ratio is taken within one run, then
+summarised) plus PNG plots.
+
+  bazel run //bench:report -- [--out=BENCHMARKS.md] [--repeats=N] [--quick] [--only=layout,...]
+
+Run by bench/report.sh from the runfiles tree, so benchmark binaries are found by their package
+path (they are `data` of the target). Output paths are relative to $BUILD_WORKSPACE_DIRECTORY.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report_lib as rl  # noqa: E402
+
+SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "checkpoint"]
+
+
+def sh(cmd, cwd=None):
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def machine_info(workspace):
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    mem = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    commit = sh(["git", "rev-parse", "HEAD"], cwd=workspace) or "unknown"
+    dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"], cwd=workspace)
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "commit": commit,
+            "dirty": bool(dirty), "kernel": sh(["uname", "-sr"])}
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+class Runner:
+    """Runs binaries by runfiles path, logging commands and wall times."""
+
+    def __init__(self, verbose=True):
+        self.verbose = verbose
+        self.log = []
+
+    def run(self, path, args, timeout=900):
+        if not os.path.exists(path):
+            raise FileNotFoundError(path)
+        start = time.time()
+        if self.verbose:
+            print(f"[bench] {path} {' '.join(args)}", file=sys.stderr, flush=True)
+        proc = subprocess.run([path] + args, capture_output=True, text=True, timeout=timeout)
+        elapsed = time.time() - start
+        self.log.append((path, args, elapsed, proc.returncode))
+        if proc.returncode != 0:
+            raise RuntimeError(f"{path} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        return proc.stdout
+
+
+def gbench(runner, path, args):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    try:
+        runner.run(path, args + [f"--benchmark_out={out}", "--benchmark_out_format=json"])
+        with open(out) as f:
+            return rl.parse_gbench_json(f.read())
+    finally:
+        os.unlink(out)
+
+
+# Binaries (runfiles paths) and their arguments, full and --quick.
+BIN = {
+    "layout": "bench/layout_table",
+    "optimizers": "optimizers/optimizers_benchmark",
+    "collectives": "collectives/collectives_benchmark",
+    "ddp": "ddp/ddp_benchmark",
+    "distributed": "optimizers/distributed/distributed_benchmark",
+    "checkpoint": "checkpoint/checkpoint_benchmark",
+    "pretrain": "integration/pretrain",
+}
+
+
+def bench_args(quick):
+    return {
+        "optimizers": ["--benchmark_min_time=0.05" if quick else "--benchmark_min_time=0.5"],
+        "collectives": ["--max_mb", "8" if quick else "128"],
+        "ddp": ["--layers", "4", "--hidden", "512", "--iters", "3"] if quick else [],
+        "distributed": ["3"] if quick else [],
+        "checkpoint": (["--benchmark_filter=Plain|Safetensors|Checkpoint"] if quick else []),
+        "pretrain": ["--model=small", "--steps=" + ("2" if quick else "10"),
+                     "--global_batch=" + ("4" if quick else "8")],
+    }
+
+
+# End-to-end modes of section 4: (row name, pretrain flags). The last is the baseline.
+PRETRAIN_MODES = [("muon_layerwise", ["--optimizer=muon", "--dist=layerwise"]),
+                  ("adamw_zero1", ["--optimizer=adamw", "--dist=distopt"]),
+                  (rl.PRETRAIN_BASELINE, ["--optimizer=muon", "--dist=replicated"])]
+
+
+def command_for(name, args):
+    target = "//" + os.path.dirname(BIN[name]) + ":" + os.path.basename(BIN[name])
+    return f"bazel run {target}" + (" -- " + " ".join(args) if args else "")
+
+
+def plot_all(plots_dir, layout_doc, coll_summary, adamw_summary):
+    """Writes PNGs; returns {name: path} for those written. Needs matplotlib (tools/setup)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"[bench] no plots: {e}", file=sys.stderr)
+        return {}
+    os.makedirs(plots_dir, exist_ok=True)
+    written = {}
+    if layout_doc:
+        presets = list(dict.fromkeys(r["preset"] for r in layout_doc["rows"]))
+        for fig_name, key, ylabel, scale in [
+                ("layout_padding.png", "padding_fraction", "padding (% of params)", 100),
+                ("layout_ns_imbalance.png", "ns_cost_imbalance", "NS cost max/mean over ranks", 1)]:
+            fig, axes = plt.subplots(1, len(presets), figsize=(5 * len(presets), 4), squeeze=False)
+            for ax, preset in zip(axes[0], presets):
+                styles = {"layerwise": ("o", "-", 9), "megatron_lpt": ("s", "-", 6),
+                          "distopt": ("^", "--", 5)}
+                for s in rl.STRATEGIES:
+                    pts = sorted((r["dp"], r[key] * scale) for r in layout_doc["rows"]
+                                 if r["preset"] == preset and r["strategy"] == s)
+                    if pts:
+                        marker, line, size = styles[s]
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker,
+                                linestyle=line, markersize=size, label=s)
+                ax.set_xscale("log", base=2)
+                dps = sorted({r["dp"] for r in layout_doc["rows"]})
+                ax.set_xticks(dps)
+                ax.set_xticklabels([str(d) for d in dps])
+                ax.set_title(preset)
+                ax.set_xlabel("data-parallel size")
+                ax.set_ylabel(ylabel)
+                ax.grid(True, alpha=0.3)
+                ax.legend()
+            fig.tight_layout()
+            path = os.path.join(plots_dir, fig_name)
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+            written[fig_name] = path
+    if coll_summary:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        sizes = list(coll_summary)
+        for fig_key, label in [("allreduce", "all-reduce"), ("reduce_scatter", "reduce-scatter"),
+                               ("all_gather", "all-gather")]:
+            med = [coll_summary[s][fig_key].median for s in sizes]
+            lo = [coll_summary[s][fig_key].median - coll_summary[s][fig_key].min for s in sizes]
+            hi = [coll_summary[s][fig_key].max - coll_summary[s][fig_key].median for s in sizes]
+            ax.errorbar(sizes, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(x) for x in sizes])
+        ax.set_xlabel("buffer size (MiB, fp32)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title("Gloo collectives, 2 ranks (median, bars: min to max)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(plots_dir, "collectives_busbw.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written["collectives_busbw.png"] = path
+    return written
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", default="BENCHMARKS.md")
+    p.add_argument("--plots_dir", default="bench/plots")
+    p.add_argument("--repeats", type=int, default=None, help="default 3, or 1 with --quick")
+    p.add_argument("--quick", action="store_true", help="fewer repeats, smaller sizes (a test run)")
+    p.add_argument("--only", default=",".join(SECTIONS), help="comma list of " + ",".join(SECTIONS))
+    p.add_argument("--device", default="cpu", choices=["cpu"],
+                   help="only cpu: the GPU variant of the report is not implemented yet")
+    a = p.parse_args()
+    repeats = a.repeats or (1 if a.quick else 3)
+    if repeats < 1:
+        p.error("--repeats must be >= 1")
+    only = [s for s in a.only.split(",") if s]
+    for s in only:
+        if s not in SECTIONS:
+            p.error(f"--only: unknown section {s!r}; expected some of {','.join(SECTIONS)}")
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY", os.getcwd())
+    out_path = os.path.join(workspace, a.out)
+    plots_dir = os.path.join(workspace, a.plots_dir)
+
+    info = machine_info(workspace)
+    load_start = loadavg()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    runner = Runner()
+    args = bench_args(a.quick)
+
+    # Which binaries run, in round-robin order per repeat.
+    plan = []
+    if "optimizers" in only:
+        plan.append("optimizers")
+    if "distributed" in only:
+        plan += ["collectives", "ddp"]
+        if os.path.exists(BIN["distributed"]):
+            plan.append("distributed")
+    if "checkpoint" in only:
+        plan.append("checkpoint")
+    if "pretrain" in only and os.path.exists(BIN["pretrain"]):
+        plan.append("pretrain")
+    raw = {name: [] for name in plan}
+    errors = {}
+    for rep in range(repeats):
+        for name in plan:
+            if name in errors:
+                continue
+            try:
+                if name == "pretrain":
+                    raw[name].append(rl.pretrain_rows({
+                        mode: rl.parse_pretrain(runner.run(BIN[name], args[name] + flags))
+                        for mode, flags in PRETRAIN_MODES}))
+                elif name in ("optimizers", "checkpoint"):
+                    rows = gbench(runner, BIN[name], args[name])
+                    raw[name].append(rl.parse_checkpoint(rows) if name == "checkpoint" else rows)
+                else:
+                    text = runner.run(BIN[name], args[name])
+                    parse = {"collectives": rl.parse_collectives, "ddp": rl.parse_ddp,
+                             "distributed": rl.parse_distributed}[name]
+                    raw[name].append(parse(text))
+            except (RuntimeError, rl.ParseError, FileNotFoundError, subprocess.TimeoutExpired) as e:
+                errors[name] = str(e)
+                print(f"[bench] {name} failed: {e}", file=sys.stderr)
+    layout_doc = None
+    if "layout" in only:
+        try:
+            layout_doc = json.loads(runner.run(BIN["layout"], []))
+        except (RuntimeError, FileNotFoundError, json.JSONDecodeError) as e:
+            errors["layout"] = str(e)
+    summaries = {name: rl.summarize(runs) for name, runs in raw.items() if runs}
+    load_end = loadavg()
+    finished = datetime.datetime.now(datetime.timezone.utc)
+
+    plots = plot_all(plots_dir, layout_doc, summaries.get("collectives"),
+                     summaries.get("optimizers"))
+    rel = lambda path: os.path.relpath(path, os.path.dirname(out_path))  # noqa: E731
+
+    flags = (["--quick"] if a.quick else []) + [f"--repeats={repeats}"]
+    md = ["# orthoshard benchmarks", "",
+          "Generated by `bazel run //bench:report -- " + " ".join(flags) + "`. "
+          f"Every figure is the median of {repeats} run(s) of the benchmark process with "
+          "[min, max] over them in brackets; every ratio is computed within one run (numerator and baseline measured in the "
+          "same process, back to back) and then summarised. The repeats of all benchmarks are "
+          "interleaved round-robin so that load drift hits them alike. The machine is shared "
+          "(others compile on it): compare ratios, not absolute times.", "",
+          "## Machine", "",
+          rl.markdown_table(["", ""], [
+              ["CPU", info["cpu"]], ["cores", info["cores"]], ["memory", info["memory"]],
+              ["kernel", info["kernel"]],
+              ["load average (1/5/15 min) at start", load_start],
+              ["load average at end", load_end],
+              ["started (UTC)", started.strftime("%Y-%m-%d %H:%M:%S")],
+              ["finished (UTC)", finished.strftime("%Y-%m-%d %H:%M:%S")],
+              ["git commit", info["commit"] + (" (with uncommitted changes)" if info["dirty"] else "")],
+              ["device", "cpu"],
+              ["mode", "quick (smaller sizes)" if a.quick else "full"]]), ""]
+
+    def failed(name):
+        return f"**Not measured: `{name}` failed in this run:** `{errors[name][:300]}`\n"
+
+    # 1. Layout.
+    if "layout" in only:
+        md += ["## 1. Layout: padding, buckets and Newton–Schulz cost imbalance", "",
+               "Exact arithmetic over the plan (layout/metrics.h), no timing, so no spread. Megatron's "
+               "default bucket size max(40M, 1M·dp) elements, fp32 grads, summed over every buffer of "
+               "the model. *padding %*: (padded − unpadded) / unpadded elements. *NS imbalance*: the "
+               "busiest rank's Newton–Schulz cost (max(m,n)·min(m,n)² per matrix, pro rata for a "
+               "matrix split by distopt) over the mean: how much longer the optimizer step takes than "
+               "a perfectly balanced one. distopt's matrices straddle shards, so its figure is the "
+               "pro-rata cost, not a runnable schedule.", "",
+               f"Reproduce: `{command_for('layout', [])}` (JSON).", ""]
+        if layout_doc:
+            for preset, table in rl.layout_tables(layout_doc).items():
+                md += [f"### {preset}", "", table, ""]
+            for png in ("layout_padding.png", "layout_ns_imbalance.png"):
+                if png in plots:
+                    md += [f"![{png}]({rel(plots[png])})", ""]
+        else:
+            md.append(failed("layout"))
+
+    # 2. Optimizer kernels.
+    if "optimizers" in only:
+        md += ["## 2. Optimizer kernels", "",
+               "Muon: one step on a 1024×4096 fp32 matrix next to the time of the at::mm products its "
+               "Newton–Schulz iteration contains (5 × [X·Xᵀ, A·A, A·X]), same iteration. AdamW: "
+               "bytes/s counting the 7 fp32 passes of an ideal fused step, next to a plain tensor "
+               "copy (2 passes) of the same size, same iteration.", "",
+               f"Reproduce: `{command_for('optimizers', args['optimizers'])}`", ""]
+        if "optimizers" in summaries:
+            md += [rl.muon_table(summaries["optimizers"]), "",
+                   rl.adamw_table(summaries["optimizers"]), ""]
+        else:
+            md.append(failed("optimizers"))
+
+    # 3. Distributed step.
+    if "distributed" in only:
+        md += ["## 3. Distributed step on 2 CPU Gloo ranks", "",
+               "### Collectives: bus bandwidth vs size", "",
+               "busbw as nccl-tests define it (all-reduce algbw·2(N−1)/N, reduce-scatter and "
+               "all-gather algbw·(N−1)/N), so an optimal implementation of each reaches the same "
+               "busbw. Gloo's reduce-scatter is an all-reduce plus a copy.", "",
+               f"Reproduce: `{command_for('collectives', args['collectives'])}`", ""]
+        if "collectives" in summaries:
+            md += [rl.collectives_table(summaries["collectives"]), ""]
+            if "collectives_busbw.png" in plots:
+                md += [f"![collectives_busbw.png]({rel(plots['collectives_busbw.png'])})", ""]
+        else:
+            md.append(failed("collectives"))
+        md += ["### DDP: overlap of the gradient reduce-scatter with backward", "",
+               "Median ms per step of each mode (the benchmark's own median over its steps), then "
+               "median [min, max] over the repeats. *exposed comm*: end of backward to end of the grad "
+               "sync. *step / off*: step time over overlap-off, same run.", "",
+               f"Reproduce: `{command_for('ddp', args['ddp'])}`", ""]
+        if "ddp" in summaries:
+            s = summaries["ddp"]
+            md += [rl.ddp_table(s), ""]
+            sm = s.get("summary", {})
+            md += ["| figure | value |", "|---|---:|",
+                   f"| hidden share of the grad reduce-scatter, 1 − exposed(on)/exposed(off) | "
+                   f"{rl.stat_cell(sm, 'hidden_share', 1, 100, '%')} |",
+                   f"| net hidden share (backward slowdown counted) | "
+                   f"{rl.stat_cell(sm, 'net_hidden_share', 1, 100, '%')} |",
+                   f"| logical traffic per step (counters) MB | {rl.stat_cell(sm, 'traffic_MB')} |",
+                   f"| grad buffer MB | {rl.stat_cell(sm, 'buffer_MB')} |",
+                   f"| ideal wire 2(N−1)/N × buffer MB | {rl.stat_cell(sm, 'ideal_MB')} |",
+                   f"| Gloo wire ≈ 3(N−1)/N × buffer MB (RS emulated by all-reduce) | "
+                   f"{rl.stat_cell(sm, 'gloo_MB')} |", ""]
+        else:
+            md.append(failed("ddp"))
+        md += ["### Distributed optimizer: layerwise vs distopt vs replicated", ""]
+        if "distributed" in summaries:
+            md += ["Step + param sync per mode; *vs replicated* is the ratio to the replicated mode "
+                   "of the same optimizer (Muon or AdamW) in the same run. Wire bytes per rank are "
+                   "ring estimates from the communicator's counters, next to the ideal of an "
+                   "all-reduce of the grad buffer. distopt runs AdamW only (`distopt_adamw`): the "
+                   "matrices of a byte-level layout straddle shards and cannot be orthogonalised "
+                   "from a slice, which is what the layer-wise layout fixes.", "",
+                   f"Reproduce: `{command_for('distributed', args['distributed'])}`", "",
+                   rl.distributed_table(summaries["distributed"]), ""]
+        elif "distributed" in errors:
+            md.append(failed("distributed"))
+        else:
+            md += ["Not measured yet: `//optimizers/distributed:distributed_benchmark` is not in "
+                   "this build.", ""]
+
+    # 4. End to end.
+    if "pretrain" in only:
+        md += ["## 4. End to end: pretrain tokens/s", ""]
+        if "pretrain" in summaries:
+            md += ["`pretrain` on 2 local CPU Gloo ranks, `small` preset (4 layers, C 256, GQA), "
+                   "synthetic corpus; tokens/s as the run's summary line reports it (whole run, "
+                   "eval and start-up of the step loop included, so short runs understate "
+                   "steady state). *vs replicated Muon*: over the `--optimizer=muon "
+                   "--dist=replicated` run of the same repeat. Modes: muon_layerwise = "
+                   "`--optimizer=muon --dist=layerwise`, adamw_zero1 = `--optimizer=adamw "
+                   "--dist=distopt`.", "",
+                   "Reproduce: " + ", ".join(
+                       f"`{command_for('pretrain', args['pretrain'] + f)}`"
+                       for _, f in PRETRAIN_MODES), "",
+                   rl.pretrain_table(summaries["pretrain"]), ""]
+        elif "pretrain" in errors:
+            md.append(failed("pretrain"))
+        else:
+            md += ["Not measured yet: `//integration:pretrain` is not in this build.", ""]
+
+    # 5. Checkpoint.
+    if "checkpoint" in only:
+        md += ["## 5. Checkpoint: save/load vs plain write/read of the same bytes", "",
+               "256 MiB (64 × 4 MiB fp32 tensors) under $TMPDIR. Writes include fsync; reads run "
+               "with a warm page cache. Ratio: bytes/s over the baseline's bytes/s in the same run.",
+               "", f"Reproduce: `{command_for('checkpoint', args['checkpoint'])}`", ""]
+        if "checkpoint" in summaries:
+            md += [rl.checkpoint_table(summaries["checkpoint"]), ""]
+        else:
+            md.append(failed("checkpoint"))
+
+    md += ["## Run log", "", rl.markdown_table(
+        ["binary", "arguments", "wall s", "exit"],
+        [[f"`{b}`", " ".join(x) or "–", f"{t:.1f}", rc] for b, x, t, rc in runner.log]), ""]
+    with open(out_path, "w") as f:
+        f.write("\n".join(md))
+    print(f"[bench] wrote {out_path}" + (f" and {len(plots)} plot(s) in {plots_dir}" if plots else ""),
+          file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Parsing and rendering for //bench:report: turns the output of each benchmark binary into rows,
+summarises repeated runs (median and [min, max] spread) and renders Markdown tables.
+
+No plotting and no third-party imports here, so the unit test (report_lib_test.py) runs on canned
+output with nothing but the standard library.
+"""
+
+import json
+import re
+import statistics
+
+
+class ParseError(Exception):
+    """Raised when a benchmark's output does not have the expected shape."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries of repeated runs.
+
+
+class Stat:
+    """Median and min-max of the values one figure took over the repeats."""
+
+    def __init__(self, values):
+        values = [float(v) for v in values if v is not None]
+        if not values:
+            raise ValueError("Stat of no values")
+        self.values = values
+        self.median = statistics.median(values)
+        self.min = min(values)
+        self.max = max(values)
+
+    def format(self, digits=2, scale=1.0, suffix=""):
+        """`median [min, max]`, or just the median for a single value."""
+        med = f"{self.median * scale:.{digits}f}"
+        if len(self.values) == 1:
+            return med + suffix
+        return f"{med}{suffix} [{self.min * scale:.{digits}f}, {self.max * scale:.{digits}f}]"
+
+
+def summarize(runs):
+    """`runs`: one dict per repeat mapping a row key to a dict of figures. Returns
+    {row key: {figure: Stat}} over the keys present in every repeat (in first-run order)."""
+    if not runs:
+        return {}
+    out = {}
+    for key in runs[0]:
+        if not all(key in r for r in runs):
+            continue
+        figures = {}
+        for fig in runs[0][key]:
+            vals = [r[key].get(fig) for r in runs]
+            if all(isinstance(v, (int, float)) for v in vals):
+                figures[fig] = Stat(vals)
+        out[key] = figures
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers, one per benchmark output format.
+
+
+def parse_gbench_json(text):
+    """Google Benchmark --benchmark_out JSON → {run_name: {counter or time: value}}. Aggregates
+    (mean/median/stddev rows) are skipped: repeats are separate processes here."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ParseError(f"benchmark JSON: {e}") from e
+    if "benchmarks" not in doc:
+        raise ParseError("benchmark JSON: no 'benchmarks' key")
+    rows = {}
+    for b in doc["benchmarks"]:
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        if "error_occurred" in b and b["error_occurred"]:
+            raise ParseError(f"{b['name']}: {b.get('error_message', 'error')}")
+        skip = {"name", "run_name", "run_type", "family_index", "per_family_instance_index",
+                "repetitions", "repetition_index", "time_unit", "label",
+                "aggregate_name", "aggregate_unit"}
+        figures = {k: v for k, v in b.items() if k not in skip and isinstance(v, (int, float))}
+        rows[b.get("run_name", b["name"])] = figures
+    return rows
+
+
+_FLOAT = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+
+
+def rank0_lines(text):
+    """Lines of a multi-rank binary's output as rank 0 printed them. The launcher (collectives/
+    launcher.h) prefixes each child's line with "[rank N] "; lines of other ranks are dropped and
+    unprefixed lines (a binary run as one rank) are kept."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^\[rank (\d+)\] ?(.*)$", line)
+        if m is None:
+            out.append(line)
+        elif m.group(1) == "0":
+            out.append(m.group(2))
+    return out
+
+
+def parse_collectives(text):
+    """collectives_benchmark stdout → {size_MB: {allreduce, reduce_scatter, all_gather (busbw GB/s),
+    rs_over_ar, ag_over_ar}}."""
+    rows = {}
+    line_re = re.compile(rf"^\s*(\d+)\s+(\d+)\s+({_FLOAT})\s+({_FLOAT})\s+({_FLOAT})\s+({_FLOAT})"
+                         rf"\s+({_FLOAT})\s*$")
+    for line in rank0_lines(text):
+        m = line_re.match(line)
+        if not m:
+            continue
+        rows[int(m.group(1))] = {
+            "allreduce": float(m.group(3)),
+            "reduce_scatter": float(m.group(4)),
+            "all_gather": float(m.group(5)),
+            "rs_over_ar": float(m.group(6)),
+            "ag_over_ar": float(m.group(7)),
+        }
+    if not rows:
+        raise ParseError("collectives: no size rows in output")
+    return rows
+
+
+def parse_ddp(text):
+    """ddp_benchmark stdout → {mode: {forward, backward, exposed, param_sync, step, step_over_off}}
+    plus the row "summary" with hidden_share, net_hidden_share (fractions), traffic_MB, buffer_MB,
+    ideal_MB, gloo_MB."""
+    rows = {}
+    mode_re = re.compile(rf"^(\S.*?\S)\s+({_FLOAT})\s+({_FLOAT})\s+({_FLOAT})\s+({_FLOAT})\s+"
+                         rf"({_FLOAT})\s+({_FLOAT})\s*$")
+    summary = {}
+    for line in rank0_lines(text):
+        m = mode_re.match(line)
+        if m:
+            rows[m.group(1)] = dict(zip(
+                ["forward", "backward", "exposed", "param_sync", "step", "step_over_off"],
+                [float(m.group(i)) for i in range(2, 8)]))
+            continue
+        m = re.match(rf"^hidden share of grad reduce-scatter time: ({_FLOAT})%", line)
+        if m:
+            summary["hidden_share"] = float(m.group(1)) / 100
+        m = re.match(rf"^net hidden share .*?: ({_FLOAT})%", line)
+        if m:
+            summary["net_hidden_share"] = float(m.group(1)) / 100
+        m = re.match(rf"^traffic per step: ({_FLOAT}) MB logical.*?buffer ({_FLOAT}) MB; ideal wire"
+                     rf".*?= ({_FLOAT}) MB; Gloo wire.*?= ({_FLOAT}) MB", line)
+        if m:
+            summary.update(traffic_MB=float(m.group(1)), buffer_MB=float(m.group(2)),
+                           ideal_MB=float(m.group(3)), gloo_MB=float(m.group(4)))
+    if not rows or "hidden_share" not in summary:
+        raise ParseError("ddp: no mode rows or no hidden-share line in output")
+    rows["summary"] = summary
+    return rows
+
+
+def parse_distributed(text):
+    """distributed_benchmark stdout → {mode: {step_ms, ratio, grad_ms, rs_MB, ag_MB, ar_MB,
+    wire_MB, ideal_MB}}."""
+    rows = {}
+    row_re = re.compile(rf"^([a-z_]+)" + rf"\s+({_FLOAT})" * 8 + r"\s*$")
+    names = ["step_ms", "ratio", "grad_ms", "rs_MB", "ag_MB", "ar_MB", "wire_MB", "ideal_MB"]
+    for line in rank0_lines(text):
+        m = row_re.match(line)
+        if m:
+            rows[m.group(1)] = dict(zip(names, [float(m.group(i)) for i in range(2, 10)]))
+    if not rows:
+        raise ParseError("distributed: no mode rows in output")
+    return rows
+
+
+def parse_checkpoint(gbench_rows):
+    """checkpoint_benchmark JSON rows → {name: {MBps, vs_baseline}} with each rate divided by its
+    baseline's rate from the same run (writes vs BM_PlainWrite, reads and checksums vs
+    BM_PlainRead)."""
+    rates = {}
+    for name, figs in gbench_rows.items():
+        if "bytes_per_second" in figs:
+            rates[name.split("/")[0]] = figs["bytes_per_second"]
+    baselines = {"BM_PlainWrite": "BM_PlainWrite", "BM_SafetensorsWrite": "BM_PlainWrite",
+                 "BM_CheckpointSave": "BM_PlainWrite", "BM_PlainRead": "BM_PlainRead",
+                 "BM_SafetensorsRead": "BM_PlainRead", "BM_CheckpointVerify": "BM_PlainRead",
+                 "BM_Crc32c": "BM_PlainRead", "BM_Crc32cPortable": "BM_PlainRead"}
+    rows = {}
+    for name, base in baselines.items():
+        if name in rates and base in rates and rates[base] > 0:
+            rows[name] = {"MBps": rates[name] / 1e6, "vs_baseline": rates[name] / rates[base]}
+    if not rows:
+        raise ParseError("checkpoint: no bytes_per_second counters")
+    return rows
+
+
+def parse_pretrain(text):
+    """pretrain stdout: the last non-empty line is a JSON object; returns it."""
+    lines = [l for l in text.splitlines() if l.strip()]
+    if not lines:
+        raise ParseError("pretrain: empty output")
+    try:
+        return json.loads(lines[-1])
+    except json.JSONDecodeError as e:
+        raise ParseError(f"pretrain: last line is not JSON: {e}") from e
+
+
+PRETRAIN_BASELINE = "muon_replicated"
+
+
+def pretrain_rows(summaries):
+    """{mode: pretrain summary JSON} of one run → {mode: {tokens_per_s, vs_replicated, loss}}, each
+    rate over the replicated-Muon rate of the same run."""
+    if PRETRAIN_BASELINE not in summaries:
+        raise ParseError(f"pretrain: no {PRETRAIN_BASELINE} run to compare against")
+    base = summaries[PRETRAIN_BASELINE].get("tokens_per_s", 0)
+    if base <= 0:
+        raise ParseError(f"pretrain: {PRETRAIN_BASELINE} reported no tokens_per_s")
+    rows = {}
+    for mode, doc in summaries.items():
+        if "tokens_per_s" not in doc:
+            raise ParseError(f"pretrain {mode}: no tokens_per_s in the summary")
+        rows[mode] = {"tokens_per_s": doc["tokens_per_s"], "vs_replicated": doc["tokens_per_s"] / base}
+        for key in ("final_loss", "loss", "train_loss"):
+            if isinstance(doc.get(key), (int, float)):
+                rows[mode]["loss"] = doc[key]
+                break
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering.
+
+
+def markdown_table(header, rows):
+    """A GitHub Markdown table; numbers already formatted as strings."""
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out)
+
+
+STRATEGIES = ["layerwise", "megatron_lpt", "distopt"]
+
+
+def layout_tables(doc):
+    """layout_table JSON → {preset: Markdown table} with one row per dp: padding %, buckets and
+    NS cost imbalance for each strategy."""
+    by_preset = {}
+    for r in doc["rows"]:
+        by_preset.setdefault(r["preset"], {}).setdefault(r["dp"], {})[r["strategy"]] = r
+    tables = {}
+    for preset, by_dp in by_preset.items():
+        header = (["dp"] + [f"padding % {s}" for s in STRATEGIES]
+                  + [f"buckets {s}" for s in STRATEGIES]
+                  + [f"NS imbalance {s}" for s in STRATEGIES])
+        rows = []
+        for dp in sorted(by_dp):
+            cells = by_dp[dp]
+            row = [dp]
+            row += [f"{100 * cells[s]['padding_fraction']:.4f}" if s in cells else "–"
+                    for s in STRATEGIES]
+            row += [cells[s]["buckets"] if s in cells else "–" for s in STRATEGIES]
+            row += [f"{cells[s]['ns_cost_imbalance']:.3f}" if s in cells else "–"
+                    for s in STRATEGIES]
+            rows.append(row)
+        tables[preset] = markdown_table(header, rows)
+    return tables
+
+
+def stat_cell(stats, fig, digits=2, scale=1.0, suffix=""):
+    s = stats.get(fig)
+    return s.format(digits, scale, suffix) if s else "–"
+
+
+def muon_table(summary):
+    """Summarised optimizers_benchmark rows → the Muon table."""
+    rows = []
+    for name, st in summary.items():
+        m = re.match(r"BM_MuonStep/(\d+)/(\d+)", name)
+        if not m:
+            continue
+        dtype = "bf16" if m.group(1) == "0" else "fp32"
+        threads = "default" if m.group(2) == "0" else m.group(2)
+        used = f" ({st['threads'].median:.0f})" if "threads" in st else ""
+        rows.append([f"{dtype} NS, {threads} threads{used}",
+                     stat_cell(st, "muon_ms"), stat_cell(st, "mm_ms"),
+                     stat_cell(st, "mm_fraction", 3)])
+    return markdown_table(["Muon step 1024×4096", "step ms", "its at::mm ms", "mm / step"], rows)
+
+
+def adamw_table(summary):
+    rows = []
+    for name, st in summary.items():
+        m = re.match(r"BM_AdamWStep/(\d+)", name)
+        if not m:
+            continue
+        n = int(m.group(1))
+        rows.append([f"{n:,} fp32 ({n * 4 / 2**20:.0f} MiB)", stat_cell(st, "adamw_GBps"),
+                     stat_cell(st, "copy_GBps"), stat_cell(st, "ratio", 3)])
+    return markdown_table(["AdamW step", "AdamW GB/s (7 passes)", "copy GB/s (2 passes)",
+                           "AdamW / copy"], rows)
+
+
+def collectives_table(summary):
+    rows = [[mb, stat_cell(st, "allreduce", 3), stat_cell(st, "reduce_scatter", 3),
+             stat_cell(st, "all_gather", 3), stat_cell(st, "rs_over_ar", 3),
+             stat_cell(st, "ag_over_ar", 3)] for mb, st in summary.items()]
+    return markdown_table(["size MiB", "all-reduce busbw GB/s", "reduce-scatter busbw GB/s",
+                           "all-gather busbw GB/s", "RS / AR", "AG / AR"], rows)
+
+
+def ddp_table(summary):
+    rows = [[mode, stat_cell(st, "forward"), stat_cell(st, "backward"), stat_cell(st, "exposed"),
+             stat_cell(st, "param_sync"), stat_cell(st, "step"), stat_cell(st, "step_over_off", 3)]
+            for mode, st in summary.items() if mode != "summary"]
+    return markdown_table(["mode", "forward ms", "backward ms", "exposed comm ms", "param sync ms",
+                           "step ms", "step / off"], rows)
+
+
+def distributed_table(summary):
+    rows = [[mode, stat_cell(st, "step_ms"), stat_cell(st, "ratio", 3), stat_cell(st, "grad_ms"),
+             stat_cell(st, "wire_MB"), stat_cell(st, "ideal_MB"),
+             (Stat([w / i for w, i in zip(st["wire_MB"].values, st["ideal_MB"].values)]).format(3)
+              if "wire_MB" in st and "ideal_MB" in st and min(st["ideal_MB"].values) > 0 else "–")]
+            for mode, st in summary.items()]
+    return markdown_table(["mode", "step+sync ms", "vs replicated", "grad sync ms",
+                           "wire MB/rank", "ideal 2(N−1)/N·buffer MB", "wire / ideal"], rows)
+
+
+def checkpoint_table(summary):
+    base = {"BM_PlainWrite": "plain write", "BM_SafetensorsWrite": "plain write",
+            "BM_CheckpointSave": "plain write", "BM_PlainRead": "plain read",
+            "BM_SafetensorsRead": "plain read", "BM_CheckpointVerify": "plain read",
+            "BM_Crc32c": "plain read", "BM_Crc32cPortable": "plain read"}
+    rows = [[name.replace("BM_", ""), stat_cell(st, "MBps", 0), stat_cell(st, "vs_baseline", 3),
+             base.get(name, "")] for name, st in summary.items()]
+    return markdown_table(["operation", "MB/s", "ratio", "baseline (same run)"], rows)
+
+
+def pretrain_table(summary):
+    rows = [[mode, stat_cell(st, "tokens_per_s", 0), stat_cell(st, "vs_replicated", 3),
+             stat_cell(st, "loss", 3)] for mode, st in summary.items()]
+    return markdown_table(["mode", "tokens/s", "vs replicated Muon", "final loss"], rows)

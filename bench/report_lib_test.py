@@ -1,0 +1,224 @@
+"""Tests of report_lib: parsing of canned benchmark output (in the exact formats the binaries
+print) and the Markdown tables rendered from it. Runs no benchmark."""
+
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report_lib as rl  # noqa: E402
+
+# Multi-rank binaries print through the launcher: "[rank N] " before every line.
+
+# Google Benchmark 1.7 --benchmark_out JSON, trimmed (context shortened).
+GBENCH = json.dumps({
+    "context": {"date": "2026-11-22T03:00:00+00:00", "num_cpus": 2},
+    "benchmarks": [
+        {"name": "BM_MuonStep/0/0/manual_time", "family_index": 0, "per_family_instance_index": 0,
+         "run_name": "BM_MuonStep/0/0/manual_time", "run_type": "iteration", "repetitions": 1,
+         "repetition_index": 0, "threads": 1, "iterations": 10, "real_time": 40.0,
+         "cpu_time": 80.0, "time_unit": "ms", "mm_fraction": 0.85, "mm_ms": 34.0,
+         "muon_ms": 40.0, "threads": 2},
+        {"name": "BM_MuonStep/1/1/manual_time", "run_name": "BM_MuonStep/1/1/manual_time",
+         "run_type": "iteration", "iterations": 5, "real_time": 90.0, "cpu_time": 90.0,
+         "time_unit": "ms", "mm_fraction": 0.9, "mm_ms": 81.0, "muon_ms": 90.0, "threads": 1},
+        {"name": "BM_AdamWStep/1048576/manual_time", "run_name": "BM_AdamWStep/1048576/manual_time",
+         "run_type": "iteration", "iterations": 100, "real_time": 1.5, "cpu_time": 1.5,
+         "time_unit": "ms", "adamw_GBps": 19.5, "copy_GBps": 10.0, "ratio": 1.95, "threads": 2},
+        {"name": "BM_AdamWStep/1048576/manual_time_mean", "run_name": "BM_AdamWStep/1048576/manual_time",
+         "run_type": "aggregate", "aggregate_name": "mean", "real_time": 1.5, "ratio": 99.0},
+    ],
+})
+
+CHECKPOINT = json.dumps({"benchmarks": [
+    {"name": "BM_PlainWrite/iterations:5/real_time", "run_name": "BM_PlainWrite/iterations:5/real_time",
+     "run_type": "iteration", "real_time": 200.0, "bytes_per_second": 1.0e9},
+    {"name": "BM_CheckpointSave/iterations:5/real_time",
+     "run_name": "BM_CheckpointSave/iterations:5/real_time", "run_type": "iteration",
+     "real_time": 250.0, "bytes_per_second": 8.0e8},
+    {"name": "BM_PlainRead/iterations:10/real_time", "run_name": "BM_PlainRead/iterations:10/real_time",
+     "run_type": "iteration", "real_time": 50.0, "bytes_per_second": 4.0e9},
+    {"name": "BM_SafetensorsRead/iterations:10/real_time",
+     "run_name": "BM_SafetensorsRead/iterations:10/real_time", "run_type": "iteration",
+     "real_time": 100.0, "bytes_per_second": 2.0e9},
+]})
+
+COLLECTIVES = """[rank 0] gloo, 2 ranks, fp32, median of N timed runs after 1 warm-up
+[rank 0]  size_MB    N    allreduce  reduce_scat   all_gather      rs/ar      ag/ar
+[rank 0]              busbw_GB/s   busbw_GB/s   busbw_GB/s      busbw      busbw
+[rank 0]        1   20        1.500        0.750        1.200      0.500      0.800
+[rank 0]        2   20        2.000        1.100        1.800      0.550      0.900
+[rank 0] logical traffic launched by rank 0: all_reduce 63.0 MB in 42 calls, reduce_scatter 42.0 MB, all_gather 42.0 MB
+[rank 1]        1   20        9.000        9.000        9.000      9.000      9.000
+"""
+
+DDP = """[rank 0] DDP step at 2 Gloo ranks: 8 layers of [1024, 1024] + bias, batch 64, 2 buckets, 16 steps per mode (median, ms)
+[rank 0] mode                     forward  backward  exposed comm  param sync      step    step/off
+[rank 0] overlap off                 5.10     12.00          8.00        0.00     25.00       1.000
+[rank 0] overlap_grad_reduce         5.20     13.00          2.00        0.00     20.00       0.800
+[rank 0] overlap grad + param        5.30     13.50          2.10        0.50     19.00       0.760
+[rank 0] hidden share of grad reduce-scatter time: 75.0% (1 - exposed(on) / exposed(off))
+[rank 0] net hidden share (backward slowdown counted): 62.5% (1 - (backward(on) + exposed(on) - backward(off)) / exposed(off))
+[rank 0] traffic per step: 67.18 MB logical (counters: reduce-scatter + all-gather), buffer 33.59 MB; ideal wire 2(N-1)/N x buffer = 33.59 MB; Gloo wire ~3(N-1)/N x buffer = 50.38 MB
+"""
+
+DISTRIBUTED = """[rank 0] 2 ranks, 10 iterations, model 8 x [512, 512] Muon + norms + [2048, 512] embedding
+[rank 0] mode              step+sync ms    ratio grad sync ms      RS MB      AG MB      AR MB  wire MB/rank     ideal MB
+[rank 0] replicated               40.00    1.000         5.00       0.00       0.00      12.00         12.00        12.00
+[rank 0] layerwise                25.00    0.625         4.00      12.00       6.00       0.00          9.00        12.00
+[rank 0] ratio: step+sync time / the replicated mode of the same optimizer, same run
+"""
+
+LAYOUT = {"rows": [
+    {"preset": "gpt8b", "dp": 2, "strategy": "layerwise", "buckets": 3, "padding_fraction": 0.00012,
+     "ns_cost_imbalance": 1.0123},
+    {"preset": "gpt8b", "dp": 2, "strategy": "megatron_lpt", "buckets": 3, "padding_fraction": 0.5,
+     "ns_cost_imbalance": 1.25},
+    {"preset": "gpt8b", "dp": 2, "strategy": "distopt", "buckets": 2, "padding_fraction": 0.0,
+     "ns_cost_imbalance": 1.0},
+]}
+
+
+class StatTest(unittest.TestCase):
+    def test_median_and_range(self):
+        s = rl.Stat([3.0, 1.0, 2.0])
+        self.assertEqual(s.median, 2.0)
+        self.assertEqual(s.format(1), "2.0 [1.0, 3.0]")
+        self.assertEqual(s.format(0, 100, "%"), "200% [100, 300]")
+
+    def test_single_value_has_no_range(self):
+        self.assertEqual(rl.Stat([0.5]).format(3), "0.500")
+
+    def test_summarize_keeps_rows_present_in_every_run(self):
+        runs = [{"a": {"x": 1.0}, "b": {"x": 5.0}}, {"a": {"x": 3.0}}]
+        s = rl.summarize(runs)
+        self.assertEqual(list(s), ["a"])
+        self.assertEqual(s["a"]["x"].values, [1.0, 3.0])
+        self.assertEqual(s["a"]["x"].median, 2.0)
+
+
+class ParseTest(unittest.TestCase):
+    def test_gbench_json_skips_aggregates(self):
+        rows = rl.parse_gbench_json(GBENCH)
+        self.assertEqual(sorted(rows), ["BM_AdamWStep/1048576/manual_time",
+                                        "BM_MuonStep/0/0/manual_time",
+                                        "BM_MuonStep/1/1/manual_time"])
+        self.assertEqual(rows["BM_AdamWStep/1048576/manual_time"]["ratio"], 1.95)
+        self.assertEqual(rows["BM_MuonStep/0/0/manual_time"]["threads"], 2)
+
+    def test_gbench_error_is_reported(self):
+        doc = json.dumps({"benchmarks": [{"name": "BM_X", "run_type": "iteration",
+                                          "error_occurred": True, "error_message": "planning failed"}]})
+        with self.assertRaisesRegex(rl.ParseError, "BM_X: planning failed"):
+            rl.parse_gbench_json(doc)
+
+    def test_gbench_rejects_non_json(self):
+        with self.assertRaisesRegex(rl.ParseError, "benchmark JSON"):
+            rl.parse_gbench_json("not json")
+
+    def test_collectives(self):
+        rows = rl.parse_collectives(COLLECTIVES)
+        self.assertEqual(list(rows), [1, 2])
+        self.assertEqual(rows[2], {"allreduce": 2.0, "reduce_scatter": 1.1, "all_gather": 1.8,
+                                   "rs_over_ar": 0.55, "ag_over_ar": 0.9})
+
+    def test_collectives_without_rows_fails(self):
+        with self.assertRaisesRegex(rl.ParseError, "no size rows"):
+            rl.parse_collectives("gloo, 2 ranks\n")
+
+    def test_ddp(self):
+        rows = rl.parse_ddp(DDP)
+        self.assertEqual(rows["overlap_grad_reduce"]["exposed"], 2.0)
+        self.assertEqual(rows["overlap grad + param"]["param_sync"], 0.5)
+        self.assertEqual(rows["summary"], {"hidden_share": 0.75, "net_hidden_share": 0.625,
+                                           "traffic_MB": 67.18, "buffer_MB": 33.59,
+                                           "ideal_MB": 33.59, "gloo_MB": 50.38})
+
+    def test_distributed(self):
+        rows = rl.parse_distributed(DISTRIBUTED)
+        self.assertEqual(list(rows), ["replicated", "layerwise"])
+        self.assertEqual(rows["layerwise"]["ratio"], 0.625)
+        self.assertEqual(rows["layerwise"]["wire_MB"], 9.0)
+
+    def test_checkpoint_ratios_against_same_run_baseline(self):
+        rows = rl.parse_checkpoint(rl.parse_gbench_json(CHECKPOINT))
+        self.assertAlmostEqual(rows["BM_CheckpointSave"]["vs_baseline"], 0.8)
+        self.assertAlmostEqual(rows["BM_SafetensorsRead"]["vs_baseline"], 0.5)
+        self.assertAlmostEqual(rows["BM_PlainRead"]["MBps"], 4000.0)
+
+    def test_pretrain_last_line_json(self):
+        self.assertEqual(rl.parse_pretrain("step 1\n{\"tokens_per_s\": 123.5}\n\n"),
+                         {"tokens_per_s": 123.5})
+        with self.assertRaisesRegex(rl.ParseError, "last line is not JSON"):
+            rl.parse_pretrain("step 1\n")
+
+
+class RenderTest(unittest.TestCase):
+    def test_muon_and_adamw_tables_over_two_runs(self):
+        run1 = rl.parse_gbench_json(GBENCH)
+        run2 = json.loads(GBENCH)
+        run2["benchmarks"][0]["muon_ms"] = 50.0
+        run2["benchmarks"][0]["mm_fraction"] = 0.65
+        run2["benchmarks"][2]["ratio"] = 2.05
+        s = rl.summarize([run1, rl.parse_gbench_json(json.dumps(run2))])
+        self.assertEqual(rl.muon_table(s).splitlines(), [
+            "| Muon step 1024×4096 | step ms | its at::mm ms | mm / step |",
+            "|---|---:|---:|---:|",
+            "| bf16 NS, default threads (2) | 45.00 [40.00, 50.00] | 34.00 [34.00, 34.00] "
+            "| 0.750 [0.650, 0.850] |",
+            "| fp32 NS, 1 threads (1) | 90.00 [90.00, 90.00] | 81.00 [81.00, 81.00] "
+            "| 0.900 [0.900, 0.900] |",
+        ])
+        self.assertEqual(rl.adamw_table(s).splitlines()[2],
+                         "| 1,048,576 fp32 (4 MiB) | 19.50 [19.50, 19.50] | 10.00 [10.00, 10.00] "
+                         "| 2.000 [1.950, 2.050] |")
+
+    def test_ddp_table(self):
+        s = rl.summarize([rl.parse_ddp(DDP)])
+        self.assertEqual(rl.ddp_table(s).splitlines()[2:], [
+            "| overlap off | 5.10 | 12.00 | 8.00 | 0.00 | 25.00 | 1.000 |",
+            "| overlap_grad_reduce | 5.20 | 13.00 | 2.00 | 0.00 | 20.00 | 0.800 |",
+            "| overlap grad + param | 5.30 | 13.50 | 2.10 | 0.50 | 19.00 | 0.760 |",
+        ])
+        self.assertEqual(rl.stat_cell(s["summary"], "hidden_share", 1, 100, "%"), "75.0%")
+
+    def test_distributed_table_wire_over_ideal(self):
+        s = rl.summarize([rl.parse_distributed(DISTRIBUTED)])
+        self.assertEqual(rl.distributed_table(s).splitlines()[3],
+                         "| layerwise | 25.00 | 0.625 | 4.00 | 9.00 | 12.00 | 0.750 |")
+
+    def test_collectives_and_checkpoint_tables(self):
+        s = rl.summarize([rl.parse_collectives(COLLECTIVES)])
+        self.assertEqual(rl.collectives_table(s).splitlines()[2],
+                         "| 1 | 1.500 | 0.750 | 1.200 | 0.500 | 0.800 |")
+        c = rl.summarize([rl.parse_checkpoint(rl.parse_gbench_json(CHECKPOINT))])
+        self.assertEqual(rl.checkpoint_table(c).splitlines()[2:], [
+            "| PlainWrite | 1000 | 1.000 | plain write |",
+            "| CheckpointSave | 800 | 0.800 | plain write |",
+            "| PlainRead | 4000 | 1.000 | plain read |",
+            "| SafetensorsRead | 2000 | 0.500 | plain read |",
+        ])
+
+    def test_pretrain_ratios_and_table(self):
+        run = rl.pretrain_rows({
+            "muon_layerwise": rl.parse_pretrain('step 5\n{"tokens_per_s": 3000, "final_loss": 4.5}'),
+            "muon_replicated": rl.parse_pretrain('{"tokens_per_s": 2000, "final_loss": 4.25}'),
+        })
+        self.assertEqual(run["muon_layerwise"]["vs_replicated"], 1.5)
+        self.assertEqual(rl.pretrain_table(rl.summarize([run])).splitlines()[2:], [
+            "| muon_layerwise | 3000 | 1.500 | 4.500 |",
+            "| muon_replicated | 2000 | 1.000 | 4.250 |",
+        ])
+        with self.assertRaisesRegex(rl.ParseError, "no muon_replicated run"):
+            rl.pretrain_rows({"muon_layerwise": {"tokens_per_s": 1.0}})
+
+    def test_layout_table(self):
+        tables = rl.layout_tables(LAYOUT)
+        self.assertEqual(list(tables), ["gpt8b"])
+        self.assertEqual(tables["gpt8b"].splitlines()[2],
+                         "| 2 | 0.0120 | 50.0000 | 0.0000 | 3 | 3 | 2 | 1.012 | 1.250 | 1.000 |")
+
+
+if __name__ == "__main__":
+    unittest.main()

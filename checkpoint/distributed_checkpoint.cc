@@ -1,0 +1,385 @@
+#include "checkpoint/distributed_checkpoint.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/commit.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/shard.h"
+#include "common/status_macros.h"
+#include "layout/layout.h"
+
+namespace orthoshard::checkpoint {
+namespace {
+
+using optimizers::distributed::ShardedTensor;
+
+constexpr char kStatePrefix[] = "state@";
+constexpr char kFullShapePrefix[] = "full_shape/";
+
+absl::StatusOr<std::string> DTypeOf(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return std::string("F32");
+    case at::kBFloat16: return std::string("BF16");
+    case at::kHalf: return std::string("F16");
+    case at::kDouble: return std::string("F64");
+    case at::kLong: return std::string("I64");
+    case at::kInt: return std::string("I32");
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", c10::toString(t), " cannot be checkpointed"));
+  }
+}
+
+absl::StatusOr<at::ScalarType> ScalarTypeOf(const std::string& dtype) {
+  static const auto* kMap = new std::map<std::string, at::ScalarType>{
+      {"F32", at::kFloat}, {"BF16", at::kBFloat16}, {"F16", at::kHalf},
+      {"F64", at::kDouble}, {"I64", at::kLong},     {"I32", at::kInt}};
+  auto it = kMap->find(dtype);
+  if (it == kMap->end()) {
+    return absl::DataLossError(absl::StrCat("dtype ", dtype, " is not a supported state dtype"));
+  }
+  return it->second;
+}
+
+absl::Span<const uint8_t> BytesOf(const at::Tensor& t) {
+  return {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
+}
+absl::Span<uint8_t> MutableBytesOf(at::Tensor& t) {
+  return {static_cast<uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
+}
+
+std::string ShardFileName(int rank) { return absl::StrCat("rank", rank, ".safetensors"); }
+std::string PartFileName(int rank) { return absl::StrCat("rank", rank, ".records.binpb"); }
+
+// Rank whose shard of the param's bucket holds its first element.
+int FirstElementOwner(const layout::PerBufferParamLayout& layout, const layout::ParamPlacement& p) {
+  const layout::Bucket& b = layout.buckets[p.bucket];
+  return static_cast<int>((p.start - b.start) / b.shard_size);
+}
+
+// All-reduces `ok` over ranks; true when every rank is ok. Doubles as a barrier.
+absl::StatusOr<bool> AllOk(collectives::Communicator& comm, bool ok) {
+  at::Tensor failed = at::zeros({1}, at::kFloat);
+  if (!ok) failed.fill_(1.0);
+  ASSIGN_OR_RETURN(auto work, comm.AllReduce(failed));
+  RETURN_IF_ERROR(work->Wait(comm.timeout()));
+  return failed.item<float>() == 0.0f;
+}
+
+}  // namespace
+
+absl::StatusOr<RankSnapshot> SnapshotRank(
+    const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    const optimizers::distributed::DistributedChainedOptimizer& optimizer, int rank) {
+  RankSnapshot snap;
+  snap.rank = rank;
+  snap.step = shared.step;
+  try {
+    for (buffers::ParamAndGradBuffer* buffer : buffers) {
+      const layout::PerBufferParamLayout& layout = buffer->layout();
+      for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
+        if (FirstElementOwner(layout, layout.params[i]) != rank) continue;
+        at::Tensor t = buffer->Param(i).detach().contiguous().clone();
+        ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
+        snap.tensors.push_back(t);
+        snap.records.push_back(
+            {layout.params[i].name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
+      }
+    }
+    for (const ShardedTensor& s : optimizer.ExportState()) {  // ExportState clones
+      at::Tensor t = s.tensor.contiguous();
+      ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
+      snap.tensors.push_back(t);
+      snap.records.push_back({s.name, absl::StrCat(kStatePrefix, s.offset, ".rank", rank), dtype,
+                              t.sizes().vec(), BytesOf(t)});
+      snap.full_shapes.emplace_back(s.name, absl::StrJoin(s.full_shape, ","));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("snapshot for checkpoint step ", shared.step, ": ",
+                                            e.what_without_backtrace()));
+  }
+  return snap;
+}
+
+absl::Status WriteRankSnapshot(const std::string& tmp, const RankSnapshot& snap) {
+  Manifest part;
+  for (const auto& [name, shape] : snap.full_shapes) {
+    (*part.mutable_metadata())[absl::StrCat(kFullShapePrefix, name)] = shape;
+  }
+  ASSIGN_OR_RETURN(std::vector<TensorRecord> written,
+                   WriteShard(tmp, ShardFileName(snap.rank), snap.records));
+  for (TensorRecord& r : written) *part.add_tensors() = std::move(r);
+  return WriteFileAtomically(JoinPath(tmp, PartFileName(snap.rank)), part.SerializeAsString());
+}
+
+namespace {
+
+// Rank 0: merges every rank's part into the manifest, removes the parts, commits.
+absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
+                            const SharedState& shared,
+                            absl::Span<buffers::ParamAndGradBuffer* const> buffers, int dp,
+                            const SaveOptions& options) {
+  Manifest manifest;
+  manifest.set_format_version(kManifestFormatVersion);
+  manifest.set_step(shared.step);
+  std::vector<std::string> strategies;
+  for (buffers::ParamAndGradBuffer* b : buffers) {
+    strategies.push_back(layout::StrategyName(b->layout().strategy));
+  }
+  manifest.set_layout_strategy(absl::StrJoin(strategies, ","));
+  manifest.set_dp_size(dp);
+  manifest.set_model_config(shared.model_config);
+  manifest.set_optimizer_config(shared.optimizer_config);
+  auto& meta = *manifest.mutable_metadata();
+  meta["step"] = absl::StrCat(shared.step);
+  meta["data_position"] = absl::Base64Escape(shared.data_position);
+  meta["rng_seed"] = absl::StrCat(shared.rng_seed);
+  for (int r = 0; r < dp; ++r) {
+    const std::string path = JoinPath(tmp, PartFileName(r));
+    ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+    Manifest part;
+    if (!part.ParseFromString(bytes)) {
+      return absl::DataLossError(absl::StrCat("record list ", path, " does not parse"));
+    }
+    for (TensorRecord& t : *part.mutable_tensors()) *manifest.add_tensors() = std::move(t);
+    for (const auto& [k, v] : part.metadata()) meta[k] = v;
+    RETURN_IF_ERROR(RemoveRecursively(path));
+  }
+  RETURN_IF_ERROR(WriteManifest(tmp, manifest));
+  CommitOptions commit;
+  commit.keep_last = options.keep_last;
+  return CommitCheckpoint(root, shared.step, commit);
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& s) {
+  std::vector<int64_t> shape;
+  if (s.empty()) return shape;
+  for (absl::string_view d : absl::StrSplit(s, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(d, &v) || v < 0) {
+      return absl::DataLossError(absl::StrCat("bad full shape '", s, "'"));
+    }
+    shape.push_back(v);
+  }
+  return shape;
+}
+
+absl::StatusOr<SharedState> ReadShared(const CheckpointReader& reader) {
+  const Manifest& m = reader.manifest();
+  SharedState shared;
+  shared.step = m.step();
+  shared.model_config = m.model_config();
+  shared.optimizer_config = m.optimizer_config();
+  auto get = [&](const char* key) -> absl::StatusOr<std::string> {
+    auto it = m.metadata().find(key);
+    if (it == m.metadata().end()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", reader.dir(), ": manifest metadata lacks '", key, "'"));
+    }
+    return it->second;
+  };
+  ASSIGN_OR_RETURN(std::string pos, get("data_position"));
+  ASSIGN_OR_RETURN(std::string seed, get("rng_seed"));
+  if (!absl::Base64Unescape(pos, &shared.data_position) ||
+      !absl::SimpleAtoi(seed, &shared.rng_seed)) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", reader.dir(), ": bad data_position or rng_seed metadata"));
+  }
+  return shared;
+}
+
+// A param record this rank must apply: its bytes and the buffer range it covers.
+struct ParamLoad {
+  buffers::ParamAndGradBuffer* buffer;
+  int index;
+  at::Tensor value;  // whole param, read and checked
+};
+
+// Reads (and checks) everything this rank needs; touches nothing live.
+absl::Status ReadOwned(const CheckpointReader& reader,
+                       absl::Span<buffers::ParamAndGradBuffer* const> buffers, int rank,
+                       std::vector<ParamLoad>& params, std::vector<ShardedTensor>& state) {
+  for (buffers::ParamAndGradBuffer* buffer : buffers) {
+    const layout::PerBufferParamLayout& layout = buffer->layout();
+    for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
+      const layout::ParamPlacement& p = layout.params[i];
+      const auto [lo, hi] = layout.ShardRange(p.bucket, rank);
+      if (std::max(lo, p.start) >= std::min(hi, p.end)) continue;  // not in this rank's shard
+      const at::Tensor& live = buffer->Param(i);
+      ASSIGN_OR_RETURN(std::string dtype, DTypeOf(live.scalar_type()));
+      at::Tensor value = at::empty(live.sizes(), live.scalar_type());
+      RETURN_IF_ERROR(reader.Read(p.name, kParamKind, dtype, live.sizes().vec(),
+                                  MutableBytesOf(value)));
+      params.push_back({buffer, i, value});
+    }
+  }
+  const auto& meta = reader.manifest().metadata();
+  for (const TensorRecord& r : reader.manifest().tensors()) {
+    if (!absl::StartsWith(r.kind(), kStatePrefix)) continue;
+    absl::string_view rest = absl::string_view(r.kind()).substr(sizeof(kStatePrefix) - 1);
+    int64_t offset = 0;
+    const size_t dot = rest.find('.');
+    auto shape_it = meta.find(absl::StrCat(kFullShapePrefix, r.name()));
+    if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &offset) ||
+        shape_it == meta.end()) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", JoinPath(reader.dir(), r.file()),
+                                              ": tensor '", r.name(), "' (", r.kind(),
+                                              "): bad state record (offset or full shape)"));
+    }
+    ShardedTensor s;
+    s.name = r.name();
+    s.offset = offset;
+    ASSIGN_OR_RETURN(s.full_shape, ParseShape(shape_it->second));
+    ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(r.dtype()));
+    std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
+    s.tensor = at::empty(shape, type);
+    RETURN_IF_ERROR(reader.Read(r.name(), r.kind(), r.dtype(), shape, MutableBytesOf(s.tensor)));
+    state.push_back(std::move(s));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveDistributedCheckpoint(
+    const std::string& root, const SharedState& shared,
+    absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    collectives::Communicator& comm, const SaveOptions& options) {
+  const int rank = comm.rank();
+  const std::string tmp = JoinPath(root, StepDirName(shared.step) + ".tmp");
+  // Rank 0 creates the .tmp directory; the others wait for its verdict.
+  absl::Status begin = absl::OkStatus();
+  if (rank == 0) begin = BeginCheckpoint(root, shared.step).status();
+  ASSIGN_OR_RETURN(bool begun, AllOk(comm, begin.ok()));
+  if (!begin.ok()) return begin;
+  if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
+
+  absl::StatusOr<RankSnapshot> snap = SnapshotRank(shared, buffers, optimizer, rank);
+  absl::Status write = snap.ok() ? WriteRankSnapshot(tmp, *snap) : snap.status();
+  if (write.ok() && options.after_shard_written) write = options.after_shard_written();
+  ASSIGN_OR_RETURN(bool all_written, AllOk(comm, write.ok()));  // barrier: every shard fsynced
+  if (!write.ok()) return write;
+  if (!all_written) return absl::AbortedError("another rank failed to write its shard");
+
+  absl::Status commit = absl::OkStatus();
+  if (rank == 0) commit = MergeAndCommit(root, tmp, shared, buffers, comm.size(), options);
+  ASSIGN_OR_RETURN(bool committed, AllOk(comm, commit.ok()));  // barrier: commit done
+  if (!commit.ok()) return commit;
+  if (!committed) return absl::AbortedError("rank 0 failed to commit the checkpoint");
+  return absl::OkStatus();
+}
+
+AsyncCheckpointSaver::~AsyncCheckpointSaver() {
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status AsyncCheckpointSaver::Start(
+    const std::string& root, const SharedState& shared,
+    absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    const SaveOptions& options) {
+  RETURN_IF_ERROR(Finalize());
+  collectives::Communicator& comm = *comm_;
+  absl::Status begin = absl::OkStatus();
+  if (comm.rank() == 0) begin = BeginCheckpoint(root, shared.step).status();
+  ASSIGN_OR_RETURN(bool begun, AllOk(comm, begin.ok()));
+  if (!begin.ok()) return begin;
+  if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
+  ASSIGN_OR_RETURN(snapshot_, SnapshotRank(shared, buffers, optimizer, comm.rank()));
+  root_ = root;
+  shared_ = shared;
+  buffers_.assign(buffers.begin(), buffers.end());
+  options_ = options;
+  write_status_ = absl::OkStatus();
+  const std::string tmp = JoinPath(root, StepDirName(shared.step) + ".tmp");
+  thread_ = std::thread([this, tmp] {
+    write_status_ = WriteRankSnapshot(tmp, snapshot_);
+    if (write_status_.ok() && options_.after_shard_written) {
+      write_status_ = options_.after_shard_written();
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status AsyncCheckpointSaver::Finalize() {
+  if (!thread_.joinable()) return absl::OkStatus();
+  thread_.join();
+  snapshot_ = RankSnapshot();  // frees the host copies
+  collectives::Communicator& comm = *comm_;
+  const absl::Status write = write_status_;
+  ASSIGN_OR_RETURN(bool all_written, AllOk(comm, write.ok()));
+  if (!write.ok()) return write;
+  if (!all_written) return absl::AbortedError("another rank failed to write its shard");
+  const std::string tmp = JoinPath(root_, StepDirName(shared_.step) + ".tmp");
+  absl::Status commit = absl::OkStatus();
+  if (comm.rank() == 0) {
+    commit = MergeAndCommit(root_, tmp, shared_, buffers_, comm.size(), options_);
+  }
+  ASSIGN_OR_RETURN(bool committed, AllOk(comm, commit.ok()));
+  if (!commit.ok()) return commit;
+  if (!committed) return absl::AbortedError("rank 0 failed to commit the checkpoint");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SharedState> LoadDistributedCheckpoint(
+    const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    collectives::Communicator& comm) {
+  std::vector<ParamLoad> params;
+  std::vector<ShardedTensor> state;
+  absl::StatusOr<SharedState> shared = absl::UnknownError("unset");
+  absl::Status read = [&]() -> absl::Status {
+    try {
+      ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(path));
+      ASSIGN_OR_RETURN(shared, ReadShared(reader));
+      return ReadOwned(reader, buffers, comm.rank(), params, state);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
+    }
+  }();
+  ASSIGN_OR_RETURN(bool all_read, AllOk(comm, read.ok()));
+  if (!read.ok()) return read;
+  if (!all_read) return absl::AbortedError("another rank failed to load the checkpoint");
+
+  // Everything is read and checked on every rank: now change live state.
+  absl::Status imported = optimizer.ImportState(state);
+  ASSIGN_OR_RETURN(bool all_imported, AllOk(comm, imported.ok()));
+  if (!imported.ok()) return imported;
+  if (!all_imported) return absl::AbortedError("another rank failed to import optimizer state");
+  try {
+    for (ParamLoad& p : params) {
+      const layout::ParamPlacement& placement = p.buffer->layout().params[p.index];
+      const auto [lo, hi] = p.buffer->layout().ShardRange(placement.bucket, comm.rank());
+      const int64_t b = std::max(lo, placement.start);
+      const int64_t e = std::min(hi, placement.end);
+      p.buffer->param_data()
+          .narrow(0, b, e - b)
+          .copy_(p.value.reshape({-1}).narrow(0, b - placement.start, e - b));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
+  }
+  ASSIGN_OR_RETURN(auto works, optimizers::distributed::LaunchParamAllGather(comm, buffers));
+  RETURN_IF_ERROR(optimizers::distributed::WaitAll(works, comm.timeout()));
+  return shared;
+}
+
+}  // namespace orthoshard::checkpoint

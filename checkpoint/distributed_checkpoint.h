@@ -1,0 +1,159 @@
+// Distributed save and load of a training run sharded by optimizers/distributed: every
+// data-parallel rank writes only what it owns into one safetensors shard of a `step_N.tmp/`
+// directory, rank 0 merges every rank's record list into the manifest and commits (commit.h), and
+// a later run at ANY data-parallel size or layout strategy reads back what it now owns.
+//
+// What is saved, per parameter and by name, in model space (never "rank r's slice of buffer b"):
+//   param     kind "param": the whole model param, written by ONE rank: the rank whose shard holds
+//             the param's first element (its OwnerOf owner for shard-aligned layouts; for a ZeRO-1
+//             param straddling shards, the owner of the first element). Save must run after the
+//             param sync, when every rank holds every param, so the whole param is available there.
+//   state     kind "state@<offset>.rank<r>": one ShardedTensor of
+//             DistributedChainedOptimizer::ExportState ("<param>/exp_avg", "<param>/main_param",
+//             "chained/step", ...), i.e. the flattened slice rank r owns, starting at element
+//             <offset> of the whole tensor. The record's global_shape is the SLICE's shape (the
+//             manifest requires length == shape × dtype size); the whole tensor's shape is kept in
+//             the manifest metadata as "full_shape/<name>" = "48,16" ("" for a scalar).
+//   shared    rank 0 only, in the manifest: step, data loader position (opaque bytes, base64 in
+//             metadata "data_position"), RNG seed ("rng_seed"), model and optimizer configs.
+//
+// Load reads, on each rank, the param records whose elements fall in this rank's shards of the
+// new layout (all CRC-32C checked), and every optimizer state record (ImportState picks out what
+// this rank now owns from the reassembled slices). Only when every rank has read and checked all
+// of its records (agreed through an all-reduce) does anything live change: the optimizer state is
+// imported, the owned param elements are copied into param_data, and the param all-gather runs so
+// every rank holds the same params.
+//
+// SaveDistributedCheckpoint is synchronous. AsyncCheckpointSaver snapshots to host memory
+// synchronously and writes the shard on a background thread while training goes on; the commit
+// (barrier, manifest merge, rename, `latest`) runs on the caller's thread at the next Start or at
+// Finalize, because the communicator is not thread-safe and training keeps using it.
+// All functions are collective: every rank of `comm` must call them with the same arguments.
+#ifndef ORTHOSHARD_CHECKPOINT_DISTRIBUTED_CHECKPOINT_H_
+#define ORTHOSHARD_CHECKPOINT_DISTRIBUTED_CHECKPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "buffers/param_and_grad_buffer.h"
+#include "checkpoint/shard.h"
+#include "collectives/communicator.h"
+#include "optimizers/distributed/distributed_optimizer.h"
+
+namespace orthoshard::checkpoint {
+
+// The run state that is not a tensor; saved by rank 0, returned to every rank by Load.
+struct SharedState {
+  int64_t step = 0;            // training steps completed
+  std::string data_position;   // opaque data loader position (any bytes)
+  uint64_t rng_seed = 0;
+  std::string model_config;    // serialized by the model's owner
+  std::string optimizer_config;
+};
+
+struct SaveOptions {
+  // Complete checkpoints kept after the commit (0 keeps all); see CommitOptions.
+  int keep_last = 3;
+  // Fault-injection hook for tests: called on every rank after its shard is written and fsynced,
+  // before the barrier; a non-OK result counts as that rank's write failure (the crash-safety
+  // test kills a rank here instead). Leave empty in production.
+  std::function<absl::Status()> after_shard_written;
+};
+
+// Saves step `shared.step` under `root` (root/step_NNNNNN/, then `latest`). Preconditions: the
+// params are synced (after StepAndSync or WaitParamSync), `optimizer` is kSharded or kReplicated
+// over `buffers`. Every rank's collectives use comm.timeout(). Errors: kAlreadyExists if the step
+// is already committed; OS errors naming the path; kAborted "rank R failed to write its shard"
+// on the ranks whose own write succeeded when another's failed; those of the communicator. On any
+// error `latest` is unchanged (the `.tmp` directory is left for the next save to remove).
+absl::Status SaveDistributedCheckpoint(
+    const std::string& root, const SharedState& shared,
+    absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    collectives::Communicator& comm, const SaveOptions& options = {});
+
+// One rank's part of a save, in host memory: clones of what it writes and their records.
+struct RankSnapshot {
+  int rank = 0;
+  int64_t step = 0;
+  std::vector<at::Tensor> tensors;   // owns the bytes `records` point into
+  std::vector<RecordData> records;
+  std::vector<std::pair<std::string, std::string>> full_shapes;  // state name → "48,16"
+};
+
+// Clones this rank's params (those whose first element it owns) and optimizer state. Errors:
+// kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch).
+absl::StatusOr<RankSnapshot> SnapshotRank(
+    const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    const optimizers::distributed::DistributedChainedOptimizer& optimizer, int rank);
+
+// Writes `snap` as rank<r>.safetensors plus its record list into the `.tmp` directory `tmp`
+// (no collectives; safe on a background thread). Errors: those of WriteShard, OS errors.
+absl::Status WriteRankSnapshot(const std::string& tmp, const RankSnapshot& snap);
+
+// At most one save in flight. Usage per rank, on the training thread:
+//   AsyncCheckpointSaver saver(&comm);
+//   RETURN_IF_ERROR(saver.Start(root, shared, buffers, *opt));  // returns after the snapshot
+//   ... training steps ...
+//   RETURN_IF_ERROR(saver.Finalize());  // or the next Start, which finalizes first
+// `comm`, the buffers and the optimizer must outlive the saver.
+class AsyncCheckpointSaver {
+ public:
+  explicit AsyncCheckpointSaver(collectives::Communicator* comm) : comm_(comm) {}
+  AsyncCheckpointSaver(const AsyncCheckpointSaver&) = delete;
+  AsyncCheckpointSaver& operator=(const AsyncCheckpointSaver&) = delete;
+  // Joins a running write; does NOT commit it (its `.tmp` directory is removed by a later save).
+  ~AsyncCheckpointSaver();
+
+  // Finalizes the save in flight first; if that failed, returns its error and starts nothing.
+  // Then begins step `shared.step`, snapshots (synchronously) and starts the background write.
+  // Errors: the previous save's; those of SaveDistributedCheckpoint's begin and snapshot phases.
+  absl::Status Start(const std::string& root, const SharedState& shared,
+                     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                     const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+                     const SaveOptions& options = {});
+
+  // Waits for the write in flight, then barrier, rank 0 merge + commit, barrier. OK when nothing is
+  // in flight. Errors: the write's (this rank's) or kAborted for another rank's; the commit's.
+  // A failed save never moves `latest`.
+  absl::Status Finalize();
+
+  bool in_flight() const { return thread_.joinable(); }
+
+ private:
+  collectives::Communicator* comm_;
+  std::thread thread_;
+  absl::Status write_status_;
+  std::string root_;
+  SharedState shared_;
+  std::vector<buffers::ParamAndGradBuffer*> buffers_;
+  SaveOptions options_;
+  RankSnapshot snapshot_;
+};
+
+// Loads the checkpoint at `path` (a step directory, or a root whose `latest` is followed) into
+// `buffers` (param_data) and `optimizer`, at comm.size() ranks, any layout. Errors (nothing live
+// is changed on any of them): those of CheckpointReader::Open (kNotFound, kDataLoss naming the
+// file and tensor for a missing, truncated or corrupted shard, kFailedPrecondition for an unknown
+// format version); kNotFound "checkpoint <dir>: no record '<name>' (param)" for a param of the
+// model that was not saved; kFailedPrecondition for a dtype or shape mismatch (naming file and
+// tensor); kDataLoss for bad shared-state metadata; kAborted "another rank failed to load" on
+// ranks whose own reads succeeded. After a successful read, ImportState errors (kNotFound,
+// kInvalidArgument) are returned as such.
+absl::StatusOr<SharedState> LoadDistributedCheckpoint(
+    const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    collectives::Communicator& comm);
+
+}  // namespace orthoshard::checkpoint
+
+#endif  // ORTHOSHARD_CHECKPOINT_DISTRIBUTED_CHECKPOINT_H_
