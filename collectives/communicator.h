@@ -1,7 +1,8 @@
 // The Communicator interface: asynchronous collectives (all-reduce, tensor-form reduce-scatter and
 // all-gather, broadcast, barrier, grouped launches) over the ranks of one data-parallel group, with
 // a Work handle per launch and logical traffic counters. Backends: Gloo on CPU
-// (gloo_communicator.h).
+// (gloo_communicator.h), NCCL on CUDA tensors under --config=cuda (nccl_communicator.h); both over
+// the shared c10d wrapper in internal/c10d_communicator.h.
 //
 // Cross-rank contract (as NCCL's "group semantics" and c10d's ProcessGroup):
 //   - Every rank must launch the same collectives, with the same kinds, element counts, dtypes and

@@ -1,399 +1,22 @@
 #include "collectives/gloo_communicator.h"
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <functional>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
-#include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
+#include "collectives/internal/c10d_communicator.h"
 #include "collectives/internal/gloo_backend.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::collectives {
 namespace {
 
-std::string WhatOf(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
-    return error->what_without_backtrace();
-  }
-  return e.what();
-}
-
-std::chrono::milliseconds ToChrono(absl::Duration d) {
-  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
-}
-
-std::string ProgressKey(int rank) { return absl::StrCat("progress/", rank); }
-
-// State a Work needs after launch, shared so a Work may outlive its communicator.
-struct Shared {
-  c10::intrusive_ptr<c10d::Store> store;
-  int rank = 0;
-  int size = 1;
-  std::atomic<bool> failed{false};
-
-  // Best effort: " ranks that have not launched it: [..]" from the published progress.
-  std::string DescribeMissing(int64_t seq) const {
-    std::vector<std::string> missing;
-    try {
-      store->setTimeout(std::chrono::milliseconds(2000));
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        int64_t reached = 0;
-        if (store->check({ProgressKey(r)})) {
-          const std::vector<uint8_t> value = store->get(ProgressKey(r));
-          if (!absl::SimpleAtoi(std::string(value.begin(), value.end()), &reached)) reached = 0;
-        }
-        if (reached < seq) {
-          missing.push_back(reached == 0
-                                ? absl::StrCat("rank ", r, " (no collective launched)")
-                                : absl::StrCat("rank ", r, " (last launched #", reached, ")"));
-        }
-      }
-    } catch (const std::exception& e) {
-      return absl::StrCat("; the store is unreachable, so the missing rank is unknown (", WhatOf(e),
-                          ")");
-    }
-    if (missing.empty()) return "; every rank launched it";
-    return absl::StrCat("; not launched by ", absl::StrJoin(missing, ", "));
-  }
-};
-
-struct PendingOp {
-  std::string name;                     // e.g. "reduce_scatter #6"
-  int64_t seq = 0;                      // its collective sequence number
-  c10::intrusive_ptr<c10d::Work> work;  // null when nothing goes on the wire (empty tensors)
-  std::function<void()> finish;         // runs once every op of the group completed
-};
-
-class GlooWork : public Work {
- public:
-  GlooWork(std::shared_ptr<Shared> shared, std::vector<PendingOp> ops)
-      : shared_(std::move(shared)), ops_(std::move(ops)) {}
-
-  absl::Status Wait(absl::Duration timeout) override {
-    if (done_) return result_;
-    const absl::Time deadline = absl::Now() + timeout;
-    for (; next_ < ops_.size(); ++next_) {
-      PendingOp& op = ops_[next_];
-      if (!op.work) continue;
-      try {
-        op.work->wait(ToChrono(deadline - absl::Now()));
-      } catch (const std::exception& e) {
-        if (!op.work->isCompleted()) {
-          return absl::DeadlineExceededError(
-              absl::StrCat(op.name, " did not complete within ", absl::FormatDuration(timeout),
-                           " on rank ", shared_->rank, shared_->DescribeMissing(op.seq)));
-        }
-        return Fail(
-            absl::UnavailableError(absl::StrCat(op.name, " failed on rank ", shared_->rank, ": ",
-                                                WhatOf(e), shared_->DescribeMissing(op.seq))));
-      }
-    }
-    for (PendingOp& op : ops_) {
-      if (!op.finish) continue;
-      try {
-        op.finish();
-      } catch (const std::exception& e) {
-        return Fail(absl::InternalError(absl::StrCat(op.name, ": finishing step failed on rank ",
-                                                     shared_->rank, ": ", WhatOf(e))));
-      }
-    }
-    done_ = true;
-    result_ = absl::OkStatus();
-    return result_;
-  }
-
- private:
-  absl::Status Fail(absl::Status status) {
-    shared_->failed = true;
-    done_ = true;
-    result_ = std::move(status);
-    return result_;
-  }
-
-  std::shared_ptr<Shared> shared_;
-  std::vector<PendingOp> ops_;
-  size_t next_ = 0;
-  bool done_ = false;
-  absl::Status result_;
-};
-
-absl::Status CheckTensor(const at::Tensor& t, const std::string& what) {
-  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(what, " is undefined"));
-  if (!t.device().is_cpu()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be a CPU tensor for gloo, got ", t.device().str()));
-  }
-  if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " must be contiguous"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameDtype(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
-  if (a.scalar_type() != b.scalar_type()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": output dtype ", c10::toString(b.scalar_type()),
-                     " differs from input dtype ", c10::toString(a.scalar_type())));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckAvg(ReduceOp op, const at::Tensor& t, const std::string& what) {
-  if (op == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type())) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": avg needs a floating-point dtype, got ",
-                                                   c10::toString(t.scalar_type())));
-  }
-  return absl::OkStatus();
-}
-
-int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
-class GlooCommunicator : public Communicator {
- public:
-  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
-                   const GlooOptions& options)
-      : backend_(std::move(backend)), timeout_(options.timeout) {
-    shared_ = std::make_shared<Shared>();
-    shared_->store = std::move(store);
-    shared_->rank = options.rank;
-    shared_->size = options.size;
-  }
-
-  int rank() const override { return shared_->rank; }
-  int size() const override { return shared_->size; }
-  std::string backend_name() const override { return "gloo"; }
-  absl::Duration timeout() const override { return timeout_; }
-
-  TrafficCounters traffic() const override {
-    absl::MutexLock lock(&mu_);
-    return traffic_;
-  }
-
-  absl::StatusOr<std::unique_ptr<Work>> LaunchGroup(std::vector<CollectiveOp> ops) override {
-    if (ops.empty()) return absl::InvalidArgumentError("LaunchGroup: the group is empty");
-    RETURN_IF_ERROR(CheckUsable());
-    for (size_t i = 0; i < ops.size(); ++i) {
-      RETURN_IF_ERROR(
-          Validate(ops[i], absl::StrCat("op ", i, " (", OpKindName(KindOf(ops[i])), ")")));
-    }
-    const int64_t first = next_seq_;
-    next_seq_ += static_cast<int64_t>(ops.size());
-    PublishProgress(next_seq_ - 1);
-    std::vector<PendingOp> pending;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const int64_t seq = first + static_cast<int64_t>(i);
-      PendingOp op;
-      op.seq = seq;
-      op.name = absl::StrCat(OpKindName(KindOf(ops[i])), " #", seq);
-      if (ops.size() > 1) absl::StrAppend(&op.name, " (op ", i, " of a group of ", ops.size(), ")");
-      try {
-        std::visit([&](auto& o) { Enqueue(o, op); }, ops[i]);
-      } catch (const std::exception& e) {
-        shared_->failed = true;
-        return absl::InvalidArgumentError(
-            absl::StrCat(op.name, ": gloo refused the launch: ", WhatOf(e)));
-      }
-      pending.push_back(std::move(op));
-    }
-    return std::unique_ptr<Work>(new GlooWork(shared_, std::move(pending)));
-  }
-
-  absl::StatusOr<std::unique_ptr<Work>> Barrier(const BarrierOptions& options) override {
-    RETURN_IF_ERROR(CheckUsable());
-    const int64_t seq = next_seq_++;
-    PublishProgress(seq);
-    PendingOp op;
-    op.seq = seq;
-    op.name = absl::StrCat("barrier #", seq);
-    try {
-      c10d::BarrierOptions c10d_options;
-      c10d_options.timeout = ToChrono(timeout_);
-      op.work = backend_->barrier(c10d_options);
-    } catch (const std::exception& e) {
-      shared_->failed = true;
-      return absl::UnavailableError(absl::StrCat(op.name, ": launch failed: ", WhatOf(e)));
-    }
-    Count(OpKind::kBarrier, 0);
-    std::vector<PendingOp> pending;
-    pending.push_back(std::move(op));
-    return std::unique_ptr<Work>(new GlooWork(shared_, std::move(pending)));
-  }
-
- private:
-  absl::Status CheckUsable() const {
-    if (shared_->failed) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gloo communicator of rank ", shared_->rank,
-          " is unusable after an earlier collective failed; destroy it and fail the job"));
-    }
-    return absl::OkStatus();
-  }
-
-  // Lets peers name this rank when it falls behind. Best effort: the store may be gone at exit.
-  void PublishProgress(int64_t seq) {
-    try {
-      const std::string value = absl::StrCat(seq);
-      shared_->store->set(ProgressKey(shared_->rank),
-                          std::vector<uint8_t>(value.begin(), value.end()));
-    } catch (const std::exception&) {
-    }
-  }
-
-  void Count(OpKind kind, int64_t bytes) {
-    absl::MutexLock lock(&mu_);
-    traffic_.calls[static_cast<int>(kind)] += 1;
-    traffic_.bytes[static_cast<int>(kind)] += bytes;
-  }
-
-  absl::Status Validate(const CollectiveOp& any, const std::string& what) const {
-    const int size = shared_->size;
-    const int rank = shared_->rank;
-    if (const auto* op = std::get_if<AllReduceOp>(&any)) {
-      RETURN_IF_ERROR(CheckTensor(op->tensor, what + " tensor"));
-      return CheckAvg(op->options.op, op->tensor, what);
-    }
-    if (const auto* op = std::get_if<ReduceScatterOp>(&any)) {
-      RETURN_IF_ERROR(CheckTensor(op->input, what + " input"));
-      RETURN_IF_ERROR(CheckTensor(op->output, what + " output"));
-      RETURN_IF_ERROR(CheckSameDtype(op->input, op->output, what));
-      RETURN_IF_ERROR(CheckAvg(op->options.op, op->input, what));
-      auto sizes = ResolveShardSizes(op->options.shard_sizes, op->input.numel(), size);
-      if (!sizes.ok())
-        return absl::InvalidArgumentError(absl::StrCat(what, ": ", sizes.status().message()));
-      if (op->output.numel() != (*sizes)[rank]) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": output has ", op->output.numel(),
-                                                       " elements, rank ", rank, "'s shard has ",
-                                                       (*sizes)[rank]));
-      }
-      return absl::OkStatus();
-    }
-    if (const auto* op = std::get_if<AllGatherOp>(&any)) {
-      RETURN_IF_ERROR(CheckTensor(op->input, what + " input"));
-      RETURN_IF_ERROR(CheckTensor(op->output, what + " output"));
-      RETURN_IF_ERROR(CheckSameDtype(op->input, op->output, what));
-      auto sizes = ResolveShardSizes(op->options.shard_sizes, op->output.numel(), size);
-      if (!sizes.ok())
-        return absl::InvalidArgumentError(absl::StrCat(what, ": ", sizes.status().message()));
-      if (op->input.numel() != (*sizes)[rank]) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": input has ", op->input.numel(),
-                                                       " elements, rank ", rank, "'s shard has ",
-                                                       (*sizes)[rank]));
-      }
-      return absl::OkStatus();
-    }
-    const auto& op = std::get<BroadcastOp>(any);
-    RETURN_IF_ERROR(CheckTensor(op.tensor, what + " tensor"));
-    if (op.options.root < 0 || op.options.root >= size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": root ", op.options.root, " is outside [0, ", size, ")"));
-    }
-    return absl::OkStatus();
-  }
-
-  void Enqueue(AllReduceOp& op, PendingOp& pending) {
-    Count(OpKind::kAllReduce, Bytes(op.tensor));
-    at::Tensor tensor = op.tensor;
-    if (tensor.numel() > 0) pending.work = EngineAllReduce(tensor);
-    if (op.options.op == ReduceOp::kAvg) {
-      const int size = shared_->size;
-      pending.finish = [tensor, size]() mutable { tensor.div_(size); };
-    }
-  }
-
-  void Enqueue(ReduceScatterOp& op, PendingOp& pending) {
-    Count(OpKind::kReduceScatter, Bytes(op.input));
-    const std::vector<int64_t> sizes =
-        *ResolveShardSizes(op.options.shard_sizes, op.input.numel(), shared_->size);
-    const int rank = shared_->rank;
-    int64_t offset = 0;
-    for (int r = 0; r < rank; ++r) offset += sizes[r];
-    at::Tensor input = op.input.view({-1});
-    if (input.numel() > 0) pending.work = EngineAllReduce(input);
-    const bool avg = op.options.op == ReduceOp::kAvg;
-    const int size = shared_->size;
-    at::Tensor output = op.output;
-    const int64_t count = sizes[rank];
-    pending.finish = [input, output, offset, count, avg, size]() mutable {
-      if (count == 0) return;
-      at::Tensor shard = input.narrow(0, offset, count);
-      if (shard.data_ptr() != output.data_ptr()) output.view({-1}).copy_(shard);
-      if (avg) output.div_(size);
-    };
-  }
-
-  void Enqueue(AllGatherOp& op, PendingOp& pending) {
-    Count(OpKind::kAllGather, Bytes(op.output));
-    const int size = shared_->size;
-    const std::vector<int64_t> sizes =
-        *ResolveShardSizes(op.options.shard_sizes, op.output.numel(), size);
-    const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-    if (largest == 0) return;
-    at::Tensor output = op.output.view({-1});
-    at::Tensor input = op.input.view({-1});
-    c10d::AllgatherOptions options;
-    options.timeout = ToChrono(timeout_);
-    if (std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == largest; })) {
-      pending.work = backend_->_allgather_base(output, input, options);
-      return;
-    }
-    // Uneven shards: gather shards padded to the largest, then unpack in Wait.
-    at::Tensor padded_input = at::zeros({largest}, input.options());
-    padded_input.narrow(0, 0, input.numel()).copy_(input);
-    at::Tensor padded_output = at::empty({largest * size}, input.options());
-    pending.work = backend_->_allgather_base(padded_output, padded_input, options);
-    pending.finish = [output, padded_output, padded_input, sizes, largest]() mutable {
-      int64_t offset = 0;
-      for (size_t r = 0; r < sizes.size(); ++r) {
-        if (sizes[r] > 0) {
-          output.narrow(0, offset, sizes[r])
-              .copy_(padded_output.narrow(0, static_cast<int64_t>(r) * largest, sizes[r]));
-        }
-        offset += sizes[r];
-      }
-    };
-  }
-
-  void Enqueue(BroadcastOp& op, PendingOp& pending) {
-    Count(OpKind::kBroadcast, Bytes(op.tensor));
-    if (op.tensor.numel() == 0) return;
-    std::vector<at::Tensor> tensors = {op.tensor};
-    c10d::BroadcastOptions options;
-    options.rootRank = op.options.root;
-    options.timeout = ToChrono(timeout_);
-    pending.work = backend_->broadcast(tensors, options);
-  }
-
-  c10::intrusive_ptr<c10d::Work> EngineAllReduce(const at::Tensor& tensor) {
-    std::vector<at::Tensor> tensors = {tensor};
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
-    options.timeout = ToChrono(timeout_);
-    return backend_->allreduce(tensors, options);
-  }
-
-  std::shared_ptr<Shared> shared_;
-  c10::intrusive_ptr<c10d::Backend> backend_;
-  absl::Duration timeout_;
-  int64_t next_seq_ = 1;
-  mutable absl::Mutex mu_;
-  TrafficCounters traffic_;
-};
+using internal_collectives::ToChrono;
+using internal_collectives::WhatOf;
 
 // Writing to a socket whose peer died raises SIGPIPE, which kills the process by default; Python
 // (and so every torch.distributed job) ignores it. Gloo and TCPStore report the write error
@@ -446,19 +69,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
     return absl::InvalidArgumentError(
         absl::StrCat("gloo: master_port ", options.master_port, " is not a usable port"));
   }
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(options.master_port);
-    store_options.isServer = options.host_store;
-    store_options.waitWorkers = false;
-    store_options.timeout = ToChrono(options.rendezvous_timeout);
-    store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "gloo: rank ", options.rank, " cannot reach the TCPStore at ", options.master_addr, ":",
-        options.master_port, (options.host_store ? " (hosting it)" : ""), ": ", WhatOf(e)));
-  }
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                   internal_collectives::ConnectTcpStore(
+                       absl::StrCat("gloo: rank ", options.rank), options.master_addr,
+                       options.master_port, options.host_store, options.rendezvous_timeout));
   return CreateGlooCommunicator(std::move(store), options);
 }
 
@@ -478,7 +92,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("gloo: setting the timeout failed: ", WhatOf(e)));
   }
-  return std::unique_ptr<Communicator>(new GlooCommunicator(prefixed, std::move(backend), options));
+  internal_collectives::EngineTraits traits;
+  traits.name = "gloo";
+  traits.device = at::Device(at::kCPU);
+  traits.native_avg = false;             // ProcessGroupGloo rejects ReduceOp::AVG
+  traits.native_reduce_scatter = false;  // its tensor-form reduce-scatter is an all-reduce anyway
+  return internal_collectives::MakeC10dCommunicator(prefixed, std::move(backend), options.rank,
+                                                    options.size, options.timeout,
+                                                    std::move(traits));
 }
 
 }  // namespace orthoshard::collectives

@@ -20,15 +20,25 @@
 namespace orthoshard::collectives::testing {
 namespace {
 
-// Rank r's input: small integers, so bf16 sums over up to 4 ranks are exact.
-at::Tensor Input(int rank, int64_t n, at::ScalarType dtype, int salt = 0) {
+// The device every case allocates its tensors on (RunConformanceCase's `device`).
+at::Device g_device = at::Device(at::kCPU);
+
+at::TensorOptions On(at::ScalarType dtype) { return at::TensorOptions(dtype).device(g_device); }
+
+// Rank r's input on the CPU: small integers, so bf16 sums over up to 4 ranks are exact.
+at::Tensor InputCpu(int rank, int64_t n, at::ScalarType dtype, int salt = 0) {
   return at::arange(n, at::kFloat).remainder(7 + salt).add(rank + 1).to(dtype);
+}
+
+// Rank r's input on the conformance device.
+at::Tensor Input(int rank, int64_t n, at::ScalarType dtype, int salt = 0) {
+  return InputCpu(rank, n, dtype, salt).to(g_device);
 }
 
 // The elementwise reduction of every rank's Input, in fp32.
 at::Tensor Reduced(int size, int64_t n, ReduceOp op, int salt = 0) {
   at::Tensor sum = at::zeros({n}, at::kFloat);
-  for (int r = 0; r < size; ++r) sum.add_(Input(r, n, at::kFloat, salt));
+  for (int r = 0; r < size; ++r) sum.add_(InputCpu(r, n, at::kFloat, salt));
   if (op == ReduceOp::kAvg) sum.div_(size);
   return sum;
 }
@@ -38,8 +48,8 @@ absl::Status Check(bool ok, const std::string& what) {
 }
 
 absl::Status ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
-  const at::Tensor g = got.reshape({-1}).to(at::kFloat);
-  const at::Tensor w = want.reshape({-1}).to(at::kFloat);
+  const at::Tensor g = got.reshape({-1}).to(at::kFloat).cpu();
+  const at::Tensor w = want.reshape({-1}).to(at::kFloat).cpu();
   if (g.numel() != w.numel()) {
     return absl::InternalError(
         absl::StrCat(what, ": ", g.numel(), " elements, expected ", w.numel()));
@@ -133,7 +143,7 @@ absl::Status AllGatherCases(Communicator& comm) {
         const std::string what = Name(
             "all_gather", dtype,
             absl::StrCat("shards [", absl::StrJoin(sizes, ","), "]", in_place ? " in place" : ""));
-        at::Tensor output = at::zeros({offsets.back()}, dtype);
+        at::Tensor output = at::zeros({offsets.back()}, On(dtype));
         at::Tensor input = in_place ? output.narrow(0, offsets[rank], sizes[rank])
                                     : at::empty({sizes[rank]}, output.options());
         input.copy_(Input(rank, sizes[rank], dtype));
@@ -166,8 +176,8 @@ absl::Status GroupedLaunch(Communicator& comm) {
   const int size = comm.size();
   at::Tensor a = Input(rank, 64, at::kFloat, 1);
   at::Tensor b = Input(rank, 8 * size, at::kBFloat16, 2);
-  at::Tensor b_out = at::empty({8}, at::kBFloat16);
-  at::Tensor c_out = at::zeros({3 * size}, at::kFloat);
+  at::Tensor b_out = at::empty({8}, On(at::kBFloat16));
+  at::Tensor c_out = at::zeros({3 * size}, On(at::kFloat));
   at::Tensor c_in = Input(rank, 3, at::kFloat, 3);
   at::Tensor d = Input(rank, 10, at::kFloat, 4);
   at::Tensor e = Input(rank, 50, at::kFloat, 5);
@@ -193,9 +203,9 @@ absl::Status GroupedLaunch(Communicator& comm) {
 absl::Status TrafficAndValidation(Communicator& comm) {
   const int size = comm.size();
   const TrafficCounters before = comm.traffic();
-  at::Tensor t = at::zeros({1000}, at::kFloat);
+  at::Tensor t = at::zeros({1000}, On(at::kFloat));
   RETURN_IF_ERROR(WaitOk(comm.AllReduce(t), comm, "traffic all_reduce"));
-  at::Tensor in = at::zeros({16 * size}, at::kBFloat16);
+  at::Tensor in = at::zeros({16 * size}, On(at::kBFloat16));
   RETURN_IF_ERROR(WaitOk(comm.ReduceScatter(in, in.narrow(0, 16 * comm.rank(), 16)), comm,
                          "traffic reduce_scatter"));
   RETURN_IF_ERROR(
@@ -216,13 +226,14 @@ absl::Status TrafficAndValidation(Communicator& comm) {
   ReduceScatterOptions bad;
   bad.shard_sizes = std::vector<int64_t>(size, 1);
   auto rejected =
-      comm.ReduceScatter(at::zeros({size + 1}, at::kFloat), at::zeros({1}, at::kFloat), bad);
+      comm.ReduceScatter(at::zeros({size + 1}, On(at::kFloat)), at::zeros({1}, On(at::kFloat)),
+                         bad);
   RETURN_IF_ERROR(
       Check(rejected.status().code() == absl::StatusCode::kInvalidArgument &&
                 absl::StrContains(rejected.status().message(),
                                   absl::StrCat("sum to ", size, ", expected numel ", size + 1)),
             absl::StrCat("bad shard sizes gave ", rejected.status().ToString())));
-  auto avg_int = comm.AllReduce(at::zeros({4}, at::kLong), {ReduceOp::kAvg});
+  auto avg_int = comm.AllReduce(at::zeros({4}, On(at::kLong)), {ReduceOp::kAvg});
   RETURN_IF_ERROR(Check(avg_int.status().code() == absl::StatusCode::kInvalidArgument &&
                             absl::StrContains(avg_int.status().message(),
                                               "avg needs a floating-point dtype, got Long"),
@@ -244,7 +255,7 @@ absl::Status ExpectError(const absl::Status& status, absl::StatusCode code,
 
 absl::Status SleepPastTimeout(Communicator& comm) {
   const int victim = comm.size() - 1;
-  at::Tensor t = at::zeros({256}, at::kFloat).add_(1);
+  at::Tensor t = at::zeros({256}, On(at::kFloat)).add_(1);
   RETURN_IF_ERROR(WaitOk(comm.AllReduce(t), comm, "all_reduce #1"));
   const absl::Duration timeout = comm.timeout();
   if (comm.rank() == victim) {
@@ -266,7 +277,7 @@ absl::Status SleepPastTimeout(Communicator& comm) {
 
 absl::Status KilledRank(Communicator& comm) {
   const int victim = comm.size() - 1;
-  at::Tensor t = at::zeros({256}, at::kFloat);
+  at::Tensor t = at::zeros({256}, On(at::kFloat));
   RETURN_IF_ERROR(WaitOk(comm.AllReduce(t), comm, "all_reduce #1"));
   if (comm.rank() == victim) {
     // Let the peers read the last bytes of #1 first: a SIGKILLed socket may reset the connection
@@ -287,7 +298,8 @@ absl::Status KilledRank(Communicator& comm) {
 
 }  // namespace
 
-absl::Status RunConformanceCase(absl::string_view name, Communicator& comm) {
+absl::Status RunConformanceCase(absl::string_view name, Communicator& comm, at::Device device) {
+  g_device = device;
   if (name == "arithmetic") {
     RETURN_IF_ERROR(AllReduceCases(comm));
     RETURN_IF_ERROR(ReduceScatterCases(comm));

@@ -26,9 +26,12 @@ namespace orthoshard::collectives::testing {
 //     short Wait, then kUnavailable from the engine's own timeout; the sleeper gets kUnavailable.
 //   "killed_rank": the last rank SIGKILLs itself between two all-reduces; the others must get
 //     kUnavailable naming "all_reduce #2" and that rank.
+// Every tensor of the case lives on `device` (the CPU for Gloo, this rank's GPU for NCCL); expected
+// values are computed on the CPU. Not thread-safe: one case at a time per process.
 // Returns OK when this rank saw what the contract says; otherwise kInternal describing the
 // difference.
-absl::Status RunConformanceCase(absl::string_view name, Communicator& comm);
+absl::Status RunConformanceCase(absl::string_view name, Communicator& comm,
+                                at::Device device = at::Device(at::kCPU));
 
 // The line a worker prints after a case passed on its rank.
 std::string PassLine(absl::string_view name, int rank);

@@ -1,0 +1,472 @@
+#include "collectives/internal/c10d_communicator.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::collectives::internal_collectives {
+namespace {
+
+std::string ProgressKey(int rank) { return absl::StrCat("progress/", rank); }
+
+// State a Work needs after launch, shared so a Work may outlive its communicator.
+struct Shared {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0;
+  int size = 1;
+  std::atomic<bool> failed{false};
+
+  // Best effort: " ranks that have not launched it: [..]" from the published progress.
+  std::string DescribeMissing(int64_t seq) const {
+    std::vector<std::string> missing;
+    try {
+      store->setTimeout(std::chrono::milliseconds(2000));
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        int64_t reached = 0;
+        if (store->check({ProgressKey(r)})) {
+          const std::vector<uint8_t> value = store->get(ProgressKey(r));
+          if (!absl::SimpleAtoi(std::string(value.begin(), value.end()), &reached)) reached = 0;
+        }
+        if (reached < seq) {
+          missing.push_back(reached == 0
+                                ? absl::StrCat("rank ", r, " (no collective launched)")
+                                : absl::StrCat("rank ", r, " (last launched #", reached, ")"));
+        }
+      }
+    } catch (const std::exception& e) {
+      return absl::StrCat("; the store is unreachable, so the missing rank is unknown (", WhatOf(e),
+                          ")");
+    }
+    if (missing.empty()) return "; every rank launched it";
+    return absl::StrCat("; not launched by ", absl::StrJoin(missing, ", "));
+  }
+};
+
+struct PendingOp {
+  std::string name;                     // e.g. "reduce_scatter #6"
+  int64_t seq = 0;                      // its collective sequence number
+  c10::intrusive_ptr<c10d::Work> work;  // null when nothing goes on the wire (empty tensors)
+  std::function<void()> finish;         // runs once every op of the group completed
+};
+
+class C10dWork : public Work {
+ public:
+  C10dWork(std::shared_ptr<Shared> shared, std::vector<PendingOp> ops)
+      : shared_(std::move(shared)), ops_(std::move(ops)) {}
+
+  absl::Status Wait(absl::Duration timeout) override {
+    if (done_) return result_;
+    const absl::Time deadline = absl::Now() + timeout;
+    for (; next_ < ops_.size(); ++next_) {
+      PendingOp& op = ops_[next_];
+      if (!op.work) continue;
+      try {
+        op.work->wait(ToChrono(deadline - absl::Now()));
+      } catch (const std::exception& e) {
+        if (!op.work->isCompleted()) {
+          return absl::DeadlineExceededError(
+              absl::StrCat(op.name, " did not complete within ", absl::FormatDuration(timeout),
+                           " on rank ", shared_->rank, shared_->DescribeMissing(op.seq)));
+        }
+        return Fail(
+            absl::UnavailableError(absl::StrCat(op.name, " failed on rank ", shared_->rank, ": ",
+                                                WhatOf(e), shared_->DescribeMissing(op.seq))));
+      }
+    }
+    for (PendingOp& op : ops_) {
+      if (!op.finish) continue;
+      try {
+        op.finish();
+      } catch (const std::exception& e) {
+        return Fail(absl::InternalError(absl::StrCat(op.name, ": finishing step failed on rank ",
+                                                     shared_->rank, ": ", WhatOf(e))));
+      }
+    }
+    done_ = true;
+    result_ = absl::OkStatus();
+    return result_;
+  }
+
+ private:
+  absl::Status Fail(absl::Status status) {
+    shared_->failed = true;
+    done_ = true;
+    result_ = std::move(status);
+    return result_;
+  }
+
+  std::shared_ptr<Shared> shared_;
+  std::vector<PendingOp> ops_;
+  size_t next_ = 0;
+  bool done_ = false;
+  absl::Status result_;
+};
+
+absl::Status CheckTensor(const at::Tensor& t, const std::string& what,
+                         const EngineTraits& traits) {
+  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(what, " is undefined"));
+  if (t.device() != traits.device) {
+    const std::string kind = traits.device.is_cpu() ? "CPU" : traits.device.str();
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be a ", kind, " tensor for ",
+                                                   traits.name, ", got ", t.device().str()));
+  }
+  if (!t.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be contiguous"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameDtype(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  if (a.scalar_type() != b.scalar_type()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": output dtype ", c10::toString(b.scalar_type()),
+                     " differs from input dtype ", c10::toString(a.scalar_type())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAvg(ReduceOp op, const at::Tensor& t, const std::string& what) {
+  if (op == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": avg needs a floating-point dtype, got ",
+                                                   c10::toString(t.scalar_type())));
+  }
+  return absl::OkStatus();
+}
+
+int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+class C10dCommunicator : public Communicator {
+ public:
+  C10dCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
+                   int rank, int size, absl::Duration timeout, EngineTraits traits)
+      : backend_(std::move(backend)), timeout_(timeout), traits_(std::move(traits)) {
+    shared_ = std::make_shared<Shared>();
+    shared_->store = std::move(store);
+    shared_->rank = rank;
+    shared_->size = size;
+  }
+
+  int rank() const override { return shared_->rank; }
+  int size() const override { return shared_->size; }
+  std::string backend_name() const override { return traits_.name; }
+  absl::Duration timeout() const override { return timeout_; }
+
+  TrafficCounters traffic() const override {
+    absl::MutexLock lock(&mu_);
+    return traffic_;
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> LaunchGroup(std::vector<CollectiveOp> ops) override {
+    if (ops.empty()) return absl::InvalidArgumentError("LaunchGroup: the group is empty");
+    RETURN_IF_ERROR(CheckUsable());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      RETURN_IF_ERROR(
+          Validate(ops[i], absl::StrCat("op ", i, " (", OpKindName(KindOf(ops[i])), ")")));
+    }
+    const int64_t first = next_seq_;
+    next_seq_ += static_cast<int64_t>(ops.size());
+    PublishProgress(next_seq_ - 1);
+    std::vector<PendingOp> pending;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const int64_t seq = first + static_cast<int64_t>(i);
+      PendingOp op;
+      op.seq = seq;
+      op.name = absl::StrCat(OpKindName(KindOf(ops[i])), " #", seq);
+      if (ops.size() > 1) absl::StrAppend(&op.name, " (op ", i, " of a group of ", ops.size(), ")");
+      try {
+        std::visit([&](auto& o) { Enqueue(o, op); }, ops[i]);
+      } catch (const std::exception& e) {
+        shared_->failed = true;
+        return absl::InvalidArgumentError(
+            absl::StrCat(op.name, ": ", traits_.name, " refused the launch: ", WhatOf(e)));
+      }
+      pending.push_back(std::move(op));
+    }
+    return std::unique_ptr<Work>(new C10dWork(shared_, std::move(pending)));
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Barrier(const BarrierOptions& options) override {
+    RETURN_IF_ERROR(CheckUsable());
+    const int64_t seq = next_seq_++;
+    PublishProgress(seq);
+    PendingOp op;
+    op.seq = seq;
+    op.name = absl::StrCat("barrier #", seq);
+    try {
+      c10d::BarrierOptions c10d_options;
+      c10d_options.timeout = ToChrono(timeout_);
+      op.work = backend_->barrier(c10d_options);
+    } catch (const std::exception& e) {
+      shared_->failed = true;
+      return absl::UnavailableError(absl::StrCat(op.name, ": launch failed: ", WhatOf(e)));
+    }
+    Count(OpKind::kBarrier, 0);
+    std::vector<PendingOp> pending;
+    pending.push_back(std::move(op));
+    return std::unique_ptr<Work>(new C10dWork(shared_, std::move(pending)));
+  }
+
+ private:
+  absl::Status CheckUsable() const {
+    if (shared_->failed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          traits_.name, " communicator of rank ", shared_->rank,
+          " is unusable after an earlier collective failed; destroy it and fail the job"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Lets peers name this rank when it falls behind. Best effort: the store may be gone at exit.
+  void PublishProgress(int64_t seq) {
+    try {
+      const std::string value = absl::StrCat(seq);
+      shared_->store->set(ProgressKey(shared_->rank),
+                          std::vector<uint8_t>(value.begin(), value.end()));
+    } catch (const std::exception&) {
+    }
+  }
+
+  void Count(OpKind kind, int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    traffic_.calls[static_cast<int>(kind)] += 1;
+    traffic_.bytes[static_cast<int>(kind)] += bytes;
+  }
+
+  absl::Status Validate(const CollectiveOp& any, const std::string& what) const {
+    const int size = shared_->size;
+    const int rank = shared_->rank;
+    if (const auto* op = std::get_if<AllReduceOp>(&any)) {
+      RETURN_IF_ERROR(CheckTensor(op->tensor, what + " tensor", traits_));
+      return CheckAvg(op->options.op, op->tensor, what);
+    }
+    if (const auto* op = std::get_if<ReduceScatterOp>(&any)) {
+      RETURN_IF_ERROR(CheckTensor(op->input, what + " input", traits_));
+      RETURN_IF_ERROR(CheckTensor(op->output, what + " output", traits_));
+      RETURN_IF_ERROR(CheckSameDtype(op->input, op->output, what));
+      RETURN_IF_ERROR(CheckAvg(op->options.op, op->input, what));
+      auto sizes = ResolveShardSizes(op->options.shard_sizes, op->input.numel(), size);
+      if (!sizes.ok())
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", sizes.status().message()));
+      if (op->output.numel() != (*sizes)[rank]) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": output has ", op->output.numel(),
+                                                       " elements, rank ", rank, "'s shard has ",
+                                                       (*sizes)[rank]));
+      }
+      return absl::OkStatus();
+    }
+    if (const auto* op = std::get_if<AllGatherOp>(&any)) {
+      RETURN_IF_ERROR(CheckTensor(op->input, what + " input", traits_));
+      RETURN_IF_ERROR(CheckTensor(op->output, what + " output", traits_));
+      RETURN_IF_ERROR(CheckSameDtype(op->input, op->output, what));
+      auto sizes = ResolveShardSizes(op->options.shard_sizes, op->output.numel(), size);
+      if (!sizes.ok())
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", sizes.status().message()));
+      if (op->input.numel() != (*sizes)[rank]) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": input has ", op->input.numel(),
+                                                       " elements, rank ", rank, "'s shard has ",
+                                                       (*sizes)[rank]));
+      }
+      return absl::OkStatus();
+    }
+    const auto& op = std::get<BroadcastOp>(any);
+    RETURN_IF_ERROR(CheckTensor(op.tensor, what + " tensor", traits_));
+    if (op.options.root < 0 || op.options.root >= size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": root ", op.options.root, " is outside [0, ", size, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Enqueue(AllReduceOp& op, PendingOp& pending) {
+    Count(OpKind::kAllReduce, Bytes(op.tensor));
+    at::Tensor tensor = op.tensor;
+    const bool native_avg = op.options.op == ReduceOp::kAvg && traits_.native_avg;
+    if (tensor.numel() > 0) pending.work = EngineAllReduce(tensor, native_avg);
+    if (op.options.op == ReduceOp::kAvg && !native_avg) {
+      const int size = shared_->size;
+      pending.finish = [tensor, size]() mutable { tensor.div_(size); };
+    }
+  }
+
+  void Enqueue(ReduceScatterOp& op, PendingOp& pending) {
+    Count(OpKind::kReduceScatter, Bytes(op.input));
+    const std::vector<int64_t> sizes =
+        *ResolveShardSizes(op.options.shard_sizes, op.input.numel(), shared_->size);
+    const int rank = shared_->rank;
+    int64_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += sizes[r];
+    if (traits_.native_reduce_scatter) return NativeReduceScatter(op, sizes, offset, pending);
+    at::Tensor input = op.input.view({-1});
+    if (input.numel() > 0) pending.work = EngineAllReduce(input, /*avg=*/false);
+    const bool avg = op.options.op == ReduceOp::kAvg;
+    const int size = shared_->size;
+    at::Tensor output = op.output;
+    const int64_t count = sizes[rank];
+    pending.finish = [input, output, offset, count, avg, size]() mutable {
+      if (count == 0) return;
+      at::Tensor shard = input.narrow(0, offset, count);
+      if (shard.data_ptr() != output.data_ptr()) output.view({-1}).copy_(shard);
+      if (avg) output.div_(size);
+    };
+  }
+
+  void Enqueue(AllGatherOp& op, PendingOp& pending) {
+    Count(OpKind::kAllGather, Bytes(op.output));
+    const int size = shared_->size;
+    const std::vector<int64_t> sizes =
+        *ResolveShardSizes(op.options.shard_sizes, op.output.numel(), size);
+    const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    if (largest == 0) return;
+    at::Tensor output = op.output.view({-1});
+    at::Tensor input = op.input.view({-1});
+    c10d::AllgatherOptions options;
+    options.timeout = ToChrono(timeout_);
+    if (std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == largest; })) {
+      pending.work = backend_->_allgather_base(output, input, options);
+      return;
+    }
+    // Uneven shards: gather shards padded to the largest, then unpack in Wait.
+    at::Tensor padded_input = at::zeros({largest}, input.options());
+    padded_input.narrow(0, 0, input.numel()).copy_(input);
+    at::Tensor padded_output = at::empty({largest * size}, input.options());
+    pending.work = backend_->_allgather_base(padded_output, padded_input, options);
+    pending.finish = [output, padded_output, padded_input, sizes, largest]() mutable {
+      int64_t offset = 0;
+      for (size_t r = 0; r < sizes.size(); ++r) {
+        if (sizes[r] > 0) {
+          output.narrow(0, offset, sizes[r])
+              .copy_(padded_output.narrow(0, static_cast<int64_t>(r) * largest, sizes[r]));
+        }
+        offset += sizes[r];
+      }
+    };
+  }
+
+  void Enqueue(BroadcastOp& op, PendingOp& pending) {
+    Count(OpKind::kBroadcast, Bytes(op.tensor));
+    if (op.tensor.numel() == 0) return;
+    std::vector<at::Tensor> tensors = {op.tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = op.options.root;
+    options.timeout = ToChrono(timeout_);
+    pending.work = backend_->broadcast(tensors, options);
+  }
+
+  // Reduce-scatter by the engine: uneven shards are staged in an input padded to the largest
+  // shard per rank; the output is written in place when it is this rank's slot of an even input
+  // (NCCL's in-place form), else through a staging buffer copied in Wait.
+  void NativeReduceScatter(ReduceScatterOp& op, const std::vector<int64_t>& sizes, int64_t offset,
+                           PendingOp& pending) {
+    const int size = shared_->size;
+    const int rank = shared_->rank;
+    const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    if (largest == 0) return;
+    const bool avg = op.options.op == ReduceOp::kAvg;
+    const bool even =
+        std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == largest; });
+    at::Tensor input = op.input.view({-1});
+    at::Tensor output = op.output.view({-1});
+    at::Tensor send = input;
+    if (!even) {
+      send = at::zeros({largest * size}, input.options());
+      int64_t start = 0;
+      for (int r = 0; r < size; ++r) {
+        if (sizes[r] > 0) {
+          send.narrow(0, static_cast<int64_t>(r) * largest, sizes[r])
+              .copy_(input.narrow(0, start, sizes[r]));
+        }
+        start += sizes[r];
+      }
+    }
+    // With even shards, `offset` is rank * largest: the slot NCCL writes in place.
+    const bool aliased = output.is_alias_of(input);
+    const bool own_slot =
+        even && aliased && output.data_ptr() == input.narrow(0, offset, largest).data_ptr();
+    at::Tensor recv =
+        even && (own_slot || !aliased) ? output : at::empty({largest}, input.options());
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = avg && traits_.native_avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    options.timeout = ToChrono(timeout_);
+    pending.work = backend_->_reduce_scatter_base(recv, send, options);
+    const bool divide = avg && !traits_.native_avg;
+    const int64_t count = sizes[rank];
+    pending.finish = [recv, output, count, divide, size]() mutable {
+      if (count == 0) return;
+      if (recv.data_ptr() != output.data_ptr()) output.copy_(recv.narrow(0, 0, count));
+      if (divide) output.div_(size);
+    };
+  }
+
+  c10::intrusive_ptr<c10d::Work> EngineAllReduce(const at::Tensor& tensor, bool avg) {
+    std::vector<at::Tensor> tensors = {tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    options.timeout = ToChrono(timeout_);
+    return backend_->allreduce(tensors, options);
+  }
+
+  std::shared_ptr<Shared> shared_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  absl::Duration timeout_;
+  EngineTraits traits_;
+  int64_t next_seq_ = 1;
+  mutable absl::Mutex mu_;
+  TrafficCounters traffic_;
+};
+
+}  // namespace
+
+std::string WhatOf(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
+    return error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+std::unique_ptr<Communicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                                                   c10::intrusive_ptr<c10d::Backend> backend,
+                                                   int rank, int size, absl::Duration timeout,
+                                                   EngineTraits traits) {
+  return std::make_unique<C10dCommunicator>(std::move(store), std::move(backend), rank, size,
+                                            timeout, std::move(traits));
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::string& what,
+                                                                const std::string& addr, int port,
+                                                                bool host_store,
+                                                                absl::Duration timeout) {
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(port);
+    store_options.isServer = host_store;
+    store_options.waitWorkers = false;
+    store_options.timeout = ToChrono(timeout);
+    c10::intrusive_ptr<c10d::Store> store =
+        c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+    return store;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(what, " cannot reach the TCPStore at ", addr, ":",
+                                               port, (host_store ? " (hosting it)" : ""), ": ",
+                                               WhatOf(e)));
+  }
+}
+
+}  // namespace orthoshard::collectives::internal_collectives

@@ -1,0 +1,53 @@
+// The Communicator over any c10d::Backend (ProcessGroupGloo, ProcessGroupNCCL): launch validation,
+// collective sequence numbers, progress published to the store, traffic counters, Work handles that
+// turn engine failures into statuses naming the collective and the missing ranks, and the finishing
+// steps of emulated operations. The backend files (gloo_communicator.cc, nccl_communicator.cc) only
+// create the engine and say what it supports natively (EngineTraits).
+#ifndef ORTHOSHARD_COLLECTIVES_INTERNAL_C10D_COMMUNICATOR_H_
+#define ORTHOSHARD_COLLECTIVES_INTERNAL_C10D_COMMUNICATOR_H_
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "collectives/communicator.h"
+
+namespace orthoshard::collectives::internal_collectives {
+
+// What the engine behind a c10d::Backend needs and supports.
+struct EngineTraits {
+  std::string name = "gloo";           // backend_name() and the prefix of error messages
+  at::Device device{at::kCPU};         // every tensor must be on it
+  bool native_avg = false;             // else SUM, then a division by size in Wait
+  bool native_reduce_scatter = false;  // else an all-reduce of the input, then the own shard
+};
+
+// Wraps a connected `backend` (rendezvous done, its collective timeout set to `timeout`). `store`
+// is the (prefixed) store it used; progress is published there. Work::Wait always passes a timeout
+// to c10d's Work::wait, which for NCCL is what makes the host block until the kernels completed.
+std::unique_ptr<Communicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                                                   c10::intrusive_ptr<c10d::Backend> backend,
+                                                   int rank, int size, absl::Duration timeout,
+                                                   EngineTraits traits);
+
+// Connects to (or, with host_store, starts) a TCPStore within `timeout`. Errors: kUnavailable
+// starting with `what` (e.g. "gloo: rank 1"), naming the address and c10d's message.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::string& what,
+                                                                const std::string& addr, int port,
+                                                                bool host_store,
+                                                                absl::Duration timeout);
+
+// The exception's message, without the C++ backtrace of a c10::Error.
+std::string WhatOf(const std::exception& e);
+
+// `d` in milliseconds, at least one.
+std::chrono::milliseconds ToChrono(absl::Duration d);
+
+}  // namespace orthoshard::collectives::internal_collectives
+
+#endif  // ORTHOSHARD_COLLECTIVES_INTERNAL_C10D_COMMUNICATOR_H_

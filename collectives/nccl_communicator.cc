@@ -1,0 +1,119 @@
+#include "collectives/nccl_communicator.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <signal.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "collectives/internal/c10d_communicator.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::collectives {
+namespace {
+
+using internal_collectives::ToChrono;
+using internal_collectives::WhatOf;
+
+// As for Gloo: a dead peer's TCPStore socket must be an error status, not the death of this rank.
+void IgnoreSigpipe() {
+  struct sigaction current = {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+absl::Status CheckOptions(const NcclOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl: rank ", options.rank, " must be in [0, size) with size ", options.size, " >= 1"));
+  }
+  if (options.timeout <= absl::ZeroDuration() ||
+      options.rendezvous_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl: timeouts must be positive, got timeout ", absl::FormatDuration(options.timeout),
+        " and rendezvous_timeout ", absl::FormatDuration(options.rendezvous_timeout)));
+  }
+  if (options.device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl: device must be non-negative, got ", options.device));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+NcclOptions NcclOptionsFromRendezvous(const RendezvousInfo& info) {
+  NcclOptions options;
+  options.rank = info.rank;
+  options.size = info.world_size;
+  options.device = info.local_rank;
+  options.master_addr = info.master_addr;
+  options.master_port = info.master_port;
+  options.host_store = info.HostsStore();
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  if (options.master_port < 0 || options.master_port > 65535 ||
+      (options.master_port == 0 && !options.host_store)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl: master_port ", options.master_port, " is not a usable port"));
+  }
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                   internal_collectives::ConnectTcpStore(
+                       absl::StrCat("nccl: rank ", options.rank), options.master_addr,
+                       options.master_port, options.host_store, options.rendezvous_timeout));
+  return CreateNcclCommunicator(std::move(store), options);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    c10::intrusive_ptr<c10d::Store> store, const NcclOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  IgnoreSigpipe();
+  const int devices = c10::cuda::device_count();
+  if (options.device >= devices) {
+    return absl::FailedPreconditionError(absl::StrCat("nccl: rank ", options.rank,
+                                                      " needs CUDA device ", options.device,
+                                                      ", this machine has ", devices));
+  }
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.device));
+  c10::intrusive_ptr<c10d::Store> prefixed =
+      c10::make_intrusive<c10d::PrefixStore>("orthoshard", std::move(store));
+  c10::intrusive_ptr<c10d::Backend> backend;
+  try {
+    c10::cuda::set_device(device.index());
+    // Creating the NCCL communicator waits on the store for rank 0's unique id.
+    prefixed->setTimeout(ToChrono(options.rendezvous_timeout));
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = ToChrono(options.timeout);
+    backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, options.rank, options.size,
+                                                          nccl_options);
+    // As init_process_group(device_id=...): bind the device and create the communicator now, so
+    // a missing rank fails here rather than in the first collective.
+    backend->setBoundDeviceId(device);
+    backend->eagerConnectSingleDevice(device);
+  } catch (const std::exception& e) {
+    const std::string what = WhatOf(e);
+    const std::string message = absl::StrCat("nccl rendezvous of rank ", options.rank, " of ",
+                                             options.size, " on ", device.str(), " failed: ", what);
+    if (absl::StrContains(what, "imeout") || absl::StrContains(what, "imed out")) {
+      return absl::DeadlineExceededError(message);
+    }
+    return absl::UnavailableError(message);
+  }
+  internal_collectives::EngineTraits traits;
+  traits.name = "nccl";
+  traits.device = device;
+  traits.native_avg = true;             // ncclAvg
+  traits.native_reduce_scatter = true;  // ncclReduceScatter through _reduce_scatter_base
+  return internal_collectives::MakeC10dCommunicator(prefixed, std::move(backend), options.rank,
+                                                    options.size, options.timeout,
+                                                    std::move(traits));
+}
+
+}  // namespace orthoshard::collectives
