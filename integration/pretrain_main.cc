@@ -95,6 +95,9 @@ ABSL_FLAG(int64_t, stop_after, kDefaults.stop_after,
           "0 = run to --steps");
 ABSL_FLAG(int, keep_checkpoints, kDefaults.keep_checkpoints,
           "complete checkpoints kept in --save_dir; 0 = all");
+ABSL_FLAG(int64_t, max_consecutive_skips, kDefaults.max_consecutive_skips,
+          "stop (exit 1) after this many consecutive steps skipped for non-finite gradients, "
+          "saving a final checkpoint when --save_dir is set; 0 = never");
 ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of model init, data order and synthetic corpus");
 ABSL_FLAG(int, num_threads, kDefaults.num_threads,
           "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default");
@@ -217,6 +220,7 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   ORTHOSHARD_FLAG(resume);
   ORTHOSHARD_FLAG(stop_after);
   ORTHOSHARD_FLAG(keep_checkpoints);
+  ORTHOSHARD_FLAG(max_consecutive_skips);
   ORTHOSHARD_FLAG(seed);
   ORTHOSHARD_FLAG(num_threads);
 #undef ORTHOSHARD_FLAG
@@ -249,6 +253,9 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   options.binary = "/proc/self/exe";
   for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
   options.nprocs = nprocs;
+  // When a rank dies, the others notice within the collective timeout (60 s) and fail with a
+  // message naming it; give them that long before the launcher kills them.
+  options.grace_period = absl::Seconds(75);
   if (IsTerminal(stdout)) options.env.push_back({kTtyEnv, "1"});
   std::string json;
   options.output = [&json](absl::string_view line, bool is_stderr) {

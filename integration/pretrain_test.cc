@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -267,6 +268,26 @@ TEST(Pretrain, ResumeContinuesBitwiseAtTheSameDpAndRunsAtAnother) {
               got, want, JsonField(c, "final_loss").c_str(), JsonField(a, "final_loss").c_str());
   EXPECT_NEAR(got, want, 1e-3 * std::abs(want));
   EXPECT_NEAR(JsonNumber(c, "final_loss"), JsonNumber(a, "final_loss"), 0.05);
+}
+
+// Diverging training (absurd learning rates, no clipping): after the first update every step has
+// non-finite gradients and is skipped; after --max_consecutive_skips the run stops with exit 1, a
+// message on every rank, and a final checkpoint; no JSON summary.
+TEST(Pretrain, ConsecutiveNonFiniteStepsStopWithAFinalCheckpoint) {
+  const std::string dir = TempDir() + "/diverge";
+  RunResult run = RunPretrain({"--steps=40", "--eval_every=0", "--global_batch=16", "--lr=1e30",
+                               "--muon_lr=1e30", "--max_grad_norm=0", "--max_consecutive_skips=3",
+                               "--save_dir=" + dir});
+  EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
+  EXPECT_THAT(run.err, HasSubstr("3 consecutive steps had non-finite gradients "
+                                 "(--max_consecutive_skips=3); final checkpoint of step"))
+      << run.err;
+  EXPECT_THAT(run.out, ::testing::Not(HasSubstr("{\"steps\"")));
+  const std::string latest = ReadFile(dir + "/latest");
+  EXPECT_THAT(latest, HasSubstr("step_")) << latest;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + std::string(absl::StripAsciiWhitespace(latest)) +
+                                      "/manifest.binpb"))
+      << latest;
 }
 
 // A corrupted shard of the latest checkpoint: exit 2, the message names the file, no JSON line.

@@ -403,6 +403,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
   absl::Duration train_time;
   at::Tensor loss_avg = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  int64_t consecutive_skips = 0;
   for (int64_t step = first_step; step <= last_step; ++step) {
     const absl::Time start = absl::Now();
     if (s.ddp) {
@@ -463,8 +464,12 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       RETURN_IF_ERROR(scalar("train/step_time_s", step, absl::ToDoubleSeconds(step_time)));
       RETURN_IF_ERROR(scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm))));
     }
-    const bool last = step == last_step;
-    if (last || (c.eval_every > 0 && step % c.eval_every == 0)) {
+    // Every rank sees the same StepResult (the optimizers reduce the non-finite check globally), so
+    // every rank gives up at the same step.
+    consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
+    const bool give_up = c.max_consecutive_skips > 0 && consecutive_skips >= c.max_consecutive_skips;
+    const bool last = step == last_step || give_up;
+    if (!give_up && (last || (c.eval_every > 0 && step % c.eval_every == 0))) {
       ASSIGN_OR_RETURN(summary.eval_loss, Evaluate(s, comm));
       RETURN_IF_ERROR(scalar("eval/loss", step, summary.eval_loss));
       if (lead) {
@@ -490,6 +495,16 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       shared.model_config = ModelConfigString(c, s);
       shared.optimizer_config = OptimizerConfigString(c);
       RETURN_IF_ERROR(saver->Start(c.save_dir, shared, s.buffers, *s.sharded, save_options));
+    }
+    if (give_up) {
+      if (saver) RETURN_IF_ERROR(saver->Finalize());
+      if (lead) progress.Finish();
+      return absl::AbortedError(absl::StrCat(
+          "stopping at step ", step, ": ", consecutive_skips,
+          " consecutive steps had non-finite gradients (--max_consecutive_skips=",
+          c.max_consecutive_skips, ")",
+          saver ? absl::StrCat("; final checkpoint of step ", step, " saved in ", c.save_dir)
+                : std::string("; no --save_dir, nothing saved")));
     }
   }
   if (saver) RETURN_IF_ERROR(saver->Finalize());

@@ -71,6 +71,9 @@ struct TrainerConfig {
   bool resume = false;               // continue from save_dir's `latest` (see Train)
   int64_t stop_after = 0;            // stop after this step (the schedule still spans steps); 0 = steps
   int keep_checkpoints = 3;          // complete checkpoints kept in save_dir; 0 = all
+  // Stop (kAborted, after a final checkpoint when save_dir is set) once this many consecutive steps
+  // were skipped for non-finite gradients; 0 = never stop.
+  int64_t max_consecutive_skips = 10;
   uint64_t seed = 1234;              // model init, data permutation and synthetic corpus
   int num_threads = 1;               // at::set_num_threads per rank (ranks share the cores); 0 = leave
 };
@@ -135,6 +138,10 @@ struct TrainOptions {
 // global batch, seq_len or dataset size differ (kFailedPrecondition "loader resume: ..."); or the
 // saved step is not below the last step to run (kFailedPrecondition). Another rank's load
 // failure is kFailedPrecondition too, so every rank exits with the bad-input code.
+// Non-finite gradients skip the step on every rank with all state untouched (counted in
+// skipped_steps); after config.max_consecutive_skips consecutive skips the run stops: the last step
+// is saved when save_dir is set (params and state are those of the last good step) and Train returns
+// kAborted naming the step and the checkpoint.
 // Errors: as ValidateTrainerConfig and LoadDatasetSpec; kInternal when the ranks' params diverge
 // ("param checksum differs from rank 0's at step 20"), or for a LibTorch error; communicator
 // errors as they come (kDeadlineExceeded, kUnavailable).

@@ -103,6 +103,7 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
   ORTHOSHARD_APPLY(resume);
   ORTHOSHARD_APPLY(stop_after);
   ORTHOSHARD_APPLY(keep_checkpoints);
+  ORTHOSHARD_APPLY(max_consecutive_skips);
   ORTHOSHARD_APPLY(seed);
   ORTHOSHARD_APPLY(num_threads);
 #undef ORTHOSHARD_APPLY
@@ -133,6 +134,10 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         "--save_dir/--resume need --dist=layerwise or --dist=distopt: the distributed checkpoint "
         "saves the sharded optimizer's state, which --dist=replicated does not use");
+  }
+  if (c.max_consecutive_skips < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_consecutive_skips must be >= 0 (0 = never stop), got ", c.max_consecutive_skips));
   }
   if (c.save_every < 0 || c.stop_after < 0 || c.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

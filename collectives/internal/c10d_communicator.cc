@@ -11,10 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::collectives::internal_collectives {
@@ -54,6 +56,35 @@ struct Shared {
     if (missing.empty()) return "; every rank launched it";
     return absl::StrCat("; not launched by ", absl::StrJoin(missing, ", "));
   }
+
+  // Best effort, after the engine failed collective #seq on this rank: reports the failure in the
+  // store, then waits up to kReportWait for every other rank to report one too. A peer that dies
+  // mid-collective has usually launched it already, so the launch progress cannot name it; the
+  // ranks that stay silent can: "; rank 1 reported no failure within 3s (lost?)".
+  std::string DescribeSilent(int64_t seq) const {
+    constexpr absl::Duration kReportWait = absl::Seconds(3);
+    std::vector<std::string> silent;
+    try {
+      store->setTimeout(std::chrono::milliseconds(2000));
+      store->set(FailedKey(rank), std::to_string(seq));
+      const absl::Time deadline = absl::Now() + kReportWait;
+      while (true) {
+        silent.clear();
+        for (int r = 0; r < size; ++r) {
+          if (r != rank && !store->check({FailedKey(r)})) silent.push_back(absl::StrCat("rank ", r));
+        }
+        if (silent.empty() || absl::Now() >= deadline) break;
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    } catch (const std::exception& e) {
+      return "";  // the store's host may be the lost rank
+    }
+    if (silent.empty()) return "";
+    return absl::StrCat("; ", absl::StrJoin(silent, ", "), " reported no failure within ",
+                        absl::FormatDuration(kReportWait), " (lost?)");
+  }
+
+  static std::string FailedKey(int r) { return absl::StrCat("failed/", r); }
 };
 
 struct PendingOp {
@@ -82,9 +113,12 @@ class C10dWork : public Work {
               absl::StrCat(op.name, " did not complete within ", absl::FormatDuration(timeout),
                            " on rank ", shared_->rank, shared_->DescribeMissing(op.seq)));
         }
-        return Fail(
-            absl::UnavailableError(absl::StrCat(op.name, " failed on rank ", shared_->rank, ": ",
-                                                WhatOf(e), shared_->DescribeMissing(op.seq))));
+        const std::string missing = shared_->DescribeMissing(op.seq);
+        const std::string silent = absl::StrContains(missing, "every rank launched it")
+                                       ? shared_->DescribeSilent(op.seq)
+                                       : "";
+        return Fail(absl::UnavailableError(absl::StrCat(op.name, " failed on rank ", shared_->rank,
+                                                        ": ", WhatOf(e), missing, silent)));
       }
     }
     for (PendingOp& op : ops_) {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A rank of a 3-rank `pretrain` is SIGKILLed mid-training. Every other rank must fail on its own
+# (not just be killed by the launcher) with an error naming the lost rank, the launcher must exit
+# non-zero, and no rank process may be left behind.
+#   $1: the pretrain binary
+set -uo pipefail
+pretrain="$(readlink -f "$1")"
+work="${TEST_TMPDIR:-$(mktemp -d)}"
+"$pretrain" --nproc_per_node=3 --steps=100000 --eval_every=0 --check_every=0 --global_batch=24 \
+    --log_every=1 >"$work/out" 2>"$work/err" &
+launcher=$!
+
+fail() { echo "FAIL: $*" >&2; echo "--- stdout"; tail -20 "$work/out"; echo "--- stderr"; cat "$work/err"; \
+         pkill -9 -P "$launcher" 2>/dev/null; kill -9 "$launcher" 2>/dev/null; exit 1; }
+
+# Wait for training to run (a few progress lines), then find rank 1 among the launcher's children.
+for _ in $(seq 1 300); do
+  [[ $(grep -c "step " "$work/out") -ge 3 ]] && break
+  kill -0 "$launcher" 2>/dev/null || fail "pretrain ended before the kill"
+  sleep 0.1
+done
+[[ $(grep -c "step " "$work/out") -ge 3 ]] || fail "training did not start within 30 s"
+ranks=$(pgrep -P "$launcher")
+victim=""
+for pid in $ranks; do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=1"; then victim=$pid; fi
+done
+[[ -n "$victim" ]] || fail "no rank 1 among the launcher's children ($ranks)"
+kill -9 "$victim"
+killed_at=$SECONDS
+
+# The survivors must notice within the collective timeout (60 s by default); bound the wait.
+while kill -0 "$launcher" 2>/dev/null && (( SECONDS - killed_at < 90 )); do sleep 0.2; done
+kill -0 "$launcher" 2>/dev/null && fail "launcher still running 90 s after the kill"
+wait "$launcher"
+rc=$?
+elapsed=$(( SECONDS - killed_at ))
+[[ $rc -ne 0 ]] || fail "launcher exited 0 after a rank was killed"
+for pid in $ranks; do
+  kill -0 "$pid" 2>/dev/null && fail "rank process $pid left behind"
+done
+# Ranks 0 and 2 report the failure themselves, naming rank 1.
+for r in 0 2; do
+  grep "^\[rank $r\]" "$work/err" | grep -q "rank 1" || fail "rank $r printed no error naming rank 1"
+done
+echo "PASS: launcher exit $rc ${elapsed}s after SIGKILL of rank 1; ranks 0 and 2 named it:"
+grep "^\[rank [02]\]" "$work/err" | head -4
