@@ -29,7 +29,10 @@ def os_cc_test(name, copts = [], deps = [], gtest_main = True, linkstatic = True
     native.cc_test(
         name = name,
         copts = ORTHOSHARD_COPTS + copts,
-        deps = deps + main,
+        deps = deps + main + select({
+            "//tools:tsan": ["//tools:tsan_suppressions"],
+            "//conditions:default": [],
+        }),
         linkstatic = linkstatic,
         **kwargs
     )
