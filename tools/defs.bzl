@@ -16,8 +16,17 @@ C10D_DEFINES = ["USE_DISTRIBUTED", "USE_C10D_GLOO"]
 def os_cc_library(name, copts = [], **kwargs):
     native.cc_library(name = name, copts = ORTHOSHARD_COPTS + copts, **kwargs)
 
-def os_cc_binary(name, copts = [], **kwargs):
-    native.cc_binary(name = name, copts = ORTHOSHARD_COPTS + copts, **kwargs)
+def os_cc_binary(name, copts = [], deps = [], **kwargs):
+    native.cc_binary(
+        name = name,
+        copts = ORTHOSHARD_COPTS + copts,
+        # Multi-process tests run their ranks as binaries: they need the TSan suppressions too.
+        deps = deps + select({
+            "//tools:tsan": ["//tools:tsan_suppressions_public"],
+            "//conditions:default": [],
+        }),
+        **kwargs
+    )
 
 def os_cc_test(name, copts = [], deps = [], gtest_main = True, linkstatic = True, **kwargs):
     """A GoogleTest test; links gtest_main unless the test brings its own main().
