@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -12,20 +11,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/crc32c.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::integration {
 namespace {
 
-std::array<uint32_t, 256> MakeCrcTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
+// TFRecord's checksum: the Castagnoli CRC of checkpoint/ (hardware-accelerated where available).
+uint32_t Crc32c(absl::string_view data) { return checkpoint::Crc32c(data.data(), data.size()); }
 
 // Protobuf wire format: https://protobuf.dev/programming-guides/encoding/
 enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
@@ -148,13 +141,6 @@ uint32_t LoadU32(const char* p) {
 }
 
 }  // namespace
-
-uint32_t Crc32c(absl::string_view data) {
-  static const std::array<uint32_t, 256> table = MakeCrcTable();
-  uint32_t c = 0xffffffffu;
-  for (char ch : data) c = table[(c ^ static_cast<uint8_t>(ch)) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
-}
 
 uint32_t MaskCrc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 

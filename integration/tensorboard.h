@@ -25,11 +25,7 @@
 
 namespace orthoshard::integration {
 
-// Castagnoli CRC-32 (polynomial 0x82f63b78, reflected), as used by TFRecord. Crc32c("123456789")
-// is 0xe3069283.
-uint32_t Crc32c(absl::string_view data);
-
-// The TFRecord mask applied to stored CRCs.
+// The TFRecord mask applied to stored CRCs (Castagnoli CRC-32, checkpoint/crc32c.h).
 uint32_t MaskCrc(uint32_t crc);
 
 // One decoded scalar of an Event's summary.

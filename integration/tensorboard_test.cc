@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/crc32c.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,6 +28,9 @@ void WriteAll(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), bytes.size());
 }
+
+// The record checksum (checkpoint/crc32c.h, which tensorboard.cc uses).
+uint32_t Crc32c(const std::string& data) { return checkpoint::Crc32c(data.data(), data.size()); }
 
 TEST(Crc32c, KnownVectors) {
   // RFC 3720 B.4 and the common "123456789" check value.
