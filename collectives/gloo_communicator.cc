@@ -1,6 +1,5 @@
 #include "collectives/gloo_communicator.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -15,30 +14,13 @@
 namespace orthoshard::collectives {
 namespace {
 
+using internal_collectives::IgnoreSigpipe;
 using internal_collectives::ToChrono;
 using internal_collectives::WhatOf;
 
-// Writing to a socket whose peer died raises SIGPIPE, which kills the process by default; Python
-// (and so every torch.distributed job) ignores it. Gloo and TCPStore report the write error
-// instead.
-void IgnoreSigpipe() {
-  struct sigaction current = {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
-}
-
 absl::Status CheckOptions(const GlooOptions& options) {
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gloo: rank ", options.rank, " must be in [0, size) with size ", options.size, " >= 1"));
-  }
-  if (options.timeout <= absl::ZeroDuration() ||
-      options.rendezvous_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gloo: timeouts must be positive, got timeout ", absl::FormatDuration(options.timeout),
-        " and rendezvous_timeout ", absl::FormatDuration(options.rendezvous_timeout)));
-  }
+  RETURN_IF_ERROR(internal_collectives::CheckRankAndTimeouts(
+      "gloo", options.rank, options.size, options.timeout, options.rendezvous_timeout));
   if (options.threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("gloo: threads must be at least 1, got ", options.threads));

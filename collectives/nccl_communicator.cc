@@ -1,7 +1,6 @@
 #include "collectives/nccl_communicator.h"
 
 #include <c10/cuda/CUDAFunctions.h>
-#include <signal.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -15,28 +14,13 @@
 namespace orthoshard::collectives {
 namespace {
 
+using internal_collectives::IgnoreSigpipe;
 using internal_collectives::ToChrono;
 using internal_collectives::WhatOf;
 
-// As for Gloo: a dead peer's TCPStore socket must be an error status, not the death of this rank.
-void IgnoreSigpipe() {
-  struct sigaction current = {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
-}
-
 absl::Status CheckOptions(const NcclOptions& options) {
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl: rank ", options.rank, " must be in [0, size) with size ", options.size, " >= 1"));
-  }
-  if (options.timeout <= absl::ZeroDuration() ||
-      options.rendezvous_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl: timeouts must be positive, got timeout ", absl::FormatDuration(options.timeout),
-        " and rendezvous_timeout ", absl::FormatDuration(options.rendezvous_timeout)));
-  }
+  RETURN_IF_ERROR(internal_collectives::CheckRankAndTimeouts(
+      "nccl", options.rank, options.size, options.timeout, options.rendezvous_timeout));
   if (options.device < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl: device must be non-negative, got ", options.device));

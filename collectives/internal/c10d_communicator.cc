@@ -3,6 +3,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <functional>
@@ -473,6 +475,28 @@ std::string WhatOf(const std::exception& e) {
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+void IgnoreSigpipe() {
+  struct sigaction current = {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+absl::Status CheckRankAndTimeouts(const char* engine, int rank, int size, absl::Duration timeout,
+                                  absl::Duration rendezvous_timeout) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(engine, ": rank ", rank,
+                                                   " must be in [0, size) with size ", size,
+                                                   " >= 1"));
+  }
+  if (timeout <= absl::ZeroDuration() || rendezvous_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        engine, ": timeouts must be positive, got timeout ", absl::FormatDuration(timeout),
+        " and rendezvous_timeout ", absl::FormatDuration(rendezvous_timeout)));
+  }
+  return absl::OkStatus();
 }
 
 std::unique_ptr<Communicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Store> store,

@@ -48,6 +48,15 @@ std::string WhatOf(const std::exception& e);
 // `d` in milliseconds, at least one.
 std::chrono::milliseconds ToChrono(absl::Duration d);
 
+// Ignores SIGPIPE if it still has the default disposition, as Python (and so torch.distributed)
+// does: a write to a dead peer's socket must be an error status, not the death of this rank.
+void IgnoreSigpipe();
+
+// The option checks every engine shares. Errors: kInvalidArgument prefixed with `engine` ("gloo: rank
+// 3 must be in [0, size) with size 2 >= 1"; "...: timeouts must be positive, ...").
+absl::Status CheckRankAndTimeouts(const char* engine, int rank, int size, absl::Duration timeout,
+                                  absl::Duration rendezvous_timeout);
+
 }  // namespace orthoshard::collectives::internal_collectives
 
 #endif  // ORTHOSHARD_COLLECTIVES_INTERNAL_C10D_COMMUNICATOR_H_
