@@ -24,11 +24,6 @@
 namespace orthoshard::integration {
 namespace {
 
-absl::Status Positive(absl::string_view what, int64_t value) {
-  if (value > 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("GptConfig: ", what, " must be > 0, got ", value));
-}
-
 std::string ShapeString(const at::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
 }
@@ -66,61 +61,6 @@ const char* ParamKindName(ParamKind kind) {
     case ParamKind::kOutput: return "output";
   }
   return "?";
-}
-
-absl::StatusOr<GptConfig> GptPreset(absl::string_view name) {
-  GptConfig c;
-  if (name == "tiny") return c;
-  if (name == "small") {
-    c.num_layers = 4;
-    c.hidden = 256;
-    c.num_heads = 8;
-    c.num_kv_heads = 2;
-    c.ffn_hidden = 704;
-    c.max_seq_len = 256;
-    return c;
-  }
-  if (name == "gpt2-124m") {
-    c.vocab_size = 50304;
-    c.max_seq_len = 1024;
-    c.num_layers = 12;
-    c.hidden = 768;
-    c.num_heads = 12;
-    c.num_kv_heads = 12;
-    c.ffn_hidden = 2048;
-    return c;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown model preset '", name, "'; expected one of tiny, small, gpt2-124m"));
-}
-
-absl::Status ValidateConfig(const GptConfig& c) {
-  RETURN_IF_ERROR(Positive("vocab_size", c.vocab_size));
-  RETURN_IF_ERROR(Positive("max_seq_len", c.max_seq_len));
-  RETURN_IF_ERROR(Positive("num_layers", c.num_layers));
-  RETURN_IF_ERROR(Positive("hidden", c.hidden));
-  RETURN_IF_ERROR(Positive("num_heads", c.num_heads));
-  RETURN_IF_ERROR(Positive("num_kv_heads", c.num_kv_heads));
-  RETURN_IF_ERROR(Positive("ffn_hidden", c.ffn_hidden));
-  if (c.hidden % c.num_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("GptConfig: hidden ", c.hidden,
-                                                   " is not divisible by num_heads ", c.num_heads));
-  }
-  if (c.num_heads % c.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("GptConfig: num_heads ", c.num_heads,
-                                                   " is not divisible by num_kv_heads ",
-                                                   c.num_kv_heads));
-  }
-  if ((c.hidden / c.num_heads) % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptConfig: head_dim ", c.hidden / c.num_heads, " must be even for rotary embeddings"));
-  }
-  if (!(c.rope_theta > 0) || !(c.norm_eps > 0) || !(c.init_std > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptConfig: rope_theta, norm_eps and init_std must be > 0, got ", c.rope_theta, ", ",
-        c.norm_eps, ", ", c.init_std));
-  }
-  return absl::OkStatus();
 }
 
 void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::ScalarType dtype,

@@ -1,15 +1,17 @@
 // TrainerConfig: parsing the text-format proto, validation, and the summary's JSON.
+#include "integration/trainer_config.h"
+
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
-#include "integration/model.h"
+#include "integration/gpt_config.h"
 #include "integration/pretrain_config.pb.h"
-#include "integration/trainer.h"
 
 namespace orthoshard::integration {
 namespace {

@@ -2,7 +2,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "integration/trainer.h"
+#include "integration/trainer_config.h"
 
 namespace orthoshard::integration {
 namespace {
