@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 #include <utility>
 
 #include <ATen/ops/addmm.h>
@@ -11,9 +12,9 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
-#include <unordered_set>
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "optimizers/internal/muon_elementwise.h"
 
 namespace orthoshard::optimizers {
 
@@ -49,13 +50,17 @@ absl::Status ValidateMuonHyper(const MuonHyper& hp) {
   return absl::OkStatus();
 }
 
-at::Tensor NewtonSchulz(const at::Tensor& g, const NewtonSchulzOptions& options) {
-  // Op for op torch/optim/_muon.py `_zeropower_via_newtonschulz`. The copy is explicit so that an
-  // fp32 iteration on an fp32 input never writes through to the caller's tensor.
+namespace {
+
+at::ScalarType NsScalarType(const NewtonSchulzOptions& options) {
+  return options.dtype == NsDType::kBFloat16 ? at::kBFloat16 : at::kFloat;
+}
+
+// NewtonSchulz on `x`, already in the NS dtype and owned by the caller (normalised in place).
+at::Tensor NewtonSchulzInPlace(at::Tensor x, const NewtonSchulzOptions& options) {
+  // Op for op torch/optim/_muon.py `_zeropower_via_newtonschulz`.
   const auto [a, b, c] = options.coefficients;
-  const at::ScalarType dtype = options.dtype == NsDType::kBFloat16 ? at::kBFloat16 : at::kFloat;
-  const bool transpose = g.size(0) > g.size(1);
-  at::Tensor x = g.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  const bool transpose = x.size(0) > x.size(1);
   if (transpose) x = x.t();
   x.div_(at::linalg_vector_norm(x, 2).clamp(options.eps));
   for (int i = 0; i < options.ns_steps; ++i) {
@@ -64,6 +69,15 @@ at::Tensor NewtonSchulz(const at::Tensor& g, const NewtonSchulzOptions& options)
     x = at::addmm(x, gram_update, x, a);                               // a X + (b A + c A^2) X
   }
   return transpose ? x.t() : x;
+}
+
+}  // namespace
+
+at::Tensor NewtonSchulz(const at::Tensor& g, const NewtonSchulzOptions& options) {
+  // The copy is explicit so that an fp32 iteration on an fp32 input never writes through to the
+  // caller's tensor.
+  return NewtonSchulzInPlace(g.to(NsScalarType(options), /*non_blocking=*/false, /*copy=*/true),
+                             options);
 }
 
 double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp) {
@@ -82,15 +96,30 @@ double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp) {
 
 void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
                 const MuonHyper& hp, double lr, const FusedSplit& split) {
-  momentum_buffer.lerp_(grad, 1.0 - hp.momentum);
-  const at::Tensor update = hp.nesterov ? at::lerp(grad, momentum_buffer, hp.momentum)
-                                        : momentum_buffer;
+  // The momentum, Nesterov and cast-to-NS-dtype steps run as one fused pass on dense CPU tensors
+  // (bitwise equal to the ATen ops in the else branch; see internal/muon_elementwise.h).
+  at::Tensor update;
+  bool update_owned = false;  // update is a fresh tensor in the NS dtype (no copy needed)
+  if (internal::CanFuseMomentum(momentum_buffer, grad, hp.momentum)) {
+    update = internal::FusedMomentum(momentum_buffer, grad, hp.momentum, hp.nesterov,
+                                     NsScalarType(hp.ns));
+    update_owned = true;
+  } else {
+    momentum_buffer.lerp_(grad, 1.0 - hp.momentum);
+    update = hp.nesterov ? at::lerp(grad, momentum_buffer, hp.momentum) : momentum_buffer;
+  }
   const int64_t cols = param.size(1);
   if (split.block_rows.empty()) {
-    const at::Tensor ortho = NewtonSchulz(update, hp.ns);
+    const at::Tensor ortho =
+        update_owned ? NewtonSchulzInPlace(update, hp.ns) : NewtonSchulz(update, hp.ns);
     const double adjusted_lr = lr * MuonLrScale(param.size(0), cols, hp);
-    param.mul_(1.0 - lr * hp.weight_decay);
-    param.add_(ortho, -adjusted_lr);
+    const double decay = 1.0 - lr * hp.weight_decay;
+    if (internal::CanFuseDecayAdd(param, ortho)) {
+      internal::FusedDecayAdd(param, decay, ortho, -adjusted_lr);
+    } else {
+      param.mul_(decay);
+      param.add_(ortho, -adjusted_lr);
+    }
     return;
   }
   // Fused weight: view [G, R, cols] and orthogonalise block j of all groups as one matrix.
