@@ -187,11 +187,15 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
                                                    c.model, "' max_seq_len ",
                                                    preset->max_seq_len));
   }
-  const int64_t per_step = static_cast<int64_t>(world_size) * c.micro_batches;
-  if (c.global_batch % per_step != 0) {
+  // world_size x micro_batches must divide global_batch (>= 1), so it is at most global_batch;
+  // checking that by division first keeps the product from overflowing.
+  const bool fits = c.micro_batches <= c.global_batch / world_size;
+  if (!fits || c.global_batch % (static_cast<int64_t>(world_size) * c.micro_batches) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--global_batch ", c.global_batch, " is not divisible by world size ", world_size,
-        " x --micro_batches ", c.micro_batches, " = ", per_step));
+        " x --micro_batches ", c.micro_batches,
+        fits ? absl::StrCat(" = ", static_cast<int64_t>(world_size) * c.micro_batches)
+             : std::string(" (the product exceeds --global_batch)")));
   }
   if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
     return absl::InvalidArgumentError(
@@ -205,6 +209,10 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     if (!(value > 0 && std::isfinite(value))) {
       return absl::InvalidArgumentError(absl::StrCat("--", field, " must be > 0, got ", value));
     }
+  }
+  if (std::isnan(c.max_grad_norm)) {
+    // Every comparison with NaN is false: the optimizers would silently not clip.
+    return absl::InvalidArgumentError("--max_grad_norm must be a number (<= 0 disables), got nan");
   }
   for (auto [field, value] : {std::pair<const char*, double>{"weight_decay", c.weight_decay},
                               {"muon_weight_decay", c.muon_weight_decay}}) {

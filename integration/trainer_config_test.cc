@@ -43,6 +43,13 @@ TEST(TrainerConfig, ValidationNamesTheField) {
                        HasSubstr("--global_batch 30 is not divisible by world size 2 x "
                                  "--micro_batches 4 = 8")));
   config = TrainerConfig();
+  config.micro_batches = int64_t{1} << 62;  // x 2 ranks overflows int64
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--global_batch 32 is not divisible by world size 2 x "
+                                 "--micro_batches 4611686018427387904 (the product exceeds "
+                                 "--global_batch)")));
+  config = TrainerConfig();
   config.seq_len = 65;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -54,6 +61,16 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   config = TrainerConfig();
   config.model = "huge";
   EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
+}
+
+TEST(TrainerConfig, NanMaxGradNormIsRejected) {
+  TrainerConfig config;
+  ASSERT_OK(ApplyConfigText("max_grad_norm: nan\n", "c", &config));
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_grad_norm must be a number (<= 0 disables), got nan")));
+  config.max_grad_norm = 0;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
 }
 
 TEST(TrainerConfig, DistModes) {

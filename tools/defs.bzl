@@ -104,6 +104,7 @@ def os_cc_fuzz_test(
         srcs,
         deps = [],
         corpus = [],
+        dictionary = None,
         copts = [],
         size = "small",
         tags = [],
@@ -112,20 +113,25 @@ def os_cc_fuzz_test(
         **kwargs):
     """A libFuzzer target (`LLVMFuzzerTestOneInput`) that is also a regression test.
 
-    `name` should end in `_fuzzer`; `corpus` lists seed files of this package. In a normal build it is
-    a cc_test linking //tools:fuzz_driver, which runs every seed file plus `runs` mutations of them
-    drawn from a fixed seed through the function: `bazel test //...` replays the corpus (keep it to a
-    few seconds: lower `runs` for a slow target). Under --config=fuzz (clang,
-    -fsanitize=fuzzer,address,undefined) the same target is a libFuzzer binary seeded with the corpus:
+    `name` should end in `_fuzzer`; `corpus` lists seed files of this package; `dictionary` may name a
+    libFuzzer dictionary file of this package (tokens for the mutations to insert; only the libFuzzer
+    binary reads it). In a normal build it is a cc_test linking //tools:fuzz_driver, which runs every
+    seed file plus `runs` mutations of them drawn from a fixed seed through the function: `bazel test
+    //...` replays the corpus (keep it to a few seconds: lower `runs` for a slow target). Under
+    --config=fuzz (clang, -fsanitize=fuzzer,address,undefined) the same target is a libFuzzer binary
+    seeded with the corpus (and the dictionary):
         bazel run --config=fuzz //pkg:name -- -max_total_time=60 [/writable/corpus/dir]
     """
     pkg = native.package_name()
     seeds = [(pkg + "/" + f) if pkg else f for f in corpus]
+    fuzz_args = ["-seed_inputs=" + ",".join(seeds)] if seeds else []
+    if dictionary:
+        fuzz_args.append("-dict=" + ((pkg + "/" + dictionary) if pkg else dictionary))
     native.cc_test(
         name = name,
         srcs = srcs,
         copts = ORTHOSHARD_COPTS + copts,
-        data = corpus,
+        data = corpus + ([dictionary] if dictionary else []),
         deps = deps + select({
             "//tools:fuzzing": [],
             "//conditions:default": ["//tools:fuzz_driver"],
@@ -135,7 +141,7 @@ def os_cc_fuzz_test(
             "//conditions:default": [],
         }),
         args = select({
-            "//tools:fuzzing": ["-seed_inputs=" + ",".join(seeds)] if seeds else [],
+            "//tools:fuzzing": fuzz_args,
             "//conditions:default": ["-runs=%d" % runs] + seeds,
         }),
         size = size,
