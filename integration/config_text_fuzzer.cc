@@ -35,7 +35,8 @@ using ::orthoshard::integration::ValidateTrainerConfig;
   X(seq_len) X(lr) X(muon_lr) X(weight_decay) X(muon_weight_decay) X(max_grad_norm) X(schedule) \
   X(warmup_steps) X(min_lr_ratio) X(decay_steps) X(eval_every) X(eval_batches) X(eval_fraction) \
   X(bucket_elems) X(check_every) X(log_every) X(log_dir) X(save_dir) X(save_every) X(resume)    \
-  X(stop_after) X(keep_checkpoints) X(max_consecutive_skips) X(seed) X(num_threads)
+  X(stop_after) X(keep_checkpoints) X(max_consecutive_skips) X(seed) X(num_threads)             \
+  X(on_save_failure) X(max_consecutive_failed_saves)
 
 #define ORTHOSHARD_COUNT(field) +1
 constexpr int kNumFields = 0 ORTHOSHARD_CONFIG_FIELDS(ORTHOSHARD_COUNT);
@@ -89,6 +90,8 @@ TrainerConfig Distinctive() {
   c.max_consecutive_skips = -115;
   c.seed = 0xfeedfacecafebeefULL;
   c.num_threads = -116;
+  c.on_save_failure = "f?";
+  c.max_consecutive_failed_saves = -117;
   return c;
 }
 
@@ -126,6 +129,8 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
         c.num_threads >= 0);
   Check(c.save_every >= 0 && c.stop_after >= 0 && c.stop_after <= c.steps &&
         c.keep_checkpoints >= 0 && c.max_consecutive_skips >= 0);
+  Check((c.on_save_failure == "stop" || c.on_save_failure == "continue") &&
+        c.max_consecutive_failed_saves >= 0);
   // global_batch / world_size / micro_batches samples per micro-batch, exactly.
   Check(c.global_batch % world_size == 0 && (c.global_batch / world_size) % c.micro_batches == 0);
   Check(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1);

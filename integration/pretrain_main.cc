@@ -98,6 +98,12 @@ ABSL_FLAG(int, keep_checkpoints, kDefaults.keep_checkpoints,
 ABSL_FLAG(int64_t, max_consecutive_skips, kDefaults.max_consecutive_skips,
           "stop (exit 1) after this many consecutive steps skipped for non-finite gradients, "
           "saving a final checkpoint when --save_dir is set; 0 = never");
+ABSL_FLAG(std::string, on_save_failure, kDefaults.on_save_failure,
+          "a checkpoint save that fails (disk full, I/O error): stop (exit non-zero naming the file) "
+          "or continue (report it on every rank, count it in the JSON's failed_saves, save again at "
+          "the next --save_every; a failed final save still exits non-zero)");
+ABSL_FLAG(int64_t, max_consecutive_failed_saves, kDefaults.max_consecutive_failed_saves,
+          "with --on_save_failure=continue: stop after this many saves in a row failed; 0 = never");
 ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of model init, data order and synthetic corpus");
 ABSL_FLAG(int, num_threads, kDefaults.num_threads,
           "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default");
@@ -221,6 +227,8 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   ORTHOSHARD_FLAG(stop_after);
   ORTHOSHARD_FLAG(keep_checkpoints);
   ORTHOSHARD_FLAG(max_consecutive_skips);
+  ORTHOSHARD_FLAG(on_save_failure);
+  ORTHOSHARD_FLAG(max_consecutive_failed_saves);
   ORTHOSHARD_FLAG(seed);
   ORTHOSHARD_FLAG(num_threads);
 #undef ORTHOSHARD_FLAG

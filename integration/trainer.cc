@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "buffers/param_and_grad_buffer.h"
+#include "checkpoint/commit.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "ddp/distributed_data_parallel.h"
 #include "common/status_macros.h"
@@ -291,6 +292,117 @@ std::string OptimizerConfigString(const TrainerConfig& c) {
   return absl::StrCat("optimizer=", c.optimizer);
 }
 
+// Whether `ok` holds on every rank: an all-reduce of the number of ranks where it does not (also a
+// barrier). Errors: the communicator's.
+absl::StatusOr<bool> AllRanksOk(Communicator& comm, bool ok) {
+  at::Tensor failed = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  failed.fill_(ok ? 0.0 : 1.0);
+  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{failed, {ReduceOp::kSum}}}));
+  return failed.item<double>() == 0;
+}
+
+// The checkpoint saves of one run (config.save_dir) and what a failed one does
+// (config.on_save_failure). At most one save is in flight: AsyncCheckpointSaver writes it in the
+// background, and it is finalized (barrier, commit) at the next save or at Finish, which is also
+// when its failure is detected. Every method is collective: all ranks call it at the same step.
+//
+// Every save phase ends with an all-reduce of "did it fail here", so all ranks take the same
+// branch even where the failure was local (AsyncCheckpointSaver::Start's snapshot); the library's
+// own barriers already agree on write and commit failures. A failure of that all-reduce (the
+// communicator) always stops the run.
+class Checkpointer {
+ public:
+  Checkpointer(const TrainerConfig& c, Communicator& comm, ProgressPrinter& progress,
+               std::FILE* err, TrainSummary& summary)
+      : c_(c), comm_(comm), progress_(progress), err_(err), summary_(summary) {
+    options_.keep_last = c.keep_checkpoints;
+    saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
+  }
+
+  // Finalizes the save in flight, then snapshots step `shared.step` and starts writing it.
+  // Precondition: the params are synced. OK when training may go on (with on_save_failure=continue,
+  // also after a failed save, reported on err). Errors: the save's, naming the step (a rank whose
+  // own part succeeded gets kAborted); the communicator's.
+  absl::Status Save(const checkpoint::SharedState& shared,
+                    absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+                    bool final_save) {
+    RETURN_IF_ERROR(FinalizeInFlight(/*final_save=*/false));
+    const absl::Status started = saver_->Start(c_.save_dir, shared, buffers, optimizer, options_);
+    ASSIGN_OR_RETURN(const bool ok, Settle(shared.step, started, final_save));
+    if (ok) in_flight_step_ = shared.step;
+    return absl::OkStatus();
+  }
+
+  // Finalizes the save in flight, the run's last. Errors: as Save, also with continue.
+  absl::Status Finish() { return FinalizeInFlight(/*final_save=*/true); }
+
+ private:
+  absl::Status FinalizeInFlight(bool final_save) {
+    if (in_flight_step_ == 0) return absl::OkStatus();
+    const int64_t step = in_flight_step_;
+    in_flight_step_ = 0;
+    const absl::Status finalized = saver_->Finalize();
+    ASSIGN_OR_RETURN(const bool committed, Settle(step, finalized, final_save));
+    if (committed) consecutive_failures_ = 0;
+    return absl::OkStatus();
+  }
+
+  // Agrees on the outcome `own` of one phase of the save of `step`. Returns whether it succeeded on
+  // every rank; false after a failure that training survives (reported on err_). Errors: the
+  // failure when the run must stop; the communicator's.
+  absl::StatusOr<bool> Settle(int64_t step, const absl::Status& own, bool final_save) {
+    ASSIGN_OR_RETURN(const bool all_ok, AllRanksOk(comm_, own.ok()));
+    if (all_ok) return true;
+    const absl::Status failure =
+        own.ok() ? absl::AbortedError("another rank's part of the save failed") : own;
+    const std::string what = absl::StrCat(final_save ? "final checkpoint" : "checkpoint",
+                                          " of step ", step, " in ", c_.save_dir,
+                                          " failed: ", failure.message());
+    if (c_.on_save_failure != "continue") return absl::Status(failure.code(), what);
+    ++summary_.failed_saves;
+    ++consecutive_failures_;
+    // Drop this rank's write still in flight (a snapshot failed elsewhere) without committing it;
+    // once every rank has, rank 0 removes the partial `.tmp` directory so it holds no disk space.
+    saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm_);
+    RETURN_IF_ERROR(AllRanksOk(comm_, true).status());
+    std::string cleanup;
+    if (comm_.rank() == 0) {
+      if (absl::Status gc = checkpoint::GarbageCollect(c_.save_dir, c_.keep_checkpoints); !gc.ok()) {
+        cleanup = absl::StrCat(" (removing its partial directory failed too: ", gc.message(), ")");
+      }
+    }
+    if (final_save) {
+      return absl::Status(failure.code(),
+                          absl::StrCat(what, cleanup, " (--on_save_failure=continue; failed saves "
+                                       "in this run: ", summary_.failed_saves, ")"));
+    }
+    if (c_.max_consecutive_failed_saves > 0 &&
+        consecutive_failures_ >= c_.max_consecutive_failed_saves) {
+      return absl::Status(failure.code(),
+                          absl::StrCat(what, cleanup, "; ", consecutive_failures_,
+                                       " saves in a row failed (--max_consecutive_failed_saves=",
+                                       c_.max_consecutive_failed_saves, "), stopping"));
+    }
+    if (comm_.rank() == 0) progress_.Finish();
+    std::fprintf(err_, "warning: %s%s; training goes on (--on_save_failure=continue; failed saves "
+                       "so far: %lld)\n",
+                 what.c_str(), cleanup.c_str(), static_cast<long long>(summary_.failed_saves));
+    std::fflush(err_);
+    return false;
+  }
+
+  const TrainerConfig& c_;
+  Communicator& comm_;
+  ProgressPrinter& progress_;
+  std::FILE* err_;
+  TrainSummary& summary_;
+  checkpoint::SaveOptions options_;
+  std::unique_ptr<checkpoint::AsyncCheckpointSaver> saver_;
+  int64_t in_flight_step_ = 0;  // step of the save being written; 0 = none
+  int64_t consecutive_failures_ = 0;
+};
+
 // Loads save_dir's `latest` into the buffers, the sharded optimizer and the train loader; returns
 // the step it was saved at. Nothing is written. Errors: see Train in trainer.h.
 absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& comm,
@@ -343,11 +455,6 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, last_step));
     first_step = saved_step + 1;
   }
-  std::unique_ptr<checkpoint::AsyncCheckpointSaver> saver;
-  checkpoint::SaveOptions save_options;
-  save_options.keep_last = c.keep_checkpoints;
-  if (!c.save_dir.empty()) saver = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
-
   TrainSummary summary;
   summary.world_size = comm.size();
   summary.dist = c.dist;
@@ -400,6 +507,10 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   po.log_every = c.log_every;
   po.terminal = options.terminal;
   ProgressPrinter progress(options.out, po);
+  std::unique_ptr<Checkpointer> saver;
+  if (!c.save_dir.empty()) {
+    saver = std::make_unique<Checkpointer>(c, comm, progress, options.err, summary);
+  }
   const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
   absl::Duration train_time;
   at::Tensor loss_avg = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
@@ -494,10 +605,10 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       shared.rng_seed = c.seed;
       shared.model_config = ModelConfigString(c, s);
       shared.optimizer_config = OptimizerConfigString(c);
-      RETURN_IF_ERROR(saver->Start(c.save_dir, shared, s.buffers, *s.sharded, save_options));
+      RETURN_IF_ERROR(saver->Save(shared, s.buffers, *s.sharded, last));
     }
     if (give_up) {
-      if (saver) RETURN_IF_ERROR(saver->Finalize());
+      if (saver) RETURN_IF_ERROR(saver->Finish());
       if (lead) progress.Finish();
       return absl::AbortedError(absl::StrCat(
           "stopping at step ", step, ": ", consecutive_skips,
@@ -507,7 +618,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
                 : std::string("; no --save_dir, nothing saved")));
     }
   }
-  if (saver) RETURN_IF_ERROR(saver->Finalize());
+  if (saver) RETURN_IF_ERROR(saver->Finish());
   if (lead) progress.Finish();
   summary.elapsed_s = absl::ToDoubleSeconds(train_time);
   summary.tokens_per_s = summary.elapsed_s > 0 ? tokens_per_step *

@@ -34,6 +34,7 @@ namespace orthoshard::integration {
 struct TrainOptions {
   std::FILE* out = stdout;        // progress and start-up report (rank 0 only); not owned
   bool terminal = false;          // redraw the progress line in place (see ProgressPrinter)
+  std::FILE* err = stderr;        // failed saves that training survives (every rank); not owned
 };
 
 // Runs the whole training on this rank. Every rank of `comm` must call it with the same config.
@@ -55,6 +56,15 @@ struct TrainOptions {
 // global batch, seq_len or dataset size differ (kFailedPrecondition "loader resume: ..."); or the
 // saved step is not below the last step to run (kFailedPrecondition). Another rank's load
 // failure is kFailedPrecondition too, so every rank exits with the bad-input code.
+// A save that fails (a shard or the manifest cannot be written, the commit fails) never moves
+// `latest`. Every rank learns of it (an all-reduce after each save phase), when the save in flight
+// is finalized: at the next save or after the last step. With config.on_save_failure "stop" Train
+// returns its error naming the step, the save_dir and (on the rank that hit it) the file; a rank
+// whose own part succeeded gets kAborted. With "continue", each rank writes "warning: checkpoint
+// of step N in DIR failed: ...; training goes on" to options.err, counts it in
+// TrainSummary::failed_saves, rank 0 removes the partial `.tmp` directory, and the next save is
+// tried as usual; a failure of the final save, or config.max_consecutive_failed_saves failures in
+// a row, still returns the error. A communicator failure during a save always stops the run.
 // Non-finite gradients skip the step on every rank with all state untouched (counted in
 // skipped_steps); after config.max_consecutive_skips consecutive skips the run stops: the last step
 // is saved when save_dir is set (params and state are those of the last good step) and Train returns

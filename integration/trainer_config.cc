@@ -106,6 +106,8 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
   ORTHOSHARD_APPLY(stop_after);
   ORTHOSHARD_APPLY(keep_checkpoints);
   ORTHOSHARD_APPLY(max_consecutive_skips);
+  ORTHOSHARD_APPLY(on_save_failure);
+  ORTHOSHARD_APPLY(max_consecutive_failed_saves);
   ORTHOSHARD_APPLY(seed);
   ORTHOSHARD_APPLY(num_threads);
 #undef ORTHOSHARD_APPLY
@@ -140,6 +142,15 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   if (c.max_consecutive_skips < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_consecutive_skips must be >= 0 (0 = never stop), got ", c.max_consecutive_skips));
+  }
+  if (c.on_save_failure != "stop" && c.on_save_failure != "continue") {
+    return absl::InvalidArgumentError(absl::StrCat("--on_save_failure '", c.on_save_failure,
+                                                   "': expected stop or continue"));
+  }
+  if (c.max_consecutive_failed_saves < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_consecutive_failed_saves must be >= 0 (0 = never stop), got ",
+                     c.max_consecutive_failed_saves));
   }
   if (c.save_every < 0 || c.stop_after < 0 || c.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -230,10 +241,10 @@ std::string TrainSummary::ToJson() const {
       "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
       "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
       "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
-      "\"param_checksum\":%.17g}",
+      "\"failed_saves\":%d,\"param_checksum\":%.17g}",
       steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
       elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
-      checksum_checks, param_checksum);
+      checksum_checks, failed_saves, param_checksum);
 }
 
 }  // namespace orthoshard::integration

@@ -55,6 +55,12 @@ struct TrainerConfig {
   // Stop (kAborted, after a final checkpoint when save_dir is set) once this many consecutive steps
   // were skipped for non-finite gradients; 0 = never stop.
   int64_t max_consecutive_skips = 10;
+  // A checkpoint save that fails (disk full, file-size limit, I/O error): "stop" ends the run with
+  // its error; "continue" reports it on every rank, counts it in TrainSummary::failed_saves and
+  // trains on, trying again at the next save (see Train).
+  std::string on_save_failure = "stop";
+  // With on_save_failure=continue: stop anyway once this many saves in a row failed; 0 = never.
+  int64_t max_consecutive_failed_saves = 3;
   uint64_t seed = 1234;              // model init, data permutation and synthetic corpus
   int num_threads = 1;               // at::set_num_threads per rank (ranks share the cores); 0 = leave
 };
@@ -68,7 +74,8 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 // bound (steps >= 1, known preset/optimizer/schedule, batch divisibility by world_size x
 // micro_batches, seq_len <= the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm
 // NaN, distopt with muon, --resume or --save_every without --save_dir, --save_dir with
-// --dist=replicated, stop_after > steps, ...); kUnimplemented for device cuda.
+// --dist=replicated, stop_after > steps, on_save_failure other than stop or continue, ...);
+// kUnimplemented for device cuda.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
 // What a finished run reports (every rank gets the same numbers except the per-rank timings).
@@ -89,6 +96,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;      // non-finite gradients
   int64_t comm_bytes = 0;         // logical bytes this rank launched (communicator counters)
   int64_t checksum_checks = 0;    // cross-rank param checksum comparisons that passed
+  int64_t failed_saves = 0;       // checkpoint saves that failed (on_save_failure=continue)
   double param_checksum = 0;      // sum of all params at the end (identical on every rank)
 
   // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...}.

@@ -118,6 +118,25 @@ TEST(TrainerConfig, CheckpointFlagsAreChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--stop_after 301 exceeds --steps 300")));
 }
 
+TEST(TrainerConfig, SaveFailurePolicy) {
+  TrainerConfig config;
+  EXPECT_EQ(config.on_save_failure, "stop");
+  ASSERT_OK(ApplyConfigText("on_save_failure: \"continue\"\nmax_consecutive_failed_saves: 0\n", "c",
+                            &config));
+  EXPECT_EQ(config.on_save_failure, "continue");
+  EXPECT_EQ(config.max_consecutive_failed_saves, 0);
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.on_save_failure = "retry";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--on_save_failure 'retry': expected stop or continue")));
+  config = TrainerConfig();
+  config.max_consecutive_failed_saves = -1;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_consecutive_failed_saves must be >= 0")));
+}
+
 TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
   TrainSummary s;
   s.steps = 3;
@@ -131,6 +150,9 @@ TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
   EXPECT_THAT(json, HasSubstr("\"final_loss\":1.250000,"));
   EXPECT_THAT(json, HasSubstr("\"world_size\":2,"));
   EXPECT_THAT(json, HasSubstr("\"dist\":\"replicated\""));
+  EXPECT_THAT(json, HasSubstr("\"failed_saves\":0,"));
+  s.failed_saves = 2;
+  EXPECT_THAT(s.ToJson(), HasSubstr("\"failed_saves\":2,"));
   for (const char* key : {"eval_loss", "tokens_per_s"}) {
     EXPECT_THAT(json, HasSubstr(std::string("\"") + key + "\":"));
   }
