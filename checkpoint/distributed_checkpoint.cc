@@ -76,11 +76,17 @@ int FirstElementOwner(const layout::PerBufferParamLayout& layout, const layout::
 
 // All-reduces `ok` over ranks; true when every rank is ok. Doubles as a barrier.
 absl::StatusOr<bool> AllOk(collectives::Communicator& comm, bool ok) {
-  at::Tensor failed = at::zeros({1}, at::kFloat);
+  at::Tensor failed = at::zeros({1}, at::TensorOptions(at::kFloat).device(comm.device()));
   if (!ok) failed.fill_(1.0);
   ASSIGN_OR_RETURN(auto work, comm.AllReduce(failed));
   RETURN_IF_ERROR(work->Wait(comm.timeout()));
   return failed.item<float>() == 0.0f;
+}
+
+// A host copy of `t` (contiguous, owning its memory) for the writer: the live tensor may be on a
+// GPU and keeps changing while the shard is written in the background.
+at::Tensor HostCopy(const at::Tensor& t) {
+  return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
 
 }  // namespace
@@ -96,15 +102,15 @@ absl::StatusOr<RankSnapshot> SnapshotRank(
       const layout::PerBufferParamLayout& layout = buffer->layout();
       for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
         if (FirstElementOwner(layout, layout.params[i]) != rank) continue;
-        at::Tensor t = buffer->Param(i).detach().contiguous().clone();
+        at::Tensor t = HostCopy(buffer->Param(i));
         ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
         snap.tensors.push_back(t);
         snap.records.push_back(
             {layout.params[i].name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
       }
     }
-    for (const ShardedTensor& s : optimizer.ExportState()) {  // ExportState clones
-      at::Tensor t = s.tensor.contiguous();
+    for (const ShardedTensor& s : optimizer.ExportState()) {  // clones: only a device copy is new
+      at::Tensor t = s.tensor.device().is_cpu() ? s.tensor.contiguous() : HostCopy(s.tensor);
       ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
       snap.tensors.push_back(t);
       snap.records.push_back({s.name, absl::StrCat(kStatePrefix, s.offset, ".rank", rank), dtype,

@@ -142,6 +142,9 @@ class Communicator {
   virtual std::string backend_name() const = 0;
   // The timeout applied inside the engine to every collective; also the default for waits.
   virtual absl::Duration timeout() const = 0;
+  // The device every tensor passed to this communicator must be on: CPU for Gloo, this rank's GPU
+  // for NCCL. Callers that build small tensors for a collective (flags, statistics) put them here.
+  virtual at::Device device() const = 0;
 
   // Launches `ops` back to back as one group and returns one Work that completes when all of them
   // have. Each op counts as one collective in the cross-rank order. An empty group is an error.

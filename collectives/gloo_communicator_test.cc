@@ -54,6 +54,7 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesFailsTheRendezvousInTime) {
 TEST(GlooCommunicatorTest, SingleRankCollectivesAndLaunchValidation) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> comm, CreateGlooCommunicator(SingleRank()));
   EXPECT_EQ(comm->backend_name(), "gloo");
+  EXPECT_EQ(comm->device(), at::Device(at::kCPU));
   at::Tensor t = at::zeros({4}, at::kFloat).add_(3);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Work> work, comm->AllReduce(t, {ReduceOp::kAvg}));
   EXPECT_OK(work->Wait(absl::Seconds(10)));

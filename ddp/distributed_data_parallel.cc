@@ -100,6 +100,11 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
                                                        Communicator* expert_comm) {
   if (dense_comm == nullptr) return absl::InvalidArgumentError("ddp: dense_comm is null");
   if (expert_comm == nullptr) expert_comm = dense_comm;
+  if (expert_comm->device() != dense_comm->device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ddp: the expert communicator reduces on ", expert_comm->device().str(),
+                     ", the dense one on ", dense_comm->device().str(), "; expected one device"));
+  }
   const int num_params = static_cast<int>(params.size());
   std::vector<int> placed(num_params, 0);
   std::vector<std::string> names(num_params);
@@ -141,6 +146,9 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
   }
   buffers::BufferOptions options;
   options.buckets_per_group = config_.buckets_per_group;
+  // The buffers live where the communicator reduces (CPU for Gloo, this rank's GPU for NCCL); the
+  // params must already be there (ParamAndGradBuffer::Create names any that is not).
+  options.device = dense_comm->device();
   for (const layout::PerBufferParamLayout& buf : layout.buffers) {
     ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
                      buffers::ParamAndGradBuffer::Create(buf, params, options));

@@ -90,13 +90,14 @@ class DistributedDataParallel {
   // Builds one ParamAndGradBuffer per buffer of `layout` (turning `params` into views of them) and
   // hooks every param's gradient accumulator.
   //   params: every model param, in the order of the ParamSpec list `layout` was computed from
-  //     (forward order); leaves with requires_grad, on the CPU, dtypes and numels as planned.
+  //     (forward order); leaves with requires_grad, on dense_comm->device() (where the buffers
+  //     are allocated), dtypes and numels as planned.
   //   dense_comm: the data-parallel group of dense buffers; size() must equal their layout dp.
   //   expert_comm: the group of expert buffers (layout key.expert); nullptr means dense_comm.
   //   Both must outlive this object.
   // Errors: kInvalidArgument naming the param or buffer for a param placed in no buffer or in two,
   // a param without requires_grad or not a leaf, a communicator whose size differs from the
-  // buffer's dp, a non-fp32 grad buffer with grad_reduce_in_fp32, buckets_per_group < 1; and
+  // buffer's dp, communicators on different devices, a non-fp32 grad buffer with grad_reduce_in_fp32, buckets_per_group < 1; and
   // every error of ParamAndGradBuffer::Create.
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
       const layout::FullParamLayout& layout, const std::vector<at::Tensor>& params,

@@ -200,6 +200,7 @@ class C10dCommunicator : public Communicator {
   int size() const override { return shared_->size; }
   std::string backend_name() const override { return traits_.name; }
   absl::Duration timeout() const override { return timeout_; }
+  at::Device device() const override { return traits_.device; }
 
   TrafficCounters traffic() const override {
     absl::MutexLock lock(&mu_);

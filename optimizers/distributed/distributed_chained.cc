@@ -107,12 +107,10 @@ absl::StatusOr<StepResult> DistributedChainedOptimizer::Step() {
   const bool local_nonfinite = !std::isfinite(adamw_local + muon_local);
   // One all-reduce for every global statistic. A non-finite partial sum is sent as 0 with the flag
   // set, so the flag alone decides (inf - inf cannot turn into a finite sum).
-  // On the buffers' device, which is the communicator's (NCCL reduces CUDA tensors only).
   at::Tensor stats = at::tensor({local_nonfinite ? 0.0 : adamw_local,
                                  local_nonfinite ? 0.0 : muon_local, local_nonfinite ? 1.0 : 0.0},
                                 at::kDouble)
-                         .to(buffers_.empty() ? at::Device(at::kCPU)
-                                              : buffers_.front()->param_data().device());
+                         .to(comm_->device());
   ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work, comm_->AllReduce(stats));
   RETURN_IF_ERROR(work->Wait(comm_->timeout()));
   stats = stats.cpu();

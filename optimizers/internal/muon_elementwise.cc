@@ -124,9 +124,9 @@ bool IsDenseCpu(const at::Tensor& t) {
 }  // namespace
 
 bool CanFuseMomentum(const at::Tensor& momentum, const at::Tensor& grad, double mu) {
-  return mu != 0.0 && IsDenseCpu(momentum) && IsDenseCpu(grad) && momentum.scalar_type() == at::kFloat &&
-         grad.scalar_type() == at::kFloat && grad.numel() == momentum.numel() &&
-         !momentum.is_same(grad);
+  return mu != 0.0 && IsDenseCpu(momentum) && IsDenseCpu(grad) &&
+         momentum.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
+         grad.numel() == momentum.numel() && !momentum.is_same(grad);
 }
 
 bool CanFuseDecayAdd(const at::Tensor& param, const at::Tensor& update) {

@@ -1,14 +1,14 @@
 // Fused CPU passes for the elementwise parts of a Muon step, bitwise equal to the ATen ops they
-// replace (at::lerp_/at::lerp, Tensor::to(bf16), Tensor::mul_ then Tensor::add_ with alpha).
+// replace (at::lerp_ / at::lerp, Tensor::to(bf16), Tensor::mul_ then Tensor::add_ with alpha).
 //
-// ATen runs those ops as separate memory-bound passes over fp32 tensors, with a 16-byte-per-element
-// temporary for the Nesterov update and another for add_'s bf16 -> fp32 cast. Here each group is one
-// pass that reads each input once. Bitwise equality holds because every element goes through the
-// same float operations as ATen's vectorised CPU kernels (aten/src/ATen/native/cpu/LerpKernel.cpp,
-// ufunc/add.h): lerp as fma(w, end - start, start) for |w| < 0.5 else fma(w - 1, end - start, end),
-// add as fma(other, alpha, self), with scalars rounded to float first and bf16 rounded to nearest
-// even; an fma is correctly rounded whichever instruction computes it. //optimizers:muon_elementwise_test
-// checks this against ATen on awkward sizes.
+// ATen runs those ops as separate memory-bound passes over fp32 tensors, with a full fp32
+// temporary for the Nesterov update and another for add_'s bf16 -> fp32 cast. Here each group is
+// one pass that reads each input once. Bitwise equality holds because every element goes through
+// the same float operations as ATen's vectorised CPU kernels (aten/src/ATen/native/cpu/
+// LerpKernel.cpp, ufunc/add.h): lerp as fma(w, end - start, start) for |w| < 0.5, else
+// fma(w - 1, end - start, end); add as fma(other, alpha, self); scalars rounded to float first;
+// bf16 rounded to nearest even. An fma is correctly rounded whichever instruction computes it.
+// //optimizers:muon_elementwise_test checks all of it against ATen on awkward sizes and values.
 #ifndef ORTHOSHARD_OPTIMIZERS_INTERNAL_MUON_ELEMENTWISE_H_
 #define ORTHOSHARD_OPTIMIZERS_INTERNAL_MUON_ELEMENTWISE_H_
 

@@ -28,7 +28,8 @@ bool SameBits(const at::Tensor& a, const at::Tensor& b) {
   return at::equal(a.contiguous().view(bits), b.contiguous().view(bits));
 }
 
-// Gaussian values spread over many binades, with zeros, negative zeros and fp32 subnormals mixed in.
+// Gaussian values spread over many binades, with zeros, negative zeros and fp32 subnormals mixed
+// in.
 at::Tensor AwkwardValues(int64_t n, uint64_t seed) {
   at::manual_seed(seed);
   at::Tensor t = at::randn({n}).mul_(at::exp2(at::randn({n}).mul_(8.0)));
