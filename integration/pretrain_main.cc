@@ -10,18 +10,24 @@
 // is rank 0's summary as one JSON object (TrainSummary::ToJson).
 //
 // Exit codes: 0 success; 2 bad input found before training starts (unknown flag, bad flag value,
-// missing or corrupt data/config file, a mode not built yet: kInvalidArgument, kNotFound,
-// kFailedPrecondition, kDataLoss, kUnimplemented), with one "pretrain: ..." line on stderr and
-// nothing written; 1 any other failure; under the local launcher, the first failing rank's code.
+// missing or corrupt data/config file, --device=cuda without a CUDA build or GPU: kInvalidArgument,
+// kNotFound, kFailedPrecondition, kDataLoss, kUnimplemented), with one "pretrain: ..." line on
+// stderr and nothing written; 1 any other failure; under the local launcher, the first failing
+// rank's code.
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#ifdef ORTHOSHARD_CUDA
+#include <ATen/detail/CUDAHooksInterface.h>
+#endif
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -34,6 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/launcher.h"
+#include "collectives/nccl_communicator.h"
 #include "collectives/rendezvous.h"
 #include "integration/dataset.h"
 #include "integration/model.h"
@@ -58,7 +65,9 @@ ABSL_FLAG(std::string, dist, kDefaults.dist,
           "distribution: replicated (grads all-reduced, every rank steps every param), layerwise "
           "(DDP reduce-scatter + layer-wise Muon + ZeRO-1 AdamW, params all-gathered per layer "
           "before forward) or distopt (ZeRO-1 for every param; needs --optimizer=adamw)");
-ABSL_FLAG(std::string, device, kDefaults.device, "cpu (cuda needs NCCL: not built yet)");
+ABSL_FLAG(std::string, device, kDefaults.device,
+          "cpu (Gloo) or cuda (NCCL, one GPU per rank: cuda:LOCAL_RANK; needs a build with "
+          "bazel build --config=cuda)");
 ABSL_FLAG(int64_t, steps, kDefaults.steps, "optimizer steps");
 ABSL_FLAG(int64_t, global_batch, kDefaults.global_batch,
           "samples per step over all ranks (divisible by ranks x micro_batches)");
@@ -235,9 +244,40 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   return c;
 }
 
+// Whether this binary and machine can run `config.device` with `local_ranks` ranks on this
+// machine (one GPU each for cuda). Errors: kFailedPrecondition saying what is missing.
+absl::Status CheckDevice(const TrainerConfig& config, int local_ranks) {
+  if (config.device != "cuda") return absl::OkStatus();
+#ifndef ORTHOSHARD_CUDA
+  (void)local_ranks;
+  return absl::FailedPreconditionError(
+      "--device=cuda: this pretrain was built without CUDA and NCCL; build it with "
+      "`bazel build --config=cuda //integration:pretrain`");
+#else
+  const int gpus = at::detail::getCUDAHooks().getNumGPUs();
+  if (gpus < local_ranks) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device=cuda: ", local_ranks, " rank(s) on this machine need one GPU each, ",
+                     gpus, " visible"));
+  }
+  return absl::OkStatus();
+#endif
+}
+
+// The communicator of `config.device`: Gloo on the CPU, or NCCL on GPU LOCAL_RANK.
+absl::StatusOr<std::unique_ptr<collectives::Communicator>> CreateCommunicator(
+    const TrainerConfig& config, const collectives::RendezvousInfo& info) {
+#ifdef ORTHOSHARD_CUDA
+  if (config.device == "cuda") {
+    return collectives::CreateNcclCommunicator(collectives::NcclOptionsFromRendezvous(info));
+  }
+#endif
+  return collectives::CreateGlooCommunicator(collectives::GlooOptionsFromRendezvous(info));
+}
+
 // One rank of a job whose environment `info` describes.
 int RunRank(const TrainerConfig& config, const collectives::RendezvousInfo& info) {
-  auto comm = collectives::CreateGlooCommunicator(collectives::GlooOptionsFromRendezvous(info));
+  auto comm = CreateCommunicator(config, info);
   if (!comm.ok()) return Fail(comm.status());
   TrainOptions options;
   std::FILE* tty = nullptr;
@@ -306,6 +346,7 @@ int Main(int argc, char** argv) {
       collectives::ParseRendezvous(collectives::ProcessEnvironment());
   if (info.ok()) {
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
+    if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);
     return RunRank(*config, *info);
   }
   if (info.status().code() != absl::StatusCode::kNotFound) return Fail(info.status());
@@ -317,6 +358,7 @@ int Main(int argc, char** argv) {
         absl::StrCat("--nproc_per_node must be >= 1, got ", nprocs)));
   }
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckDevice(*config, nprocs); !s.ok()) return Fail(s);
   if (config->resume && !std::filesystem::exists(config->save_dir + "/latest")) {
     return Fail(absl::NotFoundError(absl::StrCat("--resume: no checkpoint in --save_dir: '",
                                                  config->save_dir, "/latest' does not exist")));

@@ -206,7 +206,8 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--config=" + dir + "/bad.textproto", "stepz"},
       {"--dist=distopt", "Muon needs whole matrices"},
       {"--dist=mesh", "expected replicated, layerwise or distopt"},
-      {"--device=cuda", "NCCL"},
+      {"--device=cuda", "--device=cuda: "},  // built without CUDA here, or no GPU visible
+      {"--device=tpu", "--device 'tpu': expected cpu or cuda"},
       {"--resume", "--resume needs --save_dir"},
       {"--resume --save_dir=" + dir + "/no_ckpt", "no_ckpt/latest' does not exist"},
       {"--save_dir=" + dir + "/ckpt --dist=replicated", "need --dist=layerwise or --dist=distopt"},

@@ -17,7 +17,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
@@ -48,11 +49,21 @@ using collectives::AllReduceOp;
 using collectives::Communicator;
 using collectives::ReduceOp;
 
-at::Tensor ToTensor(const std::vector<int64_t>& ids, int64_t rows, int64_t cols) {
-  return at::from_blob(const_cast<int64_t*>(ids.data()), {rows, cols},
-                       at::TensorOptions().dtype(at::kLong))
-      .clone();
+// Token ids as an int64 [rows, cols] tensor on `device` (owning its memory).
+at::Tensor ToTensor(const std::vector<int64_t>& ids, int64_t rows, int64_t cols,
+                    at::Device device) {
+  const at::Tensor view = at::from_blob(const_cast<int64_t*>(ids.data()), {rows, cols},
+                                        at::TensorOptions().dtype(at::kLong));
+  return device.is_cpu() ? view.clone() : view.to(device);
 }
+
+// A float64 [1] tensor holding `value` on the communicator's device, for a scalar collective.
+at::Tensor ScalarOn(const Communicator& comm, double value) {
+  return at::full({1}, value, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
+}
+
+// The value of a one-element tensor on any device (one device-to-host copy).
+double ValueOf(const at::Tensor& t) { return t.item<double>(); }
 
 // Launches `ops` as one group and waits for it.
 absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp> ops) {
@@ -144,7 +155,8 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   s.train = std::make_unique<DataLoader>(std::move(train));
   s.eval = std::make_unique<DataLoader>(std::move(eval));
 
-  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(gpt, c.seed));
+  // Initialised from the seed on the CPU, then moved: every device starts from the same weights.
+  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(gpt, c.seed, at::kFloat, comm.device()));
   s.model = std::make_unique<Gpt>(std::move(model));
   const std::vector<ModelParam>& params = s.model->params();
 
@@ -214,9 +226,11 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   }
 
   std::vector<at::Tensor> grads(params.size());
+  buffers::BufferOptions buffer_options;
+  buffer_options.device = comm.device();
   for (const layout::PerBufferParamLayout& b : s.layout.buffers) {
     ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
-                     buffers::ParamAndGradBuffer::Create(b, tensors));
+                     buffers::ParamAndGradBuffer::Create(b, tensors, buffer_options));
     for (size_t i = 0; i < b.params.size(); ++i) {
       grads[b.params[i].param_index] = buffer->GradView(static_cast<int>(i));
     }
@@ -244,14 +258,14 @@ absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
   double total = 0;
   const std::vector<MicroBatch> batches = s.eval->BatchAt(0);
   for (const MicroBatch& b : batches) {
-    ASSIGN_OR_RETURN(at::Tensor loss, s.model->Loss(ToTensor(b.inputs, b.rows, b.cols),
-                                                    ToTensor(b.targets, b.rows, b.cols)));
+    ASSIGN_OR_RETURN(at::Tensor loss,
+                     s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
+                                   ToTensor(b.targets, b.rows, b.cols, comm.device())));
     total += loss.item<double>();
   }
-  at::Tensor mean = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
-  mean.fill_(total / static_cast<double>(batches.size()));
+  at::Tensor mean = ScalarOn(comm, total / static_cast<double>(batches.size()));
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{mean, {ReduceOp::kAvg}}}));
-  return mean.item<double>();
+  return ValueOf(mean);
 }
 
 // Compares a cheap checksum of every param (sum and sum of squares, in fp64) with rank 0's; every
@@ -265,21 +279,18 @@ absl::StatusOr<double> CheckParamsIdentical(Setup& s, Communicator& comm, int64_
     sum += data.sum().item<double>();
     sum_squares += data.mul(data).sum().item<double>();
   }
-  at::Tensor reference = at::zeros({2}, at::TensorOptions().dtype(at::kDouble));
-  reference.fill_(0);
-  double* r = reference.data_ptr<double>();
-  r[0] = sum;
-  r[1] = sum_squares;
+  at::Tensor reference = at::tensor({sum, sum_squares}, at::kDouble).to(comm.device());
   RETURN_IF_ERROR(RunGroup(comm, {collectives::BroadcastOp{reference, {0}}}));
+  reference = reference.cpu();
+  const double* r = reference.data_ptr<double>();
   const bool differs = r[0] != sum || r[1] != sum_squares;
-  at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
-  flag.fill_(differs ? 1.0 : 0.0);
+  at::Tensor flag = ScalarOn(comm, differs ? 1.0 : 0.0);
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{flag, {ReduceOp::kSum}}}));
-  if (flag.item<double>() != 0) {
+  if (const double ranks = ValueOf(flag); ranks != 0) {
     return absl::InternalError(absl::StrFormat(
         "param checksum differs from rank 0's at step %d on %d rank(s) (this rank: sum %.17g vs "
         "%.17g)",
-        step, static_cast<int64_t>(flag.item<double>()), sum, r[0]));
+        step, static_cast<int64_t>(ranks), sum, r[0]));
   }
   return sum;
 }
@@ -295,10 +306,9 @@ std::string OptimizerConfigString(const TrainerConfig& c) {
 // Whether `ok` holds on every rank: an all-reduce of the number of ranks where it does not (also a
 // barrier). Errors: the communicator's.
 absl::StatusOr<bool> AllRanksOk(Communicator& comm, bool ok) {
-  at::Tensor failed = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
-  failed.fill_(ok ? 0.0 : 1.0);
+  at::Tensor failed = ScalarOn(comm, ok ? 0.0 : 1.0);
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{failed, {ReduceOp::kSum}}}));
-  return failed.item<double>() == 0;
+  return ValueOf(failed) == 0;
 }
 
 // The checkpoint saves of one run (config.save_dir) and what a failed one does
@@ -445,6 +455,13 @@ absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& c
 absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& comm,
                                        const TrainOptions& options) {
   RETURN_IF_ERROR(ValidateTrainerConfig(c, comm.size()));
+  // Model, buffers and batches live on the communicator's device; the config must agree with it.
+  if (const bool cuda = c.device == "cuda"; cuda != comm.device().is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", c.device, ": the ", comm.backend_name(),
+                     " communicator reduces on ", comm.device().str(), ", expected ",
+                     cuda ? "a CUDA device (NCCL)" : "the CPU (Gloo)"));
+  }
   if (c.num_threads > 0) at::set_num_threads(c.num_threads);
   const bool lead = comm.rank() == 0;
   ASSIGN_OR_RETURN(Setup s, Build(c, comm));
@@ -513,7 +530,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   }
   const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
   absl::Duration train_time;
-  at::Tensor loss_avg = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor loss_avg = ScalarOn(comm, 0.0);
   int64_t consecutive_skips = 0;
   for (int64_t step = first_step; step <= last_step; ++step) {
     const absl::Time start = absl::Now();
@@ -527,8 +544,9 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     for (size_t m = 0; m < batches.size(); ++m) {
       const MicroBatch& b = batches[m];
       if (s.ddp) s.ddp->set_is_last_microbatch(m + 1 == batches.size());
-      ASSIGN_OR_RETURN(at::Tensor loss, s.model->Loss(ToTensor(b.inputs, b.rows, b.cols),
-                                                      ToTensor(b.targets, b.rows, b.cols)));
+      ASSIGN_OR_RETURN(at::Tensor loss,
+                       s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
+                                     ToTensor(b.targets, b.rows, b.cols, comm.device())));
       loss.mul(1.0 / static_cast<double>(batches.size())).backward();
       loss_sum += loss.item<double>();
     }
@@ -558,7 +576,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     const absl::Duration step_time = absl::Now() - start;
     train_time += step_time;
 
-    const double loss = loss_avg.item<double>();
+    const double loss = ValueOf(loss_avg);
     if (step == first_step) summary.initial_loss = loss;
     summary.final_loss = loss;
     summary.steps = step;

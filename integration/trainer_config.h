@@ -26,7 +26,7 @@ struct TrainerConfig {
   std::string data = "synthetic";    // LoadDatasetSpec: synthetic[:N], text:P, nanogpt:P, megatron:P
   std::string optimizer = "muon";    // muon (Muon hidden matrices + AdamW rest) or adamw (all AdamW)
   std::string dist = "layerwise";    // layerwise (sharded Muon + ZeRO-1 AdamW), distopt, replicated
-  std::string device = "cpu";        // cpu; cuda needs the NCCL communicator (kUnimplemented)
+  std::string device = "cpu";        // cpu (Gloo) or cuda (NCCL; one GPU per rank, LOCAL_RANK)
   int64_t steps = 300;               // optimizer steps, >= 1
   int64_t global_batch = 32;         // samples per step over all ranks; divisible by ranks x micro
   int64_t micro_batches = 1;         // gradient-accumulation micro-batches per step on each rank
@@ -74,8 +74,8 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 // bound (steps >= 1, known preset/optimizer/schedule, batch divisibility by world_size x
 // micro_batches, seq_len <= the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm
 // NaN, distopt with muon, --resume or --save_every without --save_dir, --save_dir with
-// --dist=replicated, stop_after > steps, on_save_failure other than stop or continue, ...);
-// kUnimplemented for device cuda.
+// --dist=replicated, stop_after > steps, on_save_failure other than stop or continue, device
+// other than cpu or cuda, ...). Whether this build and machine can run cuda is the caller's check.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
 // What a finished run reports (every rank gets the same numbers except the per-rank timings).

@@ -90,11 +90,14 @@ TEST(TrainerConfig, DistModes) {
                        HasSubstr("expected replicated, layerwise or distopt")));
 }
 
-TEST(TrainerConfig, FeaturesNotBuiltYetAreUnimplemented) {
+TEST(TrainerConfig, DeviceIsCpuOrCuda) {
   TrainerConfig config;
-  config.device = "cuda";
+  config.device = "cuda";  // whether this build and machine have one is pretrain's check
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.device = "tpu";
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
-              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("NCCL")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--device 'tpu': expected cpu or cuda")));
 }
 
 TEST(TrainerConfig, CheckpointFlagsAreChecked) {
