@@ -323,6 +323,7 @@ def main():
                f"Reproduce: `{command_for('optimizers', args['optimizers'])}`", ""]
         if "optimizers" in summaries:
             md += [rl.muon_table(summaries["optimizers"]), "",
+                   rl.muon_elementwise_table(summaries["optimizers"]), "",
                    rl.adamw_table(summaries["optimizers"]), ""]
         else:
             md.append(failed("optimizers"))

@@ -282,8 +282,19 @@ def muon_table(summary):
         used = f" ({st['threads'].median:.0f})" if "threads" in st else ""
         rows.append([f"{dtype} NS, {threads} threads{used}",
                      stat_cell(st, "muon_ms"), stat_cell(st, "mm_ms"),
-                     stat_cell(st, "mm_fraction", 3)])
-    return markdown_table(["Muon step 1024×4096", "step ms", "its at::mm ms", "mm / step"], rows)
+                     stat_cell(st, "mm_fraction", 3),
+                     stat_cell(st, "ns_ms") if "ns_ms" in st else "-",
+                     stat_cell(st, "mm_over_ns", 3) if "mm_over_ns" in st else "-"])
+    return markdown_table(["Muon step 1024×4096", "step ms", "its at::mm ms", "mm / step",
+                           "NS alone ms", "mm / NS"], rows)
+
+
+def muon_elementwise_table(summary):
+    """The BM_MuonElementwise row → ATen's elementwise ops of a Muon step vs the fused passes."""
+    rows = [["1024×4096 fp32, bf16 update", stat_cell(st, "aten_ms"), stat_cell(st, "fused_ms"),
+             stat_cell(st, "speedup", 2)]
+            for name, st in summary.items() if name.startswith("BM_MuonElementwise")]
+    return markdown_table(["Muon elementwise", "ATen ops ms", "fused ms", "speedup"], rows)
 
 
 def adamw_table(summary):

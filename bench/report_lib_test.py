@@ -19,13 +19,16 @@ GBENCH = json.dumps({
          "run_name": "BM_MuonStep/0/0/manual_time", "run_type": "iteration", "repetitions": 1,
          "repetition_index": 0, "threads": 1, "iterations": 10, "real_time": 40.0,
          "cpu_time": 80.0, "time_unit": "ms", "mm_fraction": 0.85, "mm_ms": 34.0,
-         "muon_ms": 40.0, "threads": 2},
+         "muon_ms": 40.0, "ns_ms": 37.0, "mm_over_ns": 0.919, "threads": 2},
         {"name": "BM_MuonStep/1/1/manual_time", "run_name": "BM_MuonStep/1/1/manual_time",
          "run_type": "iteration", "iterations": 5, "real_time": 90.0, "cpu_time": 90.0,
          "time_unit": "ms", "mm_fraction": 0.9, "mm_ms": 81.0, "muon_ms": 90.0, "threads": 1},
         {"name": "BM_AdamWStep/1048576/manual_time", "run_name": "BM_AdamWStep/1048576/manual_time",
          "run_type": "iteration", "iterations": 100, "real_time": 1.5, "cpu_time": 1.5,
          "time_unit": "ms", "adamw_GBps": 19.5, "copy_GBps": 10.0, "ratio": 1.95, "threads": 2},
+        {"name": "BM_MuonElementwise/manual_time", "run_name": "BM_MuonElementwise/manual_time",
+         "run_type": "iteration", "iterations": 50, "real_time": 4.0, "cpu_time": 8.0,
+         "time_unit": "ms", "aten_ms": 6.0, "fused_ms": 4.0, "speedup": 1.5, "threads": 2},
         {"name": "BM_AdamWStep/1048576/manual_time_mean", "run_name": "BM_AdamWStep/1048576/manual_time",
          "run_type": "aggregate", "aggregate_name": "mean", "real_time": 1.5, "ratio": 99.0},
     ],
@@ -102,6 +105,7 @@ class ParseTest(unittest.TestCase):
     def test_gbench_json_skips_aggregates(self):
         rows = rl.parse_gbench_json(GBENCH)
         self.assertEqual(sorted(rows), ["BM_AdamWStep/1048576/manual_time",
+                                        "BM_MuonElementwise/manual_time",
                                         "BM_MuonStep/0/0/manual_time",
                                         "BM_MuonStep/1/1/manual_time"])
         self.assertEqual(rows["BM_AdamWStep/1048576/manual_time"]["ratio"], 1.95)
@@ -163,13 +167,16 @@ class RenderTest(unittest.TestCase):
         run2["benchmarks"][2]["ratio"] = 2.05
         s = rl.summarize([run1, rl.parse_gbench_json(json.dumps(run2))])
         self.assertEqual(rl.muon_table(s).splitlines(), [
-            "| Muon step 1024×4096 | step ms | its at::mm ms | mm / step |",
-            "|---|---:|---:|---:|",
+            "| Muon step 1024×4096 | step ms | its at::mm ms | mm / step | NS alone ms | mm / NS |",
+            "|---|---:|---:|---:|---:|---:|",
             "| bf16 NS, default threads (2) | 45.00 [40.00, 50.00] | 34.00 [34.00, 34.00] "
-            "| 0.750 [0.650, 0.850] |",
+            "| 0.750 [0.650, 0.850] | 37.00 [37.00, 37.00] | 0.919 [0.919, 0.919] |",
             "| fp32 NS, 1 threads (1) | 90.00 [90.00, 90.00] | 81.00 [81.00, 81.00] "
-            "| 0.900 [0.900, 0.900] |",
+            "| 0.900 [0.900, 0.900] | - | - |",
         ])
+        self.assertEqual(rl.muon_elementwise_table(s).splitlines()[2],
+                         "| 1024×4096 fp32, bf16 update | 6.00 [6.00, 6.00] | 4.00 [4.00, 4.00] "
+                         "| 1.50 [1.50, 1.50] |")
         self.assertEqual(rl.adamw_table(s).splitlines()[2],
                          "| 1,048,576 fp32 (4 MiB) | 19.50 [19.50, 19.50] | 10.00 [10.00, 10.00] "
                          "| 2.000 [1.950, 2.050] |")

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/lerp.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mm.h>
@@ -63,10 +64,21 @@ at::Tensor NewtonSchulzInPlace(at::Tensor x, const NewtonSchulzOptions& options)
   const bool transpose = x.size(0) > x.size(1);
   if (transpose) x = x.t();
   x.div_(at::linalg_vector_norm(x, 2).clamp(options.eps));
+  // The _out forms run the same kernels as at::mm / at::addmm (so the same bits) into buffers
+  // allocated once: A and bA + cA^2 reuse theirs, X ping-pongs between two contiguous [m, n]
+  // buffers (the input is one of them unless it is a transposed view), as at::addmm's fresh
+  // outputs are contiguous.
+  const int64_t m = x.size(0);
+  at::Tensor gram = at::empty({m, m}, x.options());
+  at::Tensor gram_update = at::empty({m, m}, x.options());
+  at::Tensor spare = at::empty(x.sizes(), x.options());
+  at::Tensor other = x.is_contiguous() ? x : at::empty(x.sizes(), x.options());
   for (int i = 0; i < options.ns_steps; ++i) {
-    const at::Tensor gram = at::mm(x, x.t());                          // [m, m], m = min(rows, cols)
-    const at::Tensor gram_update = at::addmm(gram, gram, gram, b, c);  // b A + c A^2
-    x = at::addmm(x, gram_update, x, a);                               // a X + (b A + c A^2) X
+    at::mm_out(gram, x, x.t());                          // A = X X^T, m = min(rows, cols)
+    at::addmm_out(gram_update, gram, gram, gram, b, c);  // b A + c A^2
+    at::addmm_out(spare, x, gram_update, x, a);          // a X + (b A + c A^2) X
+    x = spare;
+    std::swap(spare, other);
   }
   return transpose ? x.t() : x;
 }

@@ -9,7 +9,12 @@
 //
 // Counters:
 //   BM_MuonStep: muon_ms, mm_ms (5 x [X X^T, A A, B X] as at::mm in the NS dtype), and
-//                mm_fraction = mm_ms / muon_ms (goal >= 0.8: the step is dominated by its gemms).
+//                mm_fraction = mm_ms / muon_ms (goal >= 0.8: the step is dominated by its gemms);
+//                ns_ms is NewtonSchulz alone (PyTorch's op order: one mm and two addmm with
+//                beta != 1 per iteration, plus the input copy and normalisation) and mm_over_ns =
+//                mm_ms / ns_ms, the share of the gap that is the iteration itself, not the step.
+//   BM_MuonElementwise: aten_ms (ATen's elementwise ops of a Muon step), fused_ms (the fused CPU
+//                passes that MuonUpdate runs instead, bitwise equal), speedup = aten_ms / fused_ms.
 //   BM_AdamWStep: adamw_GBps counts the 7 fp32 tensor passes an ideal fused AdamW needs (read p, g,
 //                m, v; write p, m, v); copy_GBps is dst.copy_(src) of one tensor (2 passes);
 //                ratio = adamw_GBps / copy_GBps.
@@ -19,12 +24,14 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/lerp.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros_like.h>
 
 #include "benchmark/benchmark.h"
 #include "optimizers/adamw.h"
+#include "optimizers/internal/muon_elementwise.h"
 #include "optimizers/muon.h"
 
 namespace orthoshard::optimizers {
@@ -49,7 +56,7 @@ void BM_MuonStep(benchmark::State& state) {
   const at::Tensor momentum = at::zeros_like(param);
   const at::Tensor x = at::randn({rows, cols}, ns_type);
   const at::Tensor a = at::randn({rows, rows}, ns_type);
-  double muon_s = 0.0, mm_s = 0.0;
+  double muon_s = 0.0, mm_s = 0.0, ns_s = 0.0;
   for (auto _ : state) {
     const auto t0 = Clock::now();
     MuonUpdate(param, grad, momentum, hp, 1e-3, FusedSplit{});
@@ -60,14 +67,19 @@ void BM_MuonStep(benchmark::State& state) {
       benchmark::DoNotOptimize(at::mm(a, x));      // (bA + cA^2) X [1024, 4096]
     }
     const auto t2 = Clock::now();
+    benchmark::DoNotOptimize(NewtonSchulz(x, hp.ns));
+    const auto t3 = Clock::now();
     muon_s += Seconds(t0, t1);
     mm_s += Seconds(t1, t2);
+    ns_s += Seconds(t2, t3);
     state.SetIterationTime(Seconds(t0, t1));
   }
   const double n = static_cast<double>(state.iterations());
   state.counters["muon_ms"] = 1e3 * muon_s / n;
   state.counters["mm_ms"] = 1e3 * mm_s / n;
+  state.counters["ns_ms"] = 1e3 * ns_s / n;
   state.counters["mm_fraction"] = mm_s / muon_s;
+  state.counters["mm_over_ns"] = mm_s / ns_s;
   state.counters["threads"] = at::get_num_threads();
   state.SetLabel(state.range(0) == 0 ? "ns=bf16" : "ns=fp32");
   at::set_num_threads(default_threads);
@@ -78,6 +90,40 @@ BENCHMARK(BM_MuonStep)
     ->Args({1, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+
+// The elementwise part of a Muon step on the same 1024x4096 matrix: ATen's op sequence (momentum
+// lerp_, Nesterov lerp, bf16 cast; decay mul_, add_ of the bf16 update) against the two fused
+// passes that replace it (internal/muon_elementwise.h), same iteration, same threads.
+void BM_MuonElementwise(benchmark::State& state) {
+  const int64_t rows = 1024, cols = 4096;
+  const MuonHyper hp;
+  const at::Tensor param = at::randn({rows, cols}, at::kFloat);
+  const at::Tensor grad = at::randn({rows, cols}, at::kFloat);
+  const at::Tensor momentum = at::zeros_like(param);
+  const at::Tensor update = at::randn({rows, cols}, at::kBFloat16);
+  double aten_s = 0.0, fused_s = 0.0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    momentum.lerp_(grad, 1.0 - hp.momentum);
+    benchmark::DoNotOptimize(at::lerp(grad, momentum, hp.momentum).to(at::kBFloat16));
+    param.mul_(1.0 - 1e-3 * hp.weight_decay);
+    param.add_(update, -1e-3);
+    const auto t1 = Clock::now();
+    benchmark::DoNotOptimize(
+        internal::FusedMomentum(momentum, grad, hp.momentum, hp.nesterov, at::kBFloat16));
+    internal::FusedDecayAdd(param, 1.0 - 1e-3 * hp.weight_decay, update, -1e-3);
+    const auto t2 = Clock::now();
+    aten_s += Seconds(t0, t1);
+    fused_s += Seconds(t1, t2);
+    state.SetIterationTime(Seconds(t1, t2));
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["aten_ms"] = 1e3 * aten_s / n;
+  state.counters["fused_ms"] = 1e3 * fused_s / n;
+  state.counters["speedup"] = aten_s / fused_s;
+  state.counters["threads"] = at::get_num_threads();
+}
+BENCHMARK(BM_MuonElementwise)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_AdamWStep(benchmark::State& state) {
   const int64_t n = state.range(0);
