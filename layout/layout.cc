@@ -164,6 +164,11 @@ namespace {
 // buffer offsets stay well inside int64_t (a shape like [2^62, 4] would otherwise overflow numel()).
 constexpr int64_t kMaxTotalNumel = int64_t{1} << 50;
 
+// Bound on dp x (elements of all params): a padded buffer never exceeds dp times its params (each
+// bucket spans at most dp shards of at most the bucket's elements), and the planners multiply dp by
+// param sizes, so this keeps every offset and product inside int64_t with room for alignment.
+constexpr int64_t kMaxShardedNumel = int64_t{1} << 60;
+
 absl::Status ValidateParams(const std::vector<ParamSpec>& params) {
   std::set<std::string> names;
   int64_t total_numel = 0;
@@ -226,6 +231,14 @@ absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSp
                                                         const LayoutOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
   RETURN_IF_ERROR(ValidateParams(params));
+  int64_t total_numel = 0;  // <= 2^50 (ValidateParams)
+  for (const ParamSpec& p : params) total_numel += p.numel();
+  const int64_t max_dp = std::max(options.dp, options.expert_dp);
+  if (total_numel > kMaxShardedNumel / max_dp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dp ", max_dp, " x ", total_numel,
+        " elements is beyond what a buffer can address (at most 2^60 over all ranks)"));
+  }
   const bool shard_aligned_muon = options.muon_strategy != Strategy::kDistOpt;
   std::map<BufferKey, std::vector<int>> groups;
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {

@@ -3,6 +3,7 @@
 // isolation, dp divisibility, global alignment, backprop order, every param exactly once, dp 1.
 // The shard-aligned cases run for both Strategy::kLayerwise and Strategy::kMegatronLpt.
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
@@ -304,6 +305,28 @@ TEST(LayoutTest, RejectsBadOptions) {
   options.bucket_size = 0;
   EXPECT_THAT(ComputeFullParamLayout(params, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bucket_size is 0")));
+}
+
+// dp x model size beyond int64_t offsets is an error, not an overflow, for every strategy.
+TEST(LayoutTest, RejectsDpTimesModelBeyondInt64Offsets) {
+  const std::vector<ParamSpec> params = {Muon("w", int64_t{1} << 20, int64_t{1} << 20),
+                                         Adam("b", {int64_t{1} << 20})};
+  for (Strategy strategy : {Strategy::kLayerwise, Strategy::kMegatronLpt, Strategy::kDistOpt}) {
+    LayoutOptions options;
+    options.muon_strategy = strategy;
+    options.dp = std::numeric_limits<int>::max();
+    EXPECT_THAT(ComputeFullParamLayout(params, options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("is beyond what a buffer can address")));
+    options.dp = 2;
+    options.expert_dp = 1 << 30;
+    EXPECT_THAT(ComputeFullParamLayout(params, options),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp 1073741824 x")));
+  }
+  // A small model at a huge dp is fine: mostly padding, but addressable.
+  LayoutOptions options;
+  options.dp = 1 << 20;
+  EXPECT_OK(ComputeFullParamLayout({Muon("w", 64, 64), Adam("b", {64})}, options).status());
 }
 
 TEST(LayoutTest, ScalarParamHasOneElement) {
