@@ -27,10 +27,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "buffers/param_and_grad_buffer.h"
-#include "checkpoint/commit.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "ddp/distributed_data_parallel.h"
 #include "common/status_macros.h"
+#include "integration/checkpointer.h"
 #include "integration/dataset.h"
 #include "integration/loader.h"
 #include "integration/model.h"
@@ -302,116 +302,6 @@ std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
 std::string OptimizerConfigString(const TrainerConfig& c) {
   return absl::StrCat("optimizer=", c.optimizer);
 }
-
-// Whether `ok` holds on every rank: an all-reduce of the number of ranks where it does not (also a
-// barrier). Errors: the communicator's.
-absl::StatusOr<bool> AllRanksOk(Communicator& comm, bool ok) {
-  at::Tensor failed = ScalarOn(comm, ok ? 0.0 : 1.0);
-  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{failed, {ReduceOp::kSum}}}));
-  return ValueOf(failed) == 0;
-}
-
-// The checkpoint saves of one run (config.save_dir) and what a failed one does
-// (config.on_save_failure). At most one save is in flight: AsyncCheckpointSaver writes it in the
-// background, and it is finalized (barrier, commit) at the next save or at Finish, which is also
-// when its failure is detected. Every method is collective: all ranks call it at the same step.
-//
-// Every save phase ends with an all-reduce of "did it fail here", so all ranks take the same
-// branch even where the failure was local (AsyncCheckpointSaver::Start's snapshot); the library's
-// own barriers already agree on write and commit failures. A failure of that all-reduce (the
-// communicator) always stops the run.
-class Checkpointer {
- public:
-  Checkpointer(const TrainerConfig& c, Communicator& comm, ProgressPrinter& progress,
-               std::FILE* err, TrainSummary& summary)
-      : c_(c), comm_(comm), progress_(progress), err_(err), summary_(summary) {
-    options_.keep_last = c.keep_checkpoints;
-    saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
-  }
-
-  // Finalizes the save in flight, then snapshots step `shared.step` and starts writing it.
-  // Precondition: the params are synced. OK when training may go on (with on_save_failure=continue,
-  // also after a failed save, reported on err). Errors: the save's, naming the step (a rank whose
-  // own part succeeded gets kAborted); the communicator's.
-  absl::Status Save(const checkpoint::SharedState& shared,
-                    absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
-                    bool final_save) {
-    RETURN_IF_ERROR(FinalizeInFlight(/*final_save=*/false));
-    const absl::Status started = saver_->Start(c_.save_dir, shared, buffers, optimizer, options_);
-    ASSIGN_OR_RETURN(const bool ok, Settle(shared.step, started, final_save));
-    if (ok) in_flight_step_ = shared.step;
-    return absl::OkStatus();
-  }
-
-  // Finalizes the save in flight, the run's last. Errors: as Save, also with continue.
-  absl::Status Finish() { return FinalizeInFlight(/*final_save=*/true); }
-
- private:
-  absl::Status FinalizeInFlight(bool final_save) {
-    if (in_flight_step_ == 0) return absl::OkStatus();
-    const int64_t step = in_flight_step_;
-    in_flight_step_ = 0;
-    const absl::Status finalized = saver_->Finalize();
-    ASSIGN_OR_RETURN(const bool committed, Settle(step, finalized, final_save));
-    if (committed) consecutive_failures_ = 0;
-    return absl::OkStatus();
-  }
-
-  // Agrees on the outcome `own` of one phase of the save of `step`. Returns whether it succeeded on
-  // every rank; false after a failure that training survives (reported on err_). Errors: the
-  // failure when the run must stop; the communicator's.
-  absl::StatusOr<bool> Settle(int64_t step, const absl::Status& own, bool final_save) {
-    ASSIGN_OR_RETURN(const bool all_ok, AllRanksOk(comm_, own.ok()));
-    if (all_ok) return true;
-    const absl::Status failure =
-        own.ok() ? absl::AbortedError("another rank's part of the save failed") : own;
-    const std::string what = absl::StrCat(final_save ? "final checkpoint" : "checkpoint",
-                                          " of step ", step, " in ", c_.save_dir,
-                                          " failed: ", failure.message());
-    if (c_.on_save_failure != "continue") return absl::Status(failure.code(), what);
-    ++summary_.failed_saves;
-    ++consecutive_failures_;
-    // Drop this rank's write still in flight (a snapshot failed elsewhere) without committing it;
-    // once every rank has, rank 0 removes the partial `.tmp` directory so it holds no disk space.
-    saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm_);
-    RETURN_IF_ERROR(AllRanksOk(comm_, true).status());
-    std::string cleanup;
-    if (comm_.rank() == 0) {
-      if (absl::Status gc = checkpoint::GarbageCollect(c_.save_dir, c_.keep_checkpoints); !gc.ok()) {
-        cleanup = absl::StrCat(" (removing its partial directory failed too: ", gc.message(), ")");
-      }
-    }
-    if (final_save) {
-      return absl::Status(failure.code(),
-                          absl::StrCat(what, cleanup, " (--on_save_failure=continue; failed saves "
-                                       "in this run: ", summary_.failed_saves, ")"));
-    }
-    if (c_.max_consecutive_failed_saves > 0 &&
-        consecutive_failures_ >= c_.max_consecutive_failed_saves) {
-      return absl::Status(failure.code(),
-                          absl::StrCat(what, cleanup, "; ", consecutive_failures_,
-                                       " saves in a row failed (--max_consecutive_failed_saves=",
-                                       c_.max_consecutive_failed_saves, "), stopping"));
-    }
-    if (comm_.rank() == 0) progress_.Finish();
-    std::fprintf(err_, "warning: %s%s; training goes on (--on_save_failure=continue; failed saves "
-                       "so far: %lld)\n",
-                 what.c_str(), cleanup.c_str(), static_cast<long long>(summary_.failed_saves));
-    std::fflush(err_);
-    return false;
-  }
-
-  const TrainerConfig& c_;
-  Communicator& comm_;
-  ProgressPrinter& progress_;
-  std::FILE* err_;
-  TrainSummary& summary_;
-  checkpoint::SaveOptions options_;
-  std::unique_ptr<checkpoint::AsyncCheckpointSaver> saver_;
-  int64_t in_flight_step_ = 0;  // step of the save being written; 0 = none
-  int64_t consecutive_failures_ = 0;
-};
 
 // Loads save_dir's `latest` into the buffers, the sharded optimizer and the train loader; returns
 // the step it was saved at. Nothing is written. Errors: see Train in trainer.h.

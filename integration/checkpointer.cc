@@ -1,0 +1,99 @@
+// See checkpointer.h.
+#include "integration/checkpointer.h"
+
+#include <string>
+#include <utility>
+
+#include <ATen/ops/full.h>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/commit.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::integration {
+namespace {
+
+// Whether `ok` holds on every rank: an all-reduce of the number of ranks where it does not (also a
+// barrier), on the communicator's device. Errors: the communicator's.
+absl::StatusOr<bool> AllRanksOk(collectives::Communicator& comm, bool ok) {
+  at::Tensor failed =
+      at::full({1}, ok ? 0.0 : 1.0, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
+  ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work,
+                   comm.AllReduce(failed, {collectives::ReduceOp::kSum}));
+  RETURN_IF_ERROR(work->Wait(comm.timeout()));
+  return failed.item<double>() == 0;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& comm,
+                           ProgressPrinter& progress, std::FILE* err, TrainSummary& summary)
+    : c_(c), comm_(comm), progress_(progress), err_(err), summary_(summary) {
+  options_.keep_last = c.keep_checkpoints;
+  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
+}
+
+absl::Status Checkpointer::Save(
+    const checkpoint::SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+    const optimizers::distributed::DistributedChainedOptimizer& optimizer, bool final_save) {
+  RETURN_IF_ERROR(FinalizeInFlight(/*final_save=*/false));
+  const absl::Status started = saver_->Start(c_.save_dir, shared, buffers, optimizer, options_);
+  ASSIGN_OR_RETURN(const bool ok, Settle(shared.step, started, final_save));
+  if (ok) in_flight_step_ = shared.step;
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::Finish() { return FinalizeInFlight(/*final_save=*/true); }
+
+absl::Status Checkpointer::FinalizeInFlight(bool final_save) {
+  if (in_flight_step_ == 0) return absl::OkStatus();
+  const int64_t step = in_flight_step_;
+  in_flight_step_ = 0;
+  const absl::Status finalized = saver_->Finalize();
+  ASSIGN_OR_RETURN(const bool committed, Settle(step, finalized, final_save));
+  if (committed) consecutive_failures_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Checkpointer::Settle(int64_t step, const absl::Status& own, bool final_save) {
+  ASSIGN_OR_RETURN(const bool all_ok, AllRanksOk(comm_, own.ok()));
+  if (all_ok) return true;
+  const absl::Status failure =
+      own.ok() ? absl::AbortedError("another rank's part of the save failed") : own;
+  const std::string what = absl::StrCat(final_save ? "final checkpoint" : "checkpoint",
+                                        " of step ", step, " in ", c_.save_dir,
+                                        " failed: ", failure.message());
+  if (c_.on_save_failure != "continue") return absl::Status(failure.code(), what);
+  ++summary_.failed_saves;
+  ++consecutive_failures_;
+  // Drop this rank's write still in flight (a snapshot failed elsewhere) without committing it;
+  // once every rank has, rank 0 removes the partial `.tmp` directory so it holds no disk space.
+  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm_);
+  RETURN_IF_ERROR(AllRanksOk(comm_, true).status());
+  std::string cleanup;
+  if (comm_.rank() == 0) {
+    if (absl::Status gc = checkpoint::GarbageCollect(c_.save_dir, c_.keep_checkpoints); !gc.ok()) {
+      cleanup = absl::StrCat(" (removing its partial directory failed too: ", gc.message(), ")");
+    }
+  }
+  if (final_save) {
+    return absl::Status(failure.code(),
+                        absl::StrCat(what, cleanup, " (--on_save_failure=continue; failed saves "
+                                     "in this run: ", summary_.failed_saves, ")"));
+  }
+  if (c_.max_consecutive_failed_saves > 0 &&
+      consecutive_failures_ >= c_.max_consecutive_failed_saves) {
+    return absl::Status(failure.code(),
+                        absl::StrCat(what, cleanup, "; ", consecutive_failures_,
+                                     " saves in a row failed (--max_consecutive_failed_saves=",
+                                     c_.max_consecutive_failed_saves, "), stopping"));
+  }
+  if (comm_.rank() == 0) progress_.Finish();
+  std::fprintf(err_, "warning: %s%s; training goes on (--on_save_failure=continue; failed saves "
+                     "so far: %lld)\n",
+               what.c_str(), cleanup.c_str(), static_cast<long long>(summary_.failed_saves));
+  std::fflush(err_);
+  return false;
+}
+
+}  // namespace orthoshard::integration

@@ -1,0 +1,70 @@
+// The trainer's checkpoint saves (internal to //integration:trainer).
+#ifndef ORTHOSHARD_INTEGRATION_CHECKPOINTER_H_
+#define ORTHOSHARD_INTEGRATION_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "buffers/param_and_grad_buffer.h"
+#include "checkpoint/distributed_checkpoint.h"
+#include "collectives/communicator.h"
+#include "integration/progress.h"
+#include "integration/trainer_config.h"
+#include "optimizers/distributed/distributed_optimizer.h"
+
+namespace orthoshard::integration {
+
+// The checkpoint saves of one run (config.save_dir) and what a failed one does
+// (config.on_save_failure). At most one save is in flight: AsyncCheckpointSaver writes it in the
+// background, and it is finalized (barrier, commit) at the next save or at Finish, which is also
+// when its failure is detected. Every method is collective: all ranks call it at the same step.
+//
+// Every save phase ends with an all-reduce of "did it fail here", so all ranks take the same
+// branch even where the failure was local (AsyncCheckpointSaver::Start's snapshot); the library's
+// own barriers already agree on write and commit failures. A failure of that all-reduce (the
+// communicator) always stops the run.
+class Checkpointer {
+ public:
+  // `c`, `comm`, `progress`, `err` and `summary` must outlive this object; failed saves that
+  // training survives are reported on `err` and counted in summary.failed_saves.
+  Checkpointer(const TrainerConfig& c, collectives::Communicator& comm, ProgressPrinter& progress,
+               std::FILE* err, TrainSummary& summary);
+
+  // Finalizes the save in flight, then snapshots step `shared.step` and starts writing it.
+  // Precondition: the params are synced. OK when training may go on (with on_save_failure=continue,
+  // also after a failed save, reported on err). Errors: the save's, naming the step (a rank whose
+  // own part succeeded gets kAborted); the communicator's.
+  absl::Status Save(const checkpoint::SharedState& shared,
+                    absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+                    bool final_save);
+
+  // Finalizes the save in flight, the run's last. Errors: as Save, also with continue.
+  absl::Status Finish();
+
+ private:
+  absl::Status FinalizeInFlight(bool final_save);
+
+  // Agrees on the outcome `own` of one phase of the save of `step`. Returns whether it succeeded on
+  // every rank; false after a failure that training survives (reported on err_). Errors: the
+  // failure when the run must stop; the communicator's.
+  absl::StatusOr<bool> Settle(int64_t step, const absl::Status& own, bool final_save);
+
+  const TrainerConfig& c_;
+  collectives::Communicator& comm_;
+  ProgressPrinter& progress_;
+  std::FILE* err_;
+  TrainSummary& summary_;
+  checkpoint::SaveOptions options_;
+  std::unique_ptr<checkpoint::AsyncCheckpointSaver> saver_;
+  int64_t in_flight_step_ = 0;  // step of the save being written; 0 = none
+  int64_t consecutive_failures_ = 0;
+};
+
+}  // namespace orthoshard::integration
+
+#endif  // ORTHOSHARD_INTEGRATION_CHECKPOINTER_H_
