@@ -63,22 +63,22 @@ OS_INLINE void DecayAddLoop(float* __restrict p, const Update* __restrict u, flo
   for (int64_t i = begin; i < end; ++i) p[i] = Fma(Load(u, i), alpha, p[i] * decay);
 }
 
-// The same loops compiled twice: for AVX2 + FMA (vectorised, hardware fma) and for the baseline
-// ISA (__builtin_fmaf is then a libm call: slow, same bits). Chosen once at run time.
-#define OS_DEFINE_KERNELS(SUFFIX, ATTR)                                                          \
-  template <bool kSmall1, bool kSmall2, bool kNesterov, typename Out>                            \
-  ATTR void Momentum##SUFFIX(float* m, const float* g, Out* out, float c1, float c2, int64_t b,  \
-                             int64_t e) {                                                        \
-    MomentumLoop<kSmall1, kSmall2, kNesterov>(m, g, out, c1, c2, b, e);                          \
-  }                                                                                              \
-  template <typename Update>                                                                     \
-  ATTR void DecayAdd##SUFFIX(float* p, const Update* u, float decay, float alpha, int64_t b,     \
-                             int64_t e) {                                                        \
-    DecayAddLoop(p, u, decay, alpha, b, e);                                                      \
-  }
+// The loops compiled for AVX2 + FMA (vectorised, hardware fma), whatever the build's baseline ISA.
+// Only used where the CPU has both (HasAvx2Fma), which is also where ATen's own kernels use fma:
+// on an older CPU ATen's generic kernels may round a * b + c twice, so the ATen ops run instead.
+#define OS_AVX2 __attribute__((target("avx2,fma"), optimize("O3")))
 
-OS_DEFINE_KERNELS(Avx2, __attribute__((target("avx2,fma"), optimize("O3"))))
-OS_DEFINE_KERNELS(Generic, )
+template <bool kSmall1, bool kSmall2, bool kNesterov, typename Out>
+OS_AVX2 void MomentumAvx2(float* m, const float* g, Out* out, float c1, float c2, int64_t b,
+                          int64_t e) {
+  MomentumLoop<kSmall1, kSmall2, kNesterov>(m, g, out, c1, c2, b, e);
+}
+
+template <typename Update>
+OS_AVX2 void DecayAddAvx2(float* p, const Update* u, float decay, float alpha, int64_t b,
+                          int64_t e) {
+  DecayAddLoop(p, u, decay, alpha, b, e);
+}
 
 bool HasAvx2Fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -87,13 +87,8 @@ bool HasAvx2Fma() {
 
 template <bool kSmall1, bool kSmall2, bool kNesterov, typename Out>
 void RunMomentum(float* m, const float* g, Out* out, float c1, float c2, int64_t n) {
-  const bool avx2 = HasAvx2Fma();
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    if (avx2) {
-      MomentumAvx2<kSmall1, kSmall2, kNesterov>(m, g, out, c1, c2, b, e);
-    } else {
-      MomentumGeneric<kSmall1, kSmall2, kNesterov>(m, g, out, c1, c2, b, e);
-    }
+    MomentumAvx2<kSmall1, kSmall2, kNesterov>(m, g, out, c1, c2, b, e);
   });
 }
 
@@ -124,13 +119,14 @@ bool IsDenseCpu(const at::Tensor& t) {
 }  // namespace
 
 bool CanFuseMomentum(const at::Tensor& momentum, const at::Tensor& grad, double mu) {
-  return mu != 0.0 && IsDenseCpu(momentum) && IsDenseCpu(grad) &&
+  return mu != 0.0 && HasAvx2Fma() && IsDenseCpu(momentum) && IsDenseCpu(grad) &&
          momentum.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
          grad.numel() == momentum.numel() && !momentum.is_same(grad);
 }
 
 bool CanFuseDecayAdd(const at::Tensor& param, const at::Tensor& update) {
-  return IsDenseCpu(param) && IsDenseCpu(update) && param.scalar_type() == at::kFloat &&
+  return HasAvx2Fma() && IsDenseCpu(param) && IsDenseCpu(update) &&
+         param.scalar_type() == at::kFloat &&
          (update.scalar_type() == at::kFloat || update.scalar_type() == at::kBFloat16) &&
          param.numel() == update.numel() && !param.is_same(update);
 }
@@ -164,15 +160,8 @@ void FusedDecayAdd(const at::Tensor& param, double decay, const at::Tensor& upda
   const float a = static_cast<float>(alpha);
   float* p = param.data_ptr<float>();
   const int64_t n = param.numel();
-  const bool avx2 = HasAvx2Fma();
   auto run = [&](const auto* u) {
-    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-      if (avx2) {
-        DecayAddAvx2(p, u, d, a, b, e);
-      } else {
-        DecayAddGeneric(p, u, d, a, b, e);
-      }
-    });
+    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { DecayAddAvx2(p, u, d, a, b, e); });
   };
   if (update.scalar_type() == at::kBFloat16) {
     run(reinterpret_cast<const uint16_t*>(update.data_ptr<at::BFloat16>()));

@@ -16,8 +16,9 @@
 
 namespace orthoshard::optimizers::internal {
 
-// True when the fused passes below apply: dense contiguous CPU tensors of one numel, fp32
-// momentum, grad and param, update fp32 or bf16; and mu != 0. ATen computes the last few elements
+// True when the fused passes below apply: a CPU with AVX2 and FMA (where ATen's vectorised kernels
+// use fma too), dense contiguous CPU tensors of one numel, fp32 momentum, grad and param, update
+// fp32 or bf16; and mu != 0. ATen computes the last few elements
 // of each thread's range with a scalar formula, end - (end - start) * (1 - w), which for w == 1
 // (mu == 0) gives a zero of the other sign than the vector formula; elsewhere the two agree bit for
 // bit, so only mu == 0 would make the result depend on where those ranges end.

@@ -41,9 +41,13 @@ at::Tensor AwkwardValues(int64_t n, uint64_t seed) {
   return t;
 }
 
+// The fused passes run only where ATen's kernels use fma too (see CanFuseMomentum).
+bool CpuHasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
 class MuonElementwiseTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
+    if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 + FMA: MuonUpdate keeps ATen's ops";
     threads_ = at::get_num_threads();
     at::set_num_threads(GetParam());
   }
@@ -106,6 +110,7 @@ TEST_P(MuonElementwiseTest, DecayAddMatchesAtenBitwise) {
 INSTANTIATE_TEST_SUITE_P(Threads, MuonElementwiseTest, ::testing::Values(1, 2));
 
 TEST(MuonElementwiseEligibilityTest, RejectsWhatItCannotFuse) {
+  if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 + FMA: nothing is fused";
   const at::Tensor m = at::zeros({8, 6});
   EXPECT_TRUE(CanFuseMomentum(m, at::randn({8, 6}), 0.95));
   EXPECT_FALSE(CanFuseMomentum(m, at::randn({8, 6}), 0.0));                // weight 1 (see header)
