@@ -324,7 +324,8 @@ def main():
         if "optimizers" in summaries:
             md += [rl.muon_table(summaries["optimizers"]), "",
                    rl.muon_elementwise_table(summaries["optimizers"]), "",
-                   rl.adamw_table(summaries["optimizers"]), ""]
+                   rl.adamw_table(summaries["optimizers"]), "",
+                   rl.adamw_fused_table(summaries["optimizers"]), ""]
         else:
             md.append(failed("optimizers"))
 

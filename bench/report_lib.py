@@ -297,6 +297,19 @@ def muon_elementwise_table(summary):
     return markdown_table(["Muon elementwise", "ATen ops ms", "fused ms", "speedup"], rows)
 
 
+def adamw_fused_table(summary):
+    """BM_AdamWFused rows → AdamW's ATen ops vs the fused passes, per size."""
+    rows = []
+    for name, st in summary.items():
+        m = re.match(r"BM_AdamWFused/(\d+)", name)
+        if not m:
+            continue
+        n = int(m.group(1))
+        rows.append([f"{n:,} fp32 ({n * 4 / 2**20:g} MiB)", stat_cell(st, "aten_ms", 3),
+                     stat_cell(st, "fused_ms", 3), stat_cell(st, "speedup", 2)])
+    return markdown_table(["AdamW elementwise", "ATen ops ms", "fused ms", "speedup"], rows)
+
+
 def adamw_table(summary):
     rows = []
     for name, st in summary.items():

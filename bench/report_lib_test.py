@@ -29,6 +29,9 @@ GBENCH = json.dumps({
         {"name": "BM_MuonElementwise/manual_time", "run_name": "BM_MuonElementwise/manual_time",
          "run_type": "iteration", "iterations": 50, "real_time": 4.0, "cpu_time": 8.0,
          "time_unit": "ms", "aten_ms": 6.0, "fused_ms": 4.0, "speedup": 1.5, "threads": 2},
+        {"name": "BM_AdamWFused/1048576/manual_time", "run_name": "BM_AdamWFused/1048576/manual_time",
+         "run_type": "iteration", "iterations": 100, "real_time": 1.5, "cpu_time": 3.0,
+         "time_unit": "ms", "aten_ms": 3.0, "fused_ms": 1.5, "speedup": 2.0, "threads": 2},
         {"name": "BM_AdamWStep/1048576/manual_time_mean", "run_name": "BM_AdamWStep/1048576/manual_time",
          "run_type": "aggregate", "aggregate_name": "mean", "real_time": 1.5, "ratio": 99.0},
     ],
@@ -104,7 +107,8 @@ class StatTest(unittest.TestCase):
 class ParseTest(unittest.TestCase):
     def test_gbench_json_skips_aggregates(self):
         rows = rl.parse_gbench_json(GBENCH)
-        self.assertEqual(sorted(rows), ["BM_AdamWStep/1048576/manual_time",
+        self.assertEqual(sorted(rows), ["BM_AdamWFused/1048576/manual_time",
+                                        "BM_AdamWStep/1048576/manual_time",
                                         "BM_MuonElementwise/manual_time",
                                         "BM_MuonStep/0/0/manual_time",
                                         "BM_MuonStep/1/1/manual_time"])
@@ -174,6 +178,9 @@ class RenderTest(unittest.TestCase):
             "| fp32 NS, 1 threads (1) | 90.00 [90.00, 90.00] | 81.00 [81.00, 81.00] "
             "| 0.900 [0.900, 0.900] | - | - |",
         ])
+        self.assertEqual(rl.adamw_fused_table(s).splitlines()[2],
+                         "| 1,048,576 fp32 (4 MiB) | 3.000 [3.000, 3.000] | 1.500 [1.500, 1.500] "
+                         "| 2.00 [2.00, 2.00] |")
         self.assertEqual(rl.muon_elementwise_table(s).splitlines()[2],
                          "| 1024×4096 fp32, bf16 update | 6.00 [6.00, 6.00] | 4.00 [4.00, 4.00] "
                          "| 1.50 [1.50, 1.50] |")

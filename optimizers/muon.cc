@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "optimizers/internal/muon_elementwise.h"
+#include "optimizers/internal/fused_elementwise.h"
 
 namespace orthoshard::optimizers {
 
@@ -109,7 +109,7 @@ double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp) {
 void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
                 const MuonHyper& hp, double lr, const FusedSplit& split) {
   // The momentum, Nesterov and cast-to-NS-dtype steps run as one fused pass on dense CPU tensors
-  // (bitwise equal to the ATen ops in the else branch; see internal/muon_elementwise.h).
+  // (bitwise equal to the ATen ops in the else branch; see internal/fused_elementwise.h).
   at::Tensor update;
   bool update_owned = false;  // update is a fresh tensor in the NS dtype (no copy needed)
   if (internal::CanFuseMomentum(momentum_buffer, grad, hp.momentum)) {

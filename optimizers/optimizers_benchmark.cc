@@ -15,6 +15,7 @@
 //                mm_ms / ns_ms, the share of the gap that is the iteration itself, not the step.
 //   BM_MuonElementwise: aten_ms (ATen's elementwise ops of a Muon step), fused_ms (the fused CPU
 //                passes that MuonUpdate runs instead, bitwise equal), speedup = aten_ms / fused_ms.
+//   BM_AdamWFused: aten_ms (AdamW's ATen ops), fused_ms (FusedAdamW, bitwise equal), speedup.
 //   BM_AdamWStep: adamw_GBps counts the 7 fp32 tensor passes an ideal fused AdamW needs (read p, g,
 //                m, v; write p, m, v); copy_GBps is dst.copy_(src) of one tensor (2 passes);
 //                ratio = adamw_GBps / copy_GBps.
@@ -23,6 +24,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/lerp.h>
 #include <ATen/ops/mm.h>
@@ -31,7 +33,7 @@
 
 #include "benchmark/benchmark.h"
 #include "optimizers/adamw.h"
-#include "optimizers/internal/muon_elementwise.h"
+#include "optimizers/internal/fused_elementwise.h"
 #include "optimizers/muon.h"
 
 namespace orthoshard::optimizers {
@@ -93,7 +95,7 @@ BENCHMARK(BM_MuonStep)
 
 // The elementwise part of a Muon step on the same 1024x4096 matrix: ATen's op sequence (momentum
 // lerp_, Nesterov lerp, bf16 cast; decay mul_, add_ of the bf16 update) against the two fused
-// passes that replace it (internal/muon_elementwise.h), same iteration, same threads.
+// passes that replace it (internal/fused_elementwise.h), same iteration, same threads.
 void BM_MuonElementwise(benchmark::State& state) {
   const int64_t rows = 1024, cols = 4096;
   const MuonHyper hp;
@@ -124,6 +126,48 @@ void BM_MuonElementwise(benchmark::State& state) {
   state.counters["threads"] = at::get_num_threads();
 }
 BENCHMARK(BM_MuonElementwise)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// AdamW's ATen op sequence (what AdamWUpdate runs when it cannot fuse) against FusedAdamW on the
+// same fp32 tensors, same iteration, same threads. Arg: elements.
+void BM_AdamWFused(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const at::Tensor param = at::randn({n}, at::kFloat);
+  const at::Tensor grad = at::randn({n}, at::kFloat);
+  const AdamWState aten = MakeAdamWState(param);
+  const AdamWState fused = MakeAdamWState(param);
+  internal::AdamWScalars s;
+  s.apply_decay = true;
+  s.decay = 1.0 - 1e-3 * 0.01;
+  s.bias_correction2_sqrt = 0.5;
+  double aten_s = 0.0, fused_s = 0.0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    param.mul_(s.decay);
+    aten.exp_avg.lerp_(grad, 1.0 - s.beta1);
+    aten.exp_avg_sq.mul_(s.beta2).addcmul_(grad, grad, 1.0 - s.beta2);
+    param.addcdiv_(aten.exp_avg,
+                   at::div(aten.exp_avg_sq.sqrt(), s.bias_correction2_sqrt).add_(s.eps),
+                   -s.step_size);
+    const auto t1 = Clock::now();
+    internal::FusedAdamW(param, grad, fused.exp_avg, fused.exp_avg_sq, s);
+    const auto t2 = Clock::now();
+    aten_s += Seconds(t0, t1);
+    fused_s += Seconds(t1, t2);
+    state.SetIterationTime(Seconds(t1, t2));
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["aten_ms"] = 1e3 * aten_s / iters;
+  state.counters["fused_ms"] = 1e3 * fused_s / iters;
+  state.counters["speedup"] = aten_s / fused_s;
+  state.counters["threads"] = at::get_num_threads();
+}
+BENCHMARK(BM_AdamWFused)
+    ->Arg(1 << 18)
+    ->Arg(1 << 20)
+    ->Arg(1 << 22)
+    ->Arg(1 << 24)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_AdamWStep(benchmark::State& state) {
   const int64_t n = state.range(0);

@@ -1,4 +1,4 @@
-#include "optimizers/internal/muon_elementwise.h"
+#include "optimizers/internal/fused_elementwise.h"
 
 #include <cmath>
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/exp2.h>
 #include <ATen/ops/lerp.h>
 #include <ATen/ops/randn.h>
@@ -16,6 +17,7 @@
 #include <ATen/ops/zeros_like.h>
 
 #include "gtest/gtest.h"
+#include "optimizers/adamw.h"
 #include "optimizers/muon.h"
 
 namespace orthoshard::optimizers::internal {
@@ -107,6 +109,93 @@ TEST_P(MuonElementwiseTest, DecayAddMatchesAtenBitwise) {
   }
 }
 
+// AdamW's ATen op sequence (torch/optim/adam.py `_single_tensor_adam`, decoupled weight decay), as
+// AdamWUpdate runs it when it cannot fuse.
+void AdamWReference(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m,
+                    const at::Tensor& v, const AdamWScalars& s) {
+  if (s.apply_decay) p.mul_(s.decay);
+  m.lerp_(g, 1.0 - s.beta1);
+  v.mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
+  const at::Tensor denom = at::div(v.sqrt(), s.bias_correction2_sqrt).add_(s.eps);
+  p.addcdiv_(m, denom, -s.step_size);
+}
+
+TEST_P(MuonElementwiseTest, AdamWMatchesAtenBitwise) {
+  uint64_t seed = 300;
+  // 140001: several blocks per thread (FusedAdamW works in blocks of 65536).
+  for (int64_t n : {1, 7, 33, 1000, 32769, 70001, 140001}) {
+    for (double beta1 : {0.9, 0.5, 0.3}) {
+      for (double beta2 : {0.999, 0.95}) {
+        for (double wd : {0.0, 0.1}) {
+          for (int64_t step : {1, 10}) {
+            for (double eps : {1e-8, 0.0}) {
+              const double lr = 3e-3;
+              AdamWScalars s;
+              s.apply_decay = wd != 0.0;
+              s.decay = 1.0 - lr * wd;
+              s.beta1 = beta1;
+              s.beta2 = beta2;
+              s.bias_correction2_sqrt = std::pow(1.0 - std::pow(beta2, step), 0.5);
+              s.eps = eps;
+              s.step_size = lr / (1.0 - std::pow(beta1, step));
+              const std::string where =
+                  "n=" + std::to_string(n) + " beta1=" + std::to_string(beta1) +
+                  " beta2=" + std::to_string(beta2) + " wd=" + std::to_string(wd) +
+                  " step=" + std::to_string(step) + " eps=" + std::to_string(eps);
+              const at::Tensor p = AwkwardValues(n, seed++);
+              const at::Tensor g = AwkwardValues(n, seed++);
+              const at::Tensor m = AwkwardValues(n, seed++).mul_(1e-2);
+              // A second moment is >= 0; with eps 0 a zero one divides by zero (inf or NaN,
+              // whose payload is not compared: SameBits would count it), so keep it positive.
+              const at::Tensor v = AwkwardValues(n, seed++).abs_().add_(eps == 0.0 ? 1e-30 : 0.0);
+              const at::Tensor rp = p.clone(), rm = m.clone(), rv = v.clone();
+              AdamWReference(rp, g, rm, rv, s);
+              ASSERT_TRUE(CanFuseAdamW(p, g, m, v, beta1)) << where;
+              FusedAdamW(p, g, m, v, s);
+              EXPECT_TRUE(SameBits(m, rm)) << where;
+              EXPECT_TRUE(SameBits(v, rv)) << where;
+              EXPECT_TRUE(SameBits(p, rp)) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// AdamWUpdate on a tensor large enough to take the fused path, several steps, against the ATen
+// op sequence (a 1-D contiguous view, as the ZeRO-1 optimizer passes its shards).
+TEST(AdamWUpdateFusedTest, MatchesAtenOpSequenceBitwise) {
+  if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 + FMA: AdamWUpdate keeps ATen's ops";
+  const int64_t n = kFusedAdamWMinNumel + 12345;
+  at::manual_seed(7);
+  const at::Tensor whole = at::randn({n + 100});
+  const at::Tensor param = whole.narrow(0, 50, n);
+  const at::Tensor ref_param = param.clone();
+  AdamWState state = MakeAdamWState(param);
+  AdamWState ref = MakeAdamWState(param);
+  AdamWHyper hp;
+  hp.weight_decay = 0.1;
+  for (int step = 1; step <= 3; ++step) {
+    const at::Tensor grad = at::randn({n}).mul_(0.1);
+    const double lr = 1e-2 * step;
+    AdamWUpdate(param, grad, state, hp, lr);
+    AdamWScalars s;
+    s.apply_decay = true;
+    s.decay = 1.0 - lr * hp.weight_decay;
+    s.beta1 = hp.beta1;
+    s.beta2 = hp.beta2;
+    s.bias_correction2_sqrt = std::pow(1.0 - std::pow(hp.beta2, step), 0.5);
+    s.eps = hp.eps;
+    s.step_size = lr / (1.0 - std::pow(hp.beta1, step));
+    AdamWReference(ref_param, grad, ref.exp_avg, ref.exp_avg_sq, s);
+  }
+  EXPECT_EQ(state.step, 3);
+  EXPECT_TRUE(SameBits(state.exp_avg, ref.exp_avg));
+  EXPECT_TRUE(SameBits(state.exp_avg_sq, ref.exp_avg_sq));
+  EXPECT_TRUE(SameBits(param, ref_param));
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, MuonElementwiseTest, ::testing::Values(1, 2));
 
 TEST(MuonElementwiseEligibilityTest, RejectsWhatItCannotFuse) {
@@ -121,6 +210,12 @@ TEST(MuonElementwiseEligibilityTest, RejectsWhatItCannotFuse) {
   EXPECT_TRUE(CanFuseDecayAdd(m, at::randn({8, 6}, at::kBFloat16)));
   EXPECT_FALSE(CanFuseDecayAdd(m, at::randn({6, 8}, at::kBFloat16).t()));
   EXPECT_FALSE(CanFuseDecayAdd(m, at::randn({8, 6}, at::kHalf)));
+  const at::Tensor p = at::randn({8, 6}), g = at::randn({8, 6}), v = at::zeros({8, 6});
+  EXPECT_TRUE(CanFuseAdamW(p, g, m, v, 0.9));
+  EXPECT_FALSE(CanFuseAdamW(p, g, m, v, 0.0));                      // lerp weight 1
+  EXPECT_FALSE(CanFuseAdamW(p, g, m, m, 0.9));                      // aliasing moments
+  EXPECT_FALSE(CanFuseAdamW(p, at::randn({6, 8}).t(), m, v, 0.9));  // strided grad
+  EXPECT_FALSE(CanFuseAdamW(p.to(at::kDouble), g, m, v, 0.9));      // dtype
 }
 
 // The whole step: MuonUpdate (fused where it can) against torch/optim/_muon.py's op sequence

@@ -1,10 +1,13 @@
-#include "optimizers/internal/muon_elementwise.h"
+#include "optimizers/internal/fused_elementwise.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/sqrt.h>
 #include <c10/util/Exception.h>
 #include <c10/util/BFloat16.h>
 
@@ -14,6 +17,10 @@ namespace {
 // Elements per parallel chunk: large enough that a chunk amortises the thread hand-off, small
 // enough that both cores get work on tensors of a few MB (ATen's own grain is 32768).
 constexpr int64_t kGrain = 32768;
+
+// Elements per AdamW block: param, grad, both moments and the square roots of a block (1.25 MB)
+// stay in a core's L2 between the passes over it.
+constexpr int64_t kAdamWBlock = 65536;
 
 #define OS_INLINE inline __attribute__((always_inline))
 
@@ -63,6 +70,39 @@ OS_INLINE void DecayAddLoop(float* __restrict p, const Update* __restrict u, flo
   for (int64_t i = begin; i < end; ++i) p[i] = Fma(Load(u, i), alpha, p[i] * decay);
 }
 
+// AdamW's ATen ops up to the square root, with the same roundings: mul_(decay) (when weight decay is
+// on), lerp_, then mul_(beta2) and addcmul_ (ATen's `self + value * t1 * t2` compiles to
+// fma(value * t1, t2, self)).
+struct AdamWConstants {
+  float decay, lerp_coeff, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+};
+
+template <bool kSmall, bool kDecay>
+OS_INLINE void AdamWMomentsLoop(float* __restrict p, const float* __restrict g,
+                                float* __restrict m, float* __restrict v, const AdamWConstants& k,
+                                int64_t begin, int64_t end) {
+  // Constants in locals: stores through p, m and v could otherwise alias `k`, which keeps the
+  // compiler from vectorising.
+  const float decay = k.decay, coeff = k.lerp_coeff, beta2 = k.beta2, c = k.one_minus_beta2;
+  for (int64_t i = begin; i < end; ++i) {
+    const float gi = g[i];
+    if (kDecay) p[i] = p[i] * decay;
+    m[i] = Lerp<kSmall>(m[i], gi, coeff);
+    v[i] = Fma(c * gi, gi, v[i] * beta2);
+  }
+}
+
+// After ATen's sqrt: / bias_correction2_sqrt, + eps, then addcdiv_'s self + (value * t1) / t2.
+OS_INLINE void AdamWApplyLoop(float* __restrict p, const float* __restrict m,
+                              const float* __restrict sqrt_v, const AdamWConstants& k,
+                              int64_t begin, int64_t end) {
+  const float bc2_sqrt = k.bc2_sqrt, eps = k.eps, neg_step_size = k.neg_step_size;
+  for (int64_t i = begin; i < end; ++i) {
+    const float denom = sqrt_v[i] / bc2_sqrt + eps;
+    p[i] = p[i] + (neg_step_size * m[i]) / denom;
+  }
+}
+
 // The loops compiled for AVX2 + FMA (vectorised, hardware fma), whatever the build's baseline ISA.
 // Only used where the CPU has both (HasAvx2Fma), which is also where ATen's own kernels use fma:
 // on an older CPU ATen's generic kernels may round a * b + c twice, so the ATen ops run instead.
@@ -78,6 +118,37 @@ template <typename Update>
 OS_AVX2 void DecayAddAvx2(float* p, const Update* u, float decay, float alpha, int64_t b,
                           int64_t e) {
   DecayAddLoop(p, u, decay, alpha, b, e);
+}
+
+template <bool kSmall, bool kDecay>
+OS_AVX2 void AdamWMomentsAvx2(float* p, const float* g, float* m, float* v,
+                              const AdamWConstants& k, int64_t b, int64_t e) {
+  AdamWMomentsLoop<kSmall, kDecay>(p, g, m, v, k, b, e);
+}
+
+OS_AVX2 void AdamWApplyAvx2(float* p, const float* m, const float* sqrt_v,
+                            const AdamWConstants& k, int64_t b, int64_t e) {
+  AdamWApplyLoop(p, m, sqrt_v, k, b, e);
+}
+
+// AdamW's passes divide twice per element; 512-bit vectors halve the divide instructions.
+#define OS_AVX512 \
+  __attribute__((target("avx512f,avx512vl,fma,prefer-vector-width=512"), optimize("O3")))
+
+template <bool kSmall, bool kDecay>
+OS_AVX512 void AdamWMomentsAvx512(float* p, const float* g, float* m, float* v,
+                                  const AdamWConstants& k, int64_t b, int64_t e) {
+  AdamWMomentsLoop<kSmall, kDecay>(p, g, m, v, k, b, e);
+}
+
+OS_AVX512 void AdamWApplyAvx512(float* p, const float* m, const float* sqrt_v,
+                                const AdamWConstants& k, int64_t b, int64_t e) {
+  AdamWApplyLoop(p, m, sqrt_v, k, b, e);
+}
+
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return has;
 }
 
 bool HasAvx2Fma() {
@@ -153,6 +224,77 @@ at::Tensor FusedMomentum(const at::Tensor& momentum, const at::Tensor& grad, dou
     DispatchMomentum(m, g, out.data_ptr<float>(), c1, c2, n, small1, small2, nesterov);
   }
   return out;
+}
+
+bool CanFuseAdamW(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                  const at::Tensor& exp_avg_sq, double beta1) {
+  if (beta1 == 0.0 || !HasAvx2Fma()) return false;  // lerp weight 1: see CanFuseMomentum
+  const int64_t n = param.numel();
+  for (const at::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+    if (!IsDenseCpu(*t) || t->scalar_type() != at::kFloat || t->numel() != n) return false;
+  }
+  // Distinct tensors: with aliases, ATen's separate ops would read what an earlier op wrote.
+  const at::Tensor* all[] = {&param, &grad, &exp_avg, &exp_avg_sq};
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j) {
+      if (all[i]->is_same(*all[j])) return false;
+    }
+  }
+  return true;
+}
+
+void FusedAdamW(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                const at::Tensor& exp_avg_sq, const AdamWScalars& s) {
+  AdamWConstants k;
+  k.decay = static_cast<float>(s.decay);
+  const float w = static_cast<float>(1.0 - s.beta1);
+  const bool small = w < 0.5f && w > -0.5f;
+  k.lerp_coeff = small ? w : w - 1.0f;
+  k.beta2 = static_cast<float>(s.beta2);
+  k.one_minus_beta2 = static_cast<float>(1.0 - s.beta2);
+  k.bc2_sqrt = static_cast<float>(s.bias_correction2_sqrt);
+  k.eps = static_cast<float>(s.eps);
+  k.neg_step_size = static_cast<float>(-s.step_size);
+  float* p = param.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  float* m = exp_avg.data_ptr<float>();
+  float* v = exp_avg_sq.data_ptr<float>();
+  const int64_t n = param.numel();
+  // Block by block, so that each block's moments, square roots and update stay in cache: one trip
+  // through memory. The square root is ATen's own (not correctly rounded on every element, so no
+  // instruction can stand in for it); its result does not depend on where a block starts or ends
+  // (checked by the test against ATen on whole tensors).
+  const bool avx512 = HasAvx512();
+  auto step = [&](auto small_tag, auto decay_tag) {
+    constexpr bool kSmall = decltype(small_tag)::value;
+    constexpr bool kDecay = decltype(decay_tag)::value;
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      const at::Tensor sqrt_buf = at::empty({std::min(kAdamWBlock, end - begin)}, at::kFloat);
+      float* r = sqrt_buf.data_ptr<float>();
+      for (int64_t b = begin; b < end; b += kAdamWBlock) {
+        const int64_t e = std::min(b + kAdamWBlock, end);
+        if (avx512) {
+          AdamWMomentsAvx512<kSmall, kDecay>(p, g, m, v, k, b, e);
+        } else {
+          AdamWMomentsAvx2<kSmall, kDecay>(p, g, m, v, k, b, e);
+        }
+        at::Tensor out = sqrt_buf.narrow(0, 0, e - b);
+        at::sqrt_out(out, exp_avg_sq.view({-1}).narrow(0, b, e - b));
+        if (avx512) {
+          AdamWApplyAvx512(p + b, m + b, r, k, 0, e - b);
+        } else {
+          AdamWApplyAvx2(p + b, m + b, r, k, 0, e - b);
+        }
+      }
+    });
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  if (small) {
+    s.apply_decay ? step(T{}, T{}) : step(T{}, F{});
+  } else {
+    s.apply_decay ? step(F{}, T{}) : step(F{}, F{});
+  }
 }
 
 void FusedDecayAdd(const at::Tensor& param, double decay, const at::Tensor& update, double alpha) {
