@@ -48,9 +48,10 @@ struct AdamWScalars {
 };
 
 // Below this many elements AdamWUpdate keeps ATen's ops: they run from cache there, and the fused
-// version's per-block bookkeeping costs more than it saves (//optimizers:optimizers_benchmark,
-// BM_AdamWFused: 0.78x at 2^18 elements, 2.2x at 2^20, 2.1x at 2^22 and 2^24).
-constexpr int64_t kFusedAdamWMinNumel = int64_t{1} << 19;
+// version's per-block bookkeeping costs about what it saves (//optimizers:optimizers_benchmark,
+// BM_AdamWFused: 0.78x at 2^18 elements, 0.87-2.2x at 2^20 depending on what else is in cache,
+// 2.2x at 2^22, 2.1x at 2^24).
+constexpr int64_t kFusedAdamWMinNumel = int64_t{1} << 21;
 
 // True when FusedAdamW applies (at any size): an AVX2 + FMA CPU, dense contiguous fp32 CPU tensors of one numel,
 // no two the same, and beta1 != 0 (lerp weight 1: see CanFuseMomentum).
