@@ -131,26 +131,6 @@ OS_AVX2 void AdamWApplyAvx2(float* p, const float* m, const float* sqrt_v,
   AdamWApplyLoop(p, m, sqrt_v, k, b, e);
 }
 
-// AdamW's passes divide twice per element; 512-bit vectors halve the divide instructions.
-#define OS_AVX512 \
-  __attribute__((target("avx512f,avx512vl,fma,prefer-vector-width=512"), optimize("O3")))
-
-template <bool kSmall, bool kDecay>
-OS_AVX512 void AdamWMomentsAvx512(float* p, const float* g, float* m, float* v,
-                                  const AdamWConstants& k, int64_t b, int64_t e) {
-  AdamWMomentsLoop<kSmall, kDecay>(p, g, m, v, k, b, e);
-}
-
-OS_AVX512 void AdamWApplyAvx512(float* p, const float* m, const float* sqrt_v,
-                                const AdamWConstants& k, int64_t b, int64_t e) {
-  AdamWApplyLoop(p, m, sqrt_v, k, b, e);
-}
-
-bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-  return has;
-}
-
 bool HasAvx2Fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
@@ -264,7 +244,6 @@ void FusedAdamW(const at::Tensor& param, const at::Tensor& grad, const at::Tenso
   // through memory. The square root is ATen's own (not correctly rounded on every element, so no
   // instruction can stand in for it); its result does not depend on where a block starts or ends
   // (checked by the test against ATen on whole tensors).
-  const bool avx512 = HasAvx512();
   auto step = [&](auto small_tag, auto decay_tag) {
     constexpr bool kSmall = decltype(small_tag)::value;
     constexpr bool kDecay = decltype(decay_tag)::value;
@@ -273,18 +252,10 @@ void FusedAdamW(const at::Tensor& param, const at::Tensor& grad, const at::Tenso
       float* r = sqrt_buf.data_ptr<float>();
       for (int64_t b = begin; b < end; b += kAdamWBlock) {
         const int64_t e = std::min(b + kAdamWBlock, end);
-        if (avx512) {
-          AdamWMomentsAvx512<kSmall, kDecay>(p, g, m, v, k, b, e);
-        } else {
-          AdamWMomentsAvx2<kSmall, kDecay>(p, g, m, v, k, b, e);
-        }
+        AdamWMomentsAvx2<kSmall, kDecay>(p, g, m, v, k, b, e);
         at::Tensor out = sqrt_buf.narrow(0, 0, e - b);
         at::sqrt_out(out, exp_avg_sq.view({-1}).narrow(0, b, e - b));
-        if (avx512) {
-          AdamWApplyAvx512(p + b, m + b, r, k, 0, e - b);
-        } else {
-          AdamWApplyAvx2(p + b, m + b, r, k, 0, e - b);
-        }
+        AdamWApplyAvx2(p + b, m + b, r, k, 0, e - b);
       }
     });
   };
