@@ -10,7 +10,9 @@
 //   p -= lr * scale(rows, cols) * O           (scale per block shape, see MuonLrScale)
 //
 // With bf16 Newton–Schulz, default coefficients and no split, MuonUpdate is op for op PyTorch's
-// `_single_tensor_muon`, hence bitwise equal on the same machine (optimizers:oracle_test).
+// `_single_tensor_muon`, hence bitwise equal on the same machine (optimizers:oracle_test); on dense
+// CPU tensors its elementwise ops run as two fused passes with the same float operations
+// (internal/fused_elementwise.h).
 #ifndef ORTHOSHARD_OPTIMIZERS_MUON_H_
 #define ORTHOSHARD_OPTIMIZERS_MUON_H_
 
