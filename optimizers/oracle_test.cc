@@ -40,6 +40,16 @@ namespace orthoshard::optimizers {
 namespace {
 
 constexpr char kGoldenPath[] = "optimizers/testdata/goldens.osg";
+
+// The device the optimizers run on: the CPU, or GPU 0 in //optimizers:oracle_cuda_test (built with
+// ORTHOSHARD_ORACLE_CUDA), where the stated tolerances apply (GPU kernels round differently).
+at::Device OracleDevice() {
+#ifdef ORTHOSHARD_ORACLE_CUDA
+  return at::Device(at::kCUDA, 0);
+#else
+  return at::Device(at::kCPU);
+#endif
+}
 constexpr int kSteps = 5;
 constexpr double kElementwiseTolerance = 1e-5;
 constexpr double kMuonParamTolerance = 1e-3;
@@ -121,14 +131,15 @@ class OracleTest : public ::testing::Test {
     at::set_num_threads(1);
     goldens_ = new Goldens(LoadGoldens(kGoldenPath));
     const std::string& fingerprint = goldens_->texts.at("meta/cpu_fingerprint");
-    bitwise_ = fingerprint == CpuFingerprint() &&
+    bitwise_ = OracleDevice().is_cpu() && fingerprint == CpuFingerprint() &&
                goldens_->texts.at("meta/cpu_capability") == at::get_cpu_capability();
     std::cout << "goldens from torch " << goldens_->texts.at("meta/torch_version") << " on '"
               << fingerprint.substr(0, fingerprint.find(" | ")) << "' ("
               << goldens_->texts.at("meta/cpu_capability") << "), this machine "
               << (fingerprint == CpuFingerprint() ? "has the same" : "has a different")
               << " CPU fingerprint (" << at::get_cpu_capability() << "): "
-              << (bitwise_ ? "requiring bitwise equality" : "using stated tolerances") << "\n";
+              << (bitwise_ ? "requiring bitwise equality" : "using stated tolerances")
+              << "; optimizers run on " << OracleDevice().str() << "\n";
   }
   static void TearDownTestSuite() {
     std::cout << "largest difference seen: " << max_seen_ << "\n";
@@ -139,7 +150,7 @@ class OracleTest : public ::testing::Test {
   static void ExpectMatches(const at::Tensor& actual, const at::Tensor& expected, double tolerance,
                             const std::string& what) {
     ASSERT_TRUE(actual.sizes().equals(expected.sizes())) << what;
-    const at::Tensor a = actual.contiguous();
+    const at::Tensor a = actual.to(at::kCPU).contiguous();
     const double max_diff = at::max(at::abs(at::sub(a, expected))).item().toDouble();
     max_seen_ = std::max(max_seen_, max_diff);
     if (bitwise_) {
@@ -166,14 +177,15 @@ TEST_F(OracleTest, AdamWMatchesTorchAdamWForeachFalse) {
   AdamWGroup group{AdamWHyper{hp[0], hp[1], hp[2], hp[3], hp[4]}, {}};
   std::vector<at::Tensor> params;
   for (const std::string& n : names) {
-    params.push_back(g.tensor("adamw/" + n + "/init").clone());
+    params.push_back(g.tensor("adamw/" + n + "/init").to(OracleDevice(), false, /*copy=*/true));
     group.params.push_back(Param{n, params.back(), at::Tensor(), {}});
   }
   auto adamw = AdamW::Create({group});
   ASSERT_TRUE(adamw.ok()) << adamw.status();
   for (int s = 0; s < kSteps; ++s) {
     for (const std::string& n : names) {
-      ASSERT_TRUE((*adamw)->SetGrad(n, g.tensor(absl::StrCat("adamw/", n, "/grad/", s))).ok());
+      const at::Tensor grad = g.tensor(absl::StrCat("adamw/", n, "/grad/", s)).to(OracleDevice());
+      ASSERT_TRUE((*adamw)->SetGrad(n, grad).ok());
     }
     ASSERT_TRUE((*adamw)->Step(StepContext{lr_factors[s], 1.0}).ok());
     for (size_t i = 0; i < names.size(); ++i) {
@@ -205,14 +217,15 @@ TEST_F(OracleTest, MuonMatchesTorchMuon) {
     group.hp.scale_rule = hp[4] == 0.0 ? MuonScaleRule::kOriginal : MuonScaleRule::kMatchRmsAdamW;
     std::vector<at::Tensor> params;
     for (const std::string& n : names) {
-      params.push_back(g.tensor("muon/" + n + "/init").clone());
+      params.push_back(g.tensor("muon/" + n + "/init").to(OracleDevice(), false, /*copy=*/true));
       group.params.push_back(Param{n, params.back(), at::Tensor(), {}});
     }
     auto muon = Muon::Create({group});
     ASSERT_TRUE(muon.ok()) << muon.status();
     for (int s = 0; s < kSteps; ++s) {
       for (const std::string& n : names) {
-        ASSERT_TRUE((*muon)->SetGrad(n, g.tensor(absl::StrCat("muon/", n, "/grad/", s))).ok());
+        const at::Tensor grad = g.tensor(absl::StrCat("muon/", n, "/grad/", s)).to(OracleDevice());
+        ASSERT_TRUE((*muon)->SetGrad(n, grad).ok());
       }
       ASSERT_TRUE((*muon)->Step(StepContext{}).ok());
       for (size_t i = 0; i < names.size(); ++i) {
