@@ -1,18 +1,18 @@
 #include "optimizers/adamw.h"
 
 #include <cmath>
+#include <unordered_set>
 #include <utility>
 
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros_like.h>
-#include <c10/util/Exception.h>
 
-#include <unordered_set>
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "optimizers/internal/fused_elementwise.h"
+#include "optimizers/internal/slot_groups.h"
 
 namespace orthoshard::optimizers {
 
@@ -98,30 +98,15 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<AdamWGroup> gro
 }
 
 absl::Status AdamW::Step(const StepContext& context) {
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) RETURN_IF_ERROR(CheckGrad(s.p.param));
-  }
-  try {
-    for (Group& g : groups_) {
-      const double lr = g.hp.lr * context.lr_multiplier;
-      for (Slot& s : g.slots) {
-        if (!s.p.param.grad.defined()) continue;
-        AdamWUpdate(s.p.main, GradAsFloat(s.p.param.grad, context.grad_scale), s.state, g.hp, lr);
-        SyncModelParam(s.p);
-      }
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("AdamW step: ", e.what_without_backtrace()));
-  }
-  return absl::OkStatus();
+  return internal::StepGroups(
+      groups_, context, "AdamW",
+      [](Slot& s, const AdamWHyper& hp, double lr, const at::Tensor& grad) {
+        AdamWUpdate(s.p.main, grad, s.state, hp, lr);
+      });
 }
 
 absl::StatusOr<double> AdamW::GradSumSquares() const {
-  std::vector<MainParam> params;
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) params.push_back(s.p);
-  }
-  return LocalGradSumSquares(params);
+  return internal::GroupsGradSumSquares(groups_);
 }
 
 std::vector<NamedTensor> AdamW::ExportState() const {
@@ -169,32 +154,12 @@ absl::Status AdamW::ImportState(absl::Span<const NamedTensor> state) {
   return absl::OkStatus();
 }
 
-int64_t AdamW::num_params() const {
-  int64_t n = 0;
-  for (const Group& g : groups_) n += static_cast<int64_t>(g.slots.size());
-  return n;
-}
+int64_t AdamW::num_params() const { return internal::GroupsNumParams(groups_); }
 
-int64_t AdamW::numel() const {
-  int64_t n = 0;
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) n += s.p.main.numel();
-  }
-  return n;
-}
+int64_t AdamW::numel() const { return internal::GroupsNumel(groups_); }
 
 absl::Status AdamW::SetGrad(const std::string& name, const at::Tensor& grad) {
-  for (Group& g : groups_) {
-    for (Slot& s : g.slots) {
-      if (s.p.param.name != name) continue;
-      Param candidate = s.p.param;
-      candidate.grad = grad;
-      RETURN_IF_ERROR(CheckGrad(candidate));
-      s.p.param.grad = grad;
-      return absl::OkStatus();
-    }
-  }
-  return absl::NotFoundError(absl::StrCat("no param named '", name, "'"));
+  return internal::SetGroupsGrad(groups_, name, grad);
 }
 
 }  // namespace orthoshard::optimizers

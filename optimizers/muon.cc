@@ -11,11 +11,11 @@
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros_like.h>
-#include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "optimizers/internal/fused_elementwise.h"
+#include "optimizers/internal/slot_groups.h"
 
 namespace orthoshard::optimizers {
 
@@ -182,31 +182,15 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<MuonGroup> groups
 }
 
 absl::Status Muon::Step(const StepContext& context) {
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) RETURN_IF_ERROR(CheckGrad(s.p.param));
-  }
-  try {
-    for (Group& g : groups_) {
-      const double lr = g.hp.lr * context.lr_multiplier;
-      for (Slot& s : g.slots) {
-        if (!s.p.param.grad.defined()) continue;
-        MuonUpdate(s.p.main, GradAsFloat(s.p.param.grad, context.grad_scale), s.momentum_buffer,
-                   g.hp, lr, s.p.param.split);
-        SyncModelParam(s.p);
-      }
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("Muon step: ", e.what_without_backtrace()));
-  }
-  return absl::OkStatus();
+  return internal::StepGroups(
+      groups_, context, "Muon",
+      [](Slot& s, const MuonHyper& hp, double lr, const at::Tensor& grad) {
+        MuonUpdate(s.p.main, grad, s.momentum_buffer, hp, lr, s.p.param.split);
+      });
 }
 
 absl::StatusOr<double> Muon::GradSumSquares() const {
-  std::vector<MainParam> params;
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) params.push_back(s.p);
-  }
-  return LocalGradSumSquares(params);
+  return internal::GroupsGradSumSquares(groups_);
 }
 
 std::vector<NamedTensor> Muon::ExportState() const {
@@ -246,31 +230,11 @@ absl::Status Muon::ImportState(absl::Span<const NamedTensor> state) {
 }
 
 absl::Status Muon::SetGrad(const std::string& name, const at::Tensor& grad) {
-  for (Group& g : groups_) {
-    for (Slot& s : g.slots) {
-      if (s.p.param.name != name) continue;
-      Param candidate = s.p.param;
-      candidate.grad = grad;
-      RETURN_IF_ERROR(CheckGrad(candidate));
-      s.p.param.grad = grad;
-      return absl::OkStatus();
-    }
-  }
-  return absl::NotFoundError(absl::StrCat("no param named '", name, "'"));
+  return internal::SetGroupsGrad(groups_, name, grad);
 }
 
-int64_t Muon::num_params() const {
-  int64_t n = 0;
-  for (const Group& g : groups_) n += static_cast<int64_t>(g.slots.size());
-  return n;
-}
+int64_t Muon::num_params() const { return internal::GroupsNumParams(groups_); }
 
-int64_t Muon::numel() const {
-  int64_t n = 0;
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) n += s.p.main.numel();
-  }
-  return n;
-}
+int64_t Muon::numel() const { return internal::GroupsNumel(groups_); }
 
 }  // namespace orthoshard::optimizers
