@@ -84,4 +84,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
                                                     std::move(traits));
 }
 
+absl::StatusOr<std::unique_ptr<Communicator>> JoinGlooFromEnvironment(
+    absl::Duration timeout, absl::Duration rendezvous_timeout) {
+  ASSIGN_OR_RETURN(const RendezvousInfo info, ParseRendezvous(ProcessEnvironment()));
+  GlooOptions options = GlooOptionsFromRendezvous(info);
+  options.timeout = timeout;
+  options.rendezvous_timeout = rendezvous_timeout;
+  return CreateGlooCommunicator(options);
+}
+
 }  // namespace orthoshard::collectives

@@ -54,6 +54,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const GlooOptions& options);
 
+// Joins the job this process's environment describes (torchrun's or SLURM's variables, as
+// LaunchLocal sets them) as a Gloo rank: ParseRendezvous, GlooOptionsFromRendezvous with the two
+// timeouts, CreateGlooCommunicator. Errors: those three's (kNotFound outside a launcher).
+absl::StatusOr<std::unique_ptr<Communicator>> JoinGlooFromEnvironment(
+    absl::Duration timeout, absl::Duration rendezvous_timeout);
+
 }  // namespace orthoshard::collectives
 
 #endif  // ORTHOSHARD_COLLECTIVES_GLOO_COMMUNICATOR_H_

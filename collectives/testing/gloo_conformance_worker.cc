@@ -7,7 +7,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "collectives/gloo_communicator.h"
-#include "collectives/rendezvous.h"
 #include "collectives/testing/conformance.h"
 
 int main(int argc, char** argv) {
@@ -17,26 +16,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s CASE TIMEOUT_MS\n", argv[0]);
     return 2;
   }
-  auto info = ParseRendezvous(ProcessEnvironment());
-  if (!info.ok()) {
-    std::fprintf(stderr, "%s\n", info.status().ToString().c_str());
-    return 1;
-  }
-  GlooOptions options = GlooOptionsFromRendezvous(*info);
-  options.timeout = absl::Milliseconds(timeout_ms);
-  options.rendezvous_timeout = absl::Seconds(30);
-  auto comm = CreateGlooCommunicator(options);
+  auto comm = JoinGlooFromEnvironment(absl::Milliseconds(timeout_ms), absl::Seconds(30));
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
     return 1;
   }
   const absl::Status status = testing::RunConformanceCase(argv[1], **comm);
   if (!status.ok()) {
-    std::printf("conformance case %s FAILED on rank %d: %s\n", argv[1], info->rank,
+    std::printf("conformance case %s FAILED on rank %d: %s\n", argv[1], (*comm)->rank(),
                 status.ToString().c_str());
     return 1;
   }
-  std::printf("%s\n", testing::PassLine(argv[1], info->rank).c_str());
+  std::printf("%s\n", testing::PassLine(argv[1], (*comm)->rank()).c_str());
   std::fflush(stdout);
   // Peers may still be inside a failed collective; leave without joining engine threads.
   std::_Exit(0);

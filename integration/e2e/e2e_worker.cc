@@ -53,7 +53,6 @@
 #include "buffers/param_and_grad_buffer.h"
 #include "collectives/communicator.h"
 #include "collectives/gloo_communicator.h"
-#include "collectives/rendezvous.h"
 #include "common/status_macros.h"
 #include "ddp/distributed_data_parallel.h"
 #include "layout/layout.h"
@@ -403,20 +402,12 @@ absl::Status RunModel(const Model& model, const std::string& model_name, Communi
 
 int Main() {
   at::set_num_threads(1);
-  auto info = collectives::ParseRendezvous(collectives::ProcessEnvironment());
-  if (!info.ok()) {
-    std::fprintf(stderr, "%s\n", info.status().ToString().c_str());
-    return 1;
-  }
-  collectives::GlooOptions options = collectives::GlooOptionsFromRendezvous(*info);
-  options.timeout = absl::Seconds(120);
-  options.rendezvous_timeout = absl::Seconds(120);
-  auto comm = collectives::CreateGlooCommunicator(options);
+  auto comm = collectives::JoinGlooFromEnvironment(absl::Seconds(120), absl::Seconds(120));
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
     return 1;
   }
-  const int rank = info->rank;
+  const int rank = (*comm)->rank();
   // 4 Muon matrices (one per rank at dp 4), and 2 (dp 3 and 4 exceed them: idle Muon ranks).
   for (const auto& [blocks, name] : {std::pair<int, const char*>{2, "model4"}, {1, "model2"}}) {
     const absl::Status status = RunModel(MakeModel(blocks), name, **comm);

@@ -24,7 +24,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "collectives/gloo_communicator.h"
-#include "collectives/rendezvous.h"
 #include "common/status_macros.h"
 #include "optimizers/distributed/distributed_optimizer.h"
 #include "optimizers/distributed/testing/test_model.h"
@@ -284,26 +283,18 @@ int main(int argc, char** argv) {
   }
   options.scenario = argv[1];
   options.dir = argv[2];
-  auto info = collectives::ParseRendezvous(collectives::ProcessEnvironment());
-  if (!info.ok()) {
-    std::fprintf(stderr, "%s\n", info.status().ToString().c_str());
-    return 1;
-  }
-  collectives::GlooOptions gloo = collectives::GlooOptionsFromRendezvous(*info);
-  gloo.timeout = absl::Seconds(60);
-  gloo.rendezvous_timeout = absl::Seconds(60);
-  auto comm = collectives::CreateGlooCommunicator(gloo);
+  auto comm = collectives::JoinGlooFromEnvironment(absl::Seconds(60), absl::Seconds(60));
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
     return 1;
   }
   const absl::Status status = optimizers::distributed::testing::Run(options, **comm);
   if (!status.ok()) {
-    std::printf("FAIL %s rank %d: %s\n", argv[1], info->rank, status.ToString().c_str());
+    std::printf("FAIL %s rank %d: %s\n", argv[1], (*comm)->rank(), status.ToString().c_str());
     std::fflush(stdout);
     std::_Exit(1);
   }
-  std::printf("PASS %s rank %d\n", argv[1], info->rank);
+  std::printf("PASS %s rank %d\n", argv[1], (*comm)->rank());
   std::fflush(stdout);
   std::_Exit(0);
 }
