@@ -23,9 +23,16 @@ done
 ranks=$(pgrep -P "$launcher")
 victim=""
 for pid in $ranks; do
-  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=1"; then victim=$pid; fi
+  # No pipe here: under pipefail, `tr | grep -q` fails when grep exits before tr's last write.
+  if grep -qxz "RANK=1" "/proc/$pid/environ" 2>/dev/null; then victim=$pid; fi
 done
-[[ -n "$victim" ]] || fail "no rank 1 among the launcher's children ($ranks)"
+if [[ -z "$victim" ]]; then
+  seen=""
+  for pid in $ranks; do
+    seen+=" $pid:$(grep -az "^RANK=" "/proc/$pid/environ" 2>&1 | tr '\0' ' ')"
+  done
+  fail "no rank 1 among the launcher's children (pid:RANK =$seen)"
+fi
 kill -9 "$victim"
 killed_at=$SECONDS
 
@@ -41,7 +48,8 @@ for pid in $ranks; do
 done
 # Ranks 0 and 2 report the failure themselves, naming rank 1.
 for r in 0 2; do
-  grep "^\[rank $r\]" "$work/err" | grep -q "rank 1" || fail "rank $r printed no error naming rank 1"
+  grep -q "^\[rank $r\].*rank 1" "$work/err" || fail "rank $r printed no error naming rank 1"
 done
 echo "PASS: launcher exit $rc ${elapsed}s after SIGKILL of rank 1; ranks 0 and 2 named it:"
-grep "^\[rank [02]\]" "$work/err" | head -4
+grep -m4 "^\[rank [02]\]" "$work/err"
+exit 0
