@@ -1,14 +1,23 @@
 // See checkpointer.h.
 #include "integration/checkpointer.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <utility>
+#include <vector>
 
 #include <ATen/ops/full.h>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/file_util.h"
 #include "common/status_macros.h"
+#include "integration/trainer.h"
 
 namespace orthoshard::integration {
 namespace {
@@ -26,10 +35,56 @@ absl::StatusOr<bool> AllRanksOk(collectives::Communicator& comm, bool ok) {
 
 }  // namespace
 
+absl::Status CheckSaveDir(const TrainerConfig& c) {
+  namespace fs = std::filesystem;
+  if (c.save_dir.empty()) return absl::OkStatus();
+  const std::string flag = absl::StrCat("--save_dir '", c.save_dir, "'");
+  std::error_code ec;
+  const fs::path target = fs::absolute(c.save_dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat(flag, ": ", ec.message()));
+  // The nearest of target and its ancestors that exists (ENOTDIR reads as not found, so a path
+  // through a regular file stops at that file).
+  fs::path existing = target;
+  fs::file_status status = fs::status(existing, ec);
+  while (status.type() == fs::file_type::not_found && existing.has_relative_path()) {
+    existing = existing.parent_path();
+    status = fs::status(existing, ec);
+  }
+  if (status.type() == fs::file_type::none) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": cannot examine '", existing.string(), "': ", ec.message()));
+  }
+  if (status.type() != fs::file_type::directory) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": '", existing.string(), "' is not a directory"));
+  }
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        flag, ": cannot write in '", existing.string(), "': ", std::strerror(errno)));
+  }
+  if (existing != target || c.resume) return absl::OkStatus();
+  absl::StatusOr<std::vector<int64_t>> steps = checkpoint::ListCheckpoints(c.save_dir);
+  absl::StatusOr<bool> has_latest =
+      checkpoint::PathExists(checkpoint::JoinPath(c.save_dir, "latest"));
+  for (const absl::Status& s : {steps.status(), has_latest.status()}) {
+    if (!s.ok()) return absl::FailedPreconditionError(absl::StrCat(flag, ": ", s.message()));
+  }
+  if (steps->empty() && !*has_latest) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      flag, " already holds checkpoints (",
+      steps->empty() ? "a `latest` pointer"
+                     : absl::StrCat(steps->size(), " complete, the newest ",
+                                    checkpoint::StepDirName(steps->back())),
+      "): pass --resume to continue from them, or choose another --save_dir; a run started afresh "
+      "there would overwrite and garbage-collect them"));
+}
+
 Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& comm,
-                           ProgressPrinter& progress, std::FILE* err, TrainSummary& summary)
+                           ProgressPrinter& progress, std::FILE* err, TrainSummary& summary,
+                           std::function<absl::Status()> after_shard_written)
     : c_(c), comm_(comm), progress_(progress), err_(err), summary_(summary) {
   options_.keep_last = c.keep_checkpoints;
+  options_.after_shard_written = std::move(after_shard_written);
   saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
 }
 

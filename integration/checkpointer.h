@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -31,8 +32,10 @@ class Checkpointer {
  public:
   // `c`, `comm`, `progress`, `err` and `summary` must outlive this object; failed saves that
   // training survives are reported on `err` and counted in summary.failed_saves.
+  // `after_shard_written`: checkpoint::SaveOptions' fault-injection hook (tests only; may be empty).
   Checkpointer(const TrainerConfig& c, collectives::Communicator& comm, ProgressPrinter& progress,
-               std::FILE* err, TrainSummary& summary);
+               std::FILE* err, TrainSummary& summary,
+               std::function<absl::Status()> after_shard_written = {});
 
   // Finalizes the save in flight, then snapshots step `shared.step` and starts writing it.
   // Precondition: the params are synced. OK when training may go on (with on_save_failure=continue,

@@ -9,11 +9,12 @@
 // collectives::LaunchLocal; under a launcher it joins the job directly. The last line on stdout
 // is rank 0's summary as one JSON object (TrainSummary::ToJson).
 //
-// Exit codes: 0 success; 2 bad input found before training starts (unknown flag, bad flag value,
-// missing or corrupt data/config file, --device=cuda without a CUDA build or GPU: kInvalidArgument,
-// kNotFound, kFailedPrecondition, kDataLoss, kUnimplemented), with one "pretrain: ..." line on
-// stderr and nothing written; 1 any other failure; under the local launcher, the first failing
-// rank's code.
+// Exit codes (integration::ExitCode): 0 success; 2 bad input found before training starts (unknown
+// flag, bad flag value, missing or corrupt data/config file, --device=cuda without a CUDA build or
+// GPU, a --save_dir that cannot be written or already holds checkpoints without --resume, an
+// incompatible resume), with one "pretrain: ..." line on stderr and nothing written; 1 any failure
+// once training has begun (a lost rank, a failed save, whatever its status code) or any other;
+// under the local launcher, the first failing rank's code.
 #include <unistd.h>
 
 #include <cstdio>
@@ -121,19 +122,6 @@ namespace orthoshard::integration {
 namespace {
 
 constexpr char kTtyEnv[] = "ORTHOSHARD_PRETRAIN_TTY";
-
-int ExitCode(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kDataLoss:
-    case absl::StatusCode::kUnimplemented:
-      return 2;
-    default:
-      return 1;
-  }
-}
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "pretrain: %s\n", std::string(status.message()).c_str());
@@ -359,6 +347,7 @@ int Main(int argc, char** argv) {
   }
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckDevice(*config, nprocs); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckSaveDir(*config); !s.ok()) return Fail(s);
   if (config->resume && !std::filesystem::exists(config->save_dir + "/latest")) {
     return Fail(absl::NotFoundError(absl::StrCat("--resume: no checkpoint in --save_dir: '",
                                                  config->save_dir, "/latest' does not exist")));

@@ -193,6 +193,8 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
   std::ofstream(dir + "/bad.idx") << "NOTANIDX-and-some-more-bytes-to-read";
   std::ofstream(dir + "/bad.bin") << "xx";
   std::ofstream(dir + "/bad.textproto") << "stepz: 3\n";
+  std::filesystem::create_directories(dir + "/held");
+  std::ofstream(dir + "/held/latest") << "step_000002\n";
   const std::string log_dir = dir + "/must_not_exist";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--stepz=3", "unknown flag --stepz"},
@@ -211,6 +213,8 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--resume", "--resume needs --save_dir"},
       {"--resume --save_dir=" + dir + "/no_ckpt", "no_ckpt/latest' does not exist"},
       {"--save_dir=" + dir + "/ckpt --dist=replicated", "need --dist=layerwise or --dist=distopt"},
+      {"--save_dir=" + dir + "/bad.bin/ckpt", "bad.bin' is not a directory"},
+      {"--save_dir=" + dir + "/held", "already holds checkpoints (a `latest` pointer): pass --resume"},
       {"--model=huge", "huge"},
   };
   for (const auto& [arg, message] : cases) {

@@ -21,6 +21,7 @@
 #include <ATen/ops/tensor.h>
 #include <c10/util/Exception.h>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -342,9 +343,15 @@ absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& c
   return loaded->step;
 }
 
+absl::Status MarkFailedWhileTraining(absl::Status status) {
+  status.SetPayload(kFailedWhileTrainingPayload, absl::Cord());
+  return status;
+}
+
 absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& comm,
                                        const TrainOptions& options) {
   RETURN_IF_ERROR(ValidateTrainerConfig(c, comm.size()));
+  RETURN_IF_ERROR(CheckSaveDir(c));
   // Model, buffers and batches live on the communicator's device; the config must agree with it.
   if (const bool cuda = c.device == "cuda"; cuda != comm.device().is_cuda()) {
     return absl::InvalidArgumentError(
@@ -405,138 +412,145 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
                          absl::ToUnixMicros(absl::Now()) / 1e6);
   };
 
-  ASSIGN_OR_RETURN(summary.initial_eval_loss, Evaluate(s, comm));
-  RETURN_IF_ERROR(scalar("eval/loss", 0, summary.initial_eval_loss));
-  summary.eval_loss = summary.initial_eval_loss;
+  // From here on a failure is the run's, not its input's: MarkFailedWhileTraining.
+  absl::Status trained = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(summary.initial_eval_loss, Evaluate(s, comm));
+    RETURN_IF_ERROR(scalar("eval/loss", 0, summary.initial_eval_loss));
+    summary.eval_loss = summary.initial_eval_loss;
 
-  ProgressOptions po;
-  po.total_steps = c.steps;
-  po.log_every = c.log_every;
-  po.terminal = options.terminal;
-  ProgressPrinter progress(options.out, po);
-  std::unique_ptr<Checkpointer> saver;
-  if (!c.save_dir.empty()) {
-    saver = std::make_unique<Checkpointer>(c, comm, progress, options.err, summary);
-  }
-  const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
-  absl::Duration train_time;
-  at::Tensor loss_avg = ScalarOn(comm, 0.0);
-  int64_t consecutive_skips = 0;
-  for (int64_t step = first_step; step <= last_step; ++step) {
-    const absl::Time start = absl::Now();
-    if (s.ddp) {
-      s.ddp->ZeroGradBuffers();
-    } else {
-      for (buffers::ParamAndGradBuffer* buffer : s.buffers) buffer->ZeroGrads();
+    ProgressOptions po;
+    po.total_steps = c.steps;
+    po.log_every = c.log_every;
+    po.terminal = options.terminal;
+    ProgressPrinter progress(options.out, po);
+    std::unique_ptr<Checkpointer> saver;
+    if (!c.save_dir.empty()) {
+      saver = std::make_unique<Checkpointer>(c, comm, progress, options.err, summary,
+                                             options.after_shard_written);
     }
-    double loss_sum = 0;
-    const std::vector<MicroBatch> batches = s.train->Next();
-    for (size_t m = 0; m < batches.size(); ++m) {
-      const MicroBatch& b = batches[m];
-      if (s.ddp) s.ddp->set_is_last_microbatch(m + 1 == batches.size());
-      ASSIGN_OR_RETURN(at::Tensor loss,
-                       s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
-                                     ToTensor(b.targets, b.rows, b.cols, comm.device())));
-      loss.mul(1.0 / static_cast<double>(batches.size())).backward();
-      loss_sum += loss.item<double>();
-    }
-    loss_avg.fill_(loss_sum / static_cast<double>(batches.size()));
-    optimizers::StepResult result;
-    if (s.ddp) {
-      // DDP reduce-scattered buckets during backward; finish them, step this rank's shards, then
-      // start the all-gathers that the next forward's pre-forward hooks wait on layer by layer.
-      RETURN_IF_ERROR(s.ddp->FinishGradSync());
-      RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{loss_avg, {ReduceOp::kAvg}}}));
-      at::NoGradGuard no_grad;
-      ASSIGN_OR_RETURN(result, s.sharded->Step());
-      RETURN_IF_ERROR(s.ddp->StartParamSync());
-    } else {
-      // Every grad bucket of every buffer, averaged over ranks, plus the step's loss: one group.
-      std::vector<collectives::CollectiveOp> ops;
-      for (buffers::ParamAndGradBuffer* buffer : s.buffers) {
-        for (int b = 0; b < buffer->num_buckets(); ++b) {
-          ops.push_back(AllReduceOp{buffer->GradBucket(b), {ReduceOp::kAvg}});
+    const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
+    absl::Duration train_time;
+    at::Tensor loss_avg = ScalarOn(comm, 0.0);
+    int64_t consecutive_skips = 0;
+    for (int64_t step = first_step; step <= last_step; ++step) {
+      const absl::Time start = absl::Now();
+      if (s.ddp) {
+        s.ddp->ZeroGradBuffers();
+      } else {
+        for (buffers::ParamAndGradBuffer* buffer : s.buffers) buffer->ZeroGrads();
+      }
+      double loss_sum = 0;
+      const std::vector<MicroBatch> batches = s.train->Next();
+      for (size_t m = 0; m < batches.size(); ++m) {
+        const MicroBatch& b = batches[m];
+        if (s.ddp) s.ddp->set_is_last_microbatch(m + 1 == batches.size());
+        ASSIGN_OR_RETURN(at::Tensor loss,
+                         s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
+                                       ToTensor(b.targets, b.rows, b.cols, comm.device())));
+        loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+        loss_sum += loss.item<double>();
+      }
+      loss_avg.fill_(loss_sum / static_cast<double>(batches.size()));
+      optimizers::StepResult result;
+      if (s.ddp) {
+        // DDP reduce-scattered buckets during backward; finish them, step this rank's shards, then
+        // start the all-gathers that the next forward's pre-forward hooks wait on layer by layer.
+        RETURN_IF_ERROR(s.ddp->FinishGradSync());
+        RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{loss_avg, {ReduceOp::kAvg}}}));
+        at::NoGradGuard no_grad;
+        ASSIGN_OR_RETURN(result, s.sharded->Step());
+        RETURN_IF_ERROR(s.ddp->StartParamSync());
+      } else {
+        // Every grad bucket of every buffer, averaged over ranks, plus the step's loss: one group.
+        std::vector<collectives::CollectiveOp> ops;
+        for (buffers::ParamAndGradBuffer* buffer : s.buffers) {
+          for (int b = 0; b < buffer->num_buckets(); ++b) {
+            ops.push_back(AllReduceOp{buffer->GradBucket(b), {ReduceOp::kAvg}});
+          }
         }
+        ops.push_back(AllReduceOp{loss_avg, {ReduceOp::kAvg}});
+        RETURN_IF_ERROR(RunGroup(comm, std::move(ops)));
+        at::NoGradGuard no_grad;  // the optimizers update leaf params in place
+        ASSIGN_OR_RETURN(result, s.optimizer->Step());
       }
-      ops.push_back(AllReduceOp{loss_avg, {ReduceOp::kAvg}});
-      RETURN_IF_ERROR(RunGroup(comm, std::move(ops)));
-      at::NoGradGuard no_grad;  // the optimizers update leaf params in place
-      ASSIGN_OR_RETURN(result, s.optimizer->Step());
-    }
-    const absl::Duration step_time = absl::Now() - start;
-    train_time += step_time;
+      const absl::Duration step_time = absl::Now() - start;
+      train_time += step_time;
 
-    const double loss = ValueOf(loss_avg);
-    if (step == first_step) summary.initial_loss = loss;
-    summary.final_loss = loss;
-    summary.steps = step;
-    const double elapsed = absl::ToDoubleSeconds(train_time);
-    const double tokens_per_s =
-        elapsed > 0 ? tokens_per_step * (step - first_step + 1) / elapsed : 0;
-    const double lr = c.lr * result.lr_multiplier;
-    if (lead) {
-      progress.Update({step, loss, tokens_per_s, lr, elapsed});
-      RETURN_IF_ERROR(scalar("train/loss", step, loss));
-      RETURN_IF_ERROR(scalar("train/lr", step, lr));
-      RETURN_IF_ERROR(scalar("train/grad_norm", step, result.grad_norm));
-      RETURN_IF_ERROR(scalar("train/tokens_per_s", step, tokens_per_s));
-      RETURN_IF_ERROR(scalar("train/step_time_s", step, absl::ToDoubleSeconds(step_time)));
-      RETURN_IF_ERROR(scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm))));
-    }
-    // Every rank sees the same StepResult (the optimizers reduce the non-finite check globally), so
-    // every rank gives up at the same step.
-    consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
-    const bool give_up = c.max_consecutive_skips > 0 && consecutive_skips >= c.max_consecutive_skips;
-    const bool last = step == last_step || give_up;
-    if (!give_up && (last || (c.eval_every > 0 && step % c.eval_every == 0))) {
-      ASSIGN_OR_RETURN(summary.eval_loss, Evaluate(s, comm));
-      RETURN_IF_ERROR(scalar("eval/loss", step, summary.eval_loss));
+      const double loss = ValueOf(loss_avg);
+      if (step == first_step) summary.initial_loss = loss;
+      summary.final_loss = loss;
+      summary.steps = step;
+      const double elapsed = absl::ToDoubleSeconds(train_time);
+      const double tokens_per_s =
+          elapsed > 0 ? tokens_per_step * (step - first_step + 1) / elapsed : 0;
+      const double lr = c.lr * result.lr_multiplier;
       if (lead) {
-        progress.Finish();
-        std::fprintf(options.out, "eval step %lld: loss %.4f\n", static_cast<long long>(step),
-                     summary.eval_loss);
-        std::fflush(options.out);
+        progress.Update({step, loss, tokens_per_s, lr, elapsed});
+        RETURN_IF_ERROR(scalar("train/loss", step, loss));
+        RETURN_IF_ERROR(scalar("train/lr", step, lr));
+        RETURN_IF_ERROR(scalar("train/grad_norm", step, result.grad_norm));
+        RETURN_IF_ERROR(scalar("train/tokens_per_s", step, tokens_per_s));
+        RETURN_IF_ERROR(scalar("train/step_time_s", step, absl::ToDoubleSeconds(step_time)));
+        RETURN_IF_ERROR(scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm))));
       }
-      if (tb) RETURN_IF_ERROR(tb->Flush());
+      // Every rank sees the same StepResult (the optimizers reduce the non-finite check
+      // globally), so every rank gives up at the same step.
+      consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
+      const bool give_up =
+          c.max_consecutive_skips > 0 && consecutive_skips >= c.max_consecutive_skips;
+      const bool last = step == last_step || give_up;
+      if (!give_up && (last || (c.eval_every > 0 && step % c.eval_every == 0))) {
+        ASSIGN_OR_RETURN(summary.eval_loss, Evaluate(s, comm));
+        RETURN_IF_ERROR(scalar("eval/loss", step, summary.eval_loss));
+        if (lead) {
+          progress.Finish();
+          std::fprintf(options.out, "eval step %lld: loss %.4f\n", static_cast<long long>(step),
+                       summary.eval_loss);
+          std::fflush(options.out);
+        }
+        if (tb) RETURN_IF_ERROR(tb->Flush());
+      }
+      if (last || (c.check_every > 0 && step % c.check_every == 0)) {
+        ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
+        ++summary.checksum_checks;
+      }
+      if (saver && (last || (c.save_every > 0 && step % c.save_every == 0))) {
+        // Save after the param sync (the library's precondition); the snapshot is taken here and
+        // written in the background while the next steps run.
+        RETURN_IF_ERROR(s.ddp->FinishParamSync());
+        checkpoint::SharedState shared;
+        shared.step = step;
+        shared.data_position = s.train->state().Serialize();
+        shared.rng_seed = c.seed;
+        shared.model_config = ModelConfigString(c, s);
+        shared.optimizer_config = OptimizerConfigString(c);
+        RETURN_IF_ERROR(saver->Save(shared, s.buffers, *s.sharded, last));
+      }
+      if (give_up) {
+        if (saver) RETURN_IF_ERROR(saver->Finish());
+        if (lead) progress.Finish();
+        return absl::AbortedError(absl::StrCat(
+            "stopping at step ", step, ": ", consecutive_skips,
+            " consecutive steps had non-finite gradients (--max_consecutive_skips=",
+            c.max_consecutive_skips, ")",
+            saver ? absl::StrCat("; final checkpoint of step ", step, " saved in ", c.save_dir)
+                  : std::string("; no --save_dir, nothing saved")));
+      }
     }
-    if (last || (c.check_every > 0 && step % c.check_every == 0)) {
-      ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
-      ++summary.checksum_checks;
-    }
-    if (saver && (last || (c.save_every > 0 && step % c.save_every == 0))) {
-      // Save after the param sync (the library's precondition); the snapshot is taken here and
-      // written in the background while the next steps run.
-      RETURN_IF_ERROR(s.ddp->FinishParamSync());
-      checkpoint::SharedState shared;
-      shared.step = step;
-      shared.data_position = s.train->state().Serialize();
-      shared.rng_seed = c.seed;
-      shared.model_config = ModelConfigString(c, s);
-      shared.optimizer_config = OptimizerConfigString(c);
-      RETURN_IF_ERROR(saver->Save(shared, s.buffers, *s.sharded, last));
-    }
-    if (give_up) {
-      if (saver) RETURN_IF_ERROR(saver->Finish());
-      if (lead) progress.Finish();
-      return absl::AbortedError(absl::StrCat(
-          "stopping at step ", step, ": ", consecutive_skips,
-          " consecutive steps had non-finite gradients (--max_consecutive_skips=",
-          c.max_consecutive_skips, ")",
-          saver ? absl::StrCat("; final checkpoint of step ", step, " saved in ", c.save_dir)
-                : std::string("; no --save_dir, nothing saved")));
-    }
-  }
-  if (saver) RETURN_IF_ERROR(saver->Finish());
-  if (lead) progress.Finish();
-  summary.elapsed_s = absl::ToDoubleSeconds(train_time);
-  summary.tokens_per_s = summary.elapsed_s > 0 ? tokens_per_step *
-                                                     (summary.steps - first_step + 1) /
-                                                     summary.elapsed_s
-                                               : 0;
-  if (s.ddp) RETURN_IF_ERROR(s.ddp->FinishParamSync());
-  summary.skipped_steps = s.ddp ? s.sharded->skipped_steps() : s.optimizer->skipped_steps();
-  summary.comm_bytes = TotalBytes(comm);
-  if (tb) RETURN_IF_ERROR(tb->Flush());
+    if (saver) RETURN_IF_ERROR(saver->Finish());
+    if (lead) progress.Finish();
+    summary.elapsed_s = absl::ToDoubleSeconds(train_time);
+    summary.tokens_per_s = summary.elapsed_s > 0 ? tokens_per_step *
+                                                       (summary.steps - first_step + 1) /
+                                                       summary.elapsed_s
+                                                 : 0;
+    if (s.ddp) RETURN_IF_ERROR(s.ddp->FinishParamSync());
+    summary.skipped_steps = s.ddp ? s.sharded->skipped_steps() : s.optimizer->skipped_steps();
+    summary.comm_bytes = TotalBytes(comm);
+    if (tb) RETURN_IF_ERROR(tb->Flush());
+    return absl::OkStatus();
+  }();
+  if (!trained.ok()) return MarkFailedWhileTraining(std::move(trained));
   return summary;
 }
 
@@ -547,7 +561,27 @@ absl::StatusOr<TrainSummary> Train(const TrainerConfig& config, Communicator& co
   try {
     return TrainImpl(config, comm, options);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("training: LibTorch error: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("training: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+bool FailedWhileTraining(const absl::Status& status) {
+  return status.GetPayload(kFailedWhileTrainingPayload).has_value();
+}
+
+int ExitCode(const absl::Status& status) {
+  if (status.ok()) return 0;
+  if (FailedWhileTraining(status)) return 1;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kUnimplemented:
+      return 2;
+    default:
+      return 1;
   }
 }
 

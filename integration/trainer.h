@@ -24,7 +24,9 @@
 #define ORTHOSHARD_INTEGRATION_TRAINER_H_
 
 #include <cstdio>
+#include <functional>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "collectives/communicator.h"
 #include "integration/trainer_config.h"
@@ -35,6 +37,9 @@ struct TrainOptions {
   std::FILE* out = stdout;        // progress and start-up report (rank 0 only); not owned
   bool terminal = false;          // redraw the progress line in place (see ProgressPrinter)
   std::FILE* err = stderr;        // failed saves that training survives (every rank); not owned
+  // Fault injection for tests, passed to every checkpoint save (checkpoint::SaveOptions): called
+  // after this rank's shard is written; a non-OK result is this rank's write failure. Leave empty.
+  std::function<absl::Status()> after_shard_written;
 };
 
 // Runs the whole training on this rank. Every rank of `comm` must call it with the same config.
@@ -74,6 +79,26 @@ struct TrainOptions {
 // errors as they come (kDeadlineExceeded, kUnavailable).
 absl::StatusOr<TrainSummary> Train(const TrainerConfig& config, collectives::Communicator& comm,
                                    const TrainOptions& options = {});
+
+// Checks, before anything is trained or written, that config.save_dir can take this run's
+// checkpoints: it (or, while it does not exist yet, its nearest existing ancestor) is a directory
+// this process can write in; and without config.resume it holds no checkpoint (a `latest` pointer
+// or a complete step_NNNNNN directory): a run started afresh there would commit over that run's
+// steps and garbage-collect its checkpoints. OK when save_dir is empty. Train calls it on every
+// rank; pretrain also calls it before it launches any. Errors: kFailedPrecondition naming the path
+// and what to do.
+absl::Status CheckSaveDir(const TrainerConfig& config);
+
+// Errors that Train returns once training has begun (after resume, from the first eval and step
+// on: a lost rank, a failed save, a LibTorch error) carry this status payload: whatever their code
+// (a save can fail with kNotFound), they are failures of the run, not of its input.
+inline constexpr char kFailedWhileTrainingPayload[] = "type.orthoshard/failed_while_training";
+bool FailedWhileTraining(const absl::Status& status);
+
+// The exit code of a pretrain process whose run ended with `status`: 0 for OK; 2 for bad input
+// found before training (kInvalidArgument, kNotFound, kFailedPrecondition, kDataLoss,
+// kUnimplemented, without kFailedWhileTrainingPayload); 1 for any other failure.
+int ExitCode(const absl::Status& status);
 
 }  // namespace orthoshard::integration
 

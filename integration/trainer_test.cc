@@ -1,12 +1,17 @@
-// Train() in-process on a single Gloo rank: the device check against the communicator, and a short
-// run on the communicator's device (the CPU here; the same code path puts everything on the GPU
-// under an NCCL communicator).
+// Train() in-process on a single Gloo rank: the device check against the communicator, a short run
+// on the communicator's device (the CPU here; the same code path puts everything on the GPU under
+// an NCCL communicator), the --save_dir preflight and which errors count as bad input.
 #include "integration/trainer.h"
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <string>
 
+#include "absl/strings/cord.h"
 #include "collectives/gloo_communicator.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -69,6 +74,112 @@ TEST(Train, RunsOnTheCommunicatorsDevice) {
   EXPECT_TRUE(std::isfinite(summary->final_loss));
   EXPECT_LT(summary->final_loss, 0.8 * summary->initial_loss);
   EXPECT_LT(summary->eval_loss, summary->initial_eval_loss);
+}
+
+std::string NewTempDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(root != nullptr ? root : "/tmp") + "/trainer_test_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(CheckSaveDir, AcceptsAFreshOrResumableDirectory) {
+  TrainerConfig config;
+  EXPECT_OK(CheckSaveDir(config));  // no --save_dir
+  const std::string dir = NewTempDir("fresh");
+  config.save_dir = dir;
+  EXPECT_OK(CheckSaveDir(config));  // empty
+  config.save_dir = dir + "/not/yet/there";
+  EXPECT_OK(CheckSaveDir(config));  // created at the first save
+  std::ofstream(dir + "/step_000004") << "a stray file, not a checkpoint";
+  std::filesystem::create_directory(dir + "/step_000002.tmp");  // an unfinished save
+  config.save_dir = dir;
+  EXPECT_OK(CheckSaveDir(config));
+  std::filesystem::create_directory(dir + "/step_000003");
+  config.resume = true;
+  EXPECT_OK(CheckSaveDir(config));
+}
+
+TEST(CheckSaveDir, RefusesAPathThroughAFile) {
+  const std::string dir = NewTempDir("file");
+  std::ofstream(dir + "/plain") << "x";
+  TrainerConfig config;
+  config.save_dir = dir + "/plain/ckpt";
+  EXPECT_THAT(CheckSaveDir(config),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("--save_dir '" + dir + "/plain/ckpt': '" + dir +
+                                 "/plain' is not a directory")));
+}
+
+TEST(CheckSaveDir, RefusesAnotherRunsCheckpointsWithoutResume) {
+  const std::string dir = NewTempDir("held");
+  std::filesystem::create_directory(dir + "/step_000002");
+  std::filesystem::create_directory(dir + "/step_000010");
+  TrainerConfig config;
+  config.save_dir = dir;
+  EXPECT_THAT(CheckSaveDir(config),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("already holds checkpoints (2 complete, the newest step_000010): "
+                                 "pass --resume")));
+  const std::string pointer_only = NewTempDir("pointer");
+  std::ofstream(pointer_only + "/latest") << "step_000007\n";
+  config.save_dir = pointer_only;
+  EXPECT_THAT(CheckSaveDir(config), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("already holds checkpoints (a `latest`")));
+}
+
+TEST(ExitCode, BadInputIsTwoOnlyBeforeTraining) {
+  EXPECT_EQ(ExitCode(absl::OkStatus()), 0);
+  EXPECT_EQ(ExitCode(absl::InvalidArgumentError("x")), 2);
+  EXPECT_EQ(ExitCode(absl::NotFoundError("x")), 2);
+  EXPECT_EQ(ExitCode(absl::FailedPreconditionError("x")), 2);
+  EXPECT_EQ(ExitCode(absl::DataLossError("x")), 2);
+  EXPECT_EQ(ExitCode(absl::UnimplementedError("x")), 2);
+  EXPECT_EQ(ExitCode(absl::InternalError("x")), 1);
+  EXPECT_EQ(ExitCode(absl::DeadlineExceededError("x")), 1);
+  EXPECT_EQ(ExitCode(absl::AbortedError("x")), 1);
+  absl::Status during = absl::NotFoundError("mkdir(/ckpt/step_000004.tmp): No such file");
+  during.SetPayload(kFailedWhileTrainingPayload, absl::Cord());
+  EXPECT_TRUE(FailedWhileTraining(during));
+  EXPECT_EQ(ExitCode(during), 1);
+}
+
+// A save that fails mid-run with a "bad input" code (here kNotFound, as ENOENT gives) is a failure
+// of the run: Train marks it, so pretrain exits 1, not 2. A bad --save_dir is found before training.
+TEST(Train, ErrorsOnceTrainingBeganAreNotBadInput) {
+  std::unique_ptr<collectives::Communicator> comm = SingleRank();
+  ASSERT_NE(comm, nullptr);
+  TrainerConfig config;
+  config.steps = 4;
+  config.save_every = 2;
+  config.eval_every = 0;
+  config.global_batch = 8;
+  config.num_threads = 1;
+  config.save_dir = NewTempDir("mid_run");
+  TrainOptions options = Quiet();
+  int saves = 0;
+  options.after_shard_written = [&saves]() -> absl::Status {
+    if (++saves == 2) return absl::NotFoundError("injected: step_000004.tmp vanished");
+    return absl::OkStatus();
+  };
+  absl::StatusOr<TrainSummary> summary = Train(config, *comm, options);
+  EXPECT_EQ(saves, 2);
+  EXPECT_THAT(summary, StatusIs(absl::StatusCode::kNotFound, HasSubstr("injected")));
+  EXPECT_TRUE(FailedWhileTraining(summary.status()));
+  EXPECT_EQ(ExitCode(summary.status()), 1);
+  EXPECT_TRUE(std::filesystem::exists(config.save_dir + "/step_000002"));
+  EXPECT_FALSE(std::filesystem::exists(config.save_dir + "/step_000004"));
+
+  // The same directory again without --resume: refused before the first step.
+  saves = 0;
+  summary = Train(config, *comm, options);
+  std::fclose(options.out);
+  EXPECT_EQ(saves, 0);
+  EXPECT_THAT(summary, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("already holds checkpoints")));
+  EXPECT_FALSE(FailedWhileTraining(summary.status()));
+  EXPECT_EQ(ExitCode(summary.status()), 2);
 }
 
 }  // namespace
