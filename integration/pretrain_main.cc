@@ -17,6 +17,9 @@
 // under the local launcher, the first failing rank's code.
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -263,11 +266,30 @@ absl::StatusOr<std::unique_ptr<collectives::Communicator>> CreateCommunicator(
   return collectives::CreateGlooCommunicator(collectives::GlooOptionsFromRendezvous(info));
 }
 
+// The first SIGINT or SIGTERM a rank receives; Train stops gracefully when it is set.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "stored from a signal handler");
+
+void StopHandler(int signal_number) { g_stop_signal.store(signal_number); }
+
+// SIGINT and SIGTERM ask for a graceful stop (finish the step, save, exit 128 + the signal);
+// SA_RESETHAND restores the default action, so a second one kills at once.
+void InstallStopHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = StopHandler;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
 // One rank of a job whose environment `info` describes.
 int RunRank(const TrainerConfig& config, const collectives::RendezvousInfo& info) {
   auto comm = CreateCommunicator(config, info);
   if (!comm.ok()) return Fail(comm.status());
   TrainOptions options;
+  InstallStopHandlers();
+  options.stop_signal = &g_stop_signal;
   std::FILE* tty = nullptr;
   if (info.rank == 0) {
     const char* tty_env = std::getenv(kTtyEnv);
@@ -280,7 +302,7 @@ int RunRank(const TrainerConfig& config, const collectives::RendezvousInfo& info
   if (!summary.ok()) return Fail(summary.status());
   if (info.rank == 0) std::printf("%s\n", summary->ToJson().c_str());
   std::fflush(stdout);
-  return 0;
+  return summary->stop_signal != 0 ? 128 + summary->stop_signal : 0;
 }
 
 // Relaunches this binary on `nprocs` local ranks; prints rank 0's JSON line last, unprefixed.
@@ -309,13 +331,17 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
     std::fprintf(stderr, "pretrain: launcher: %s\n", std::string(result.status().message()).c_str());
     return 1;
   }
-  if (result->exit_code != 0) {
+  // Rank 0's summary is printed after a graceful stop too (it has "stop_signal"); a failed rank 0
+  // prints none.
+  if (!json.empty()) std::printf("%s\n", json.c_str());
+  const bool stopped = !json.empty() && result->exit_code > 128 &&
+                       std::all_of(result->rank_exit_codes.begin(), result->rank_exit_codes.end(),
+                                   [&](int code) { return code == result->exit_code; });
+  if (result->exit_code != 0 && !stopped) {
     std::fprintf(stderr, "pretrain: rank %d failed first with exit code %d\n",
                  result->first_failed_rank, result->exit_code);
-    return result->exit_code;
   }
-  if (!json.empty()) std::printf("%s\n", json.c_str());
-  return 0;
+  return result->exit_code;
 }
 
 int Main(int argc, char** argv) {

@@ -3,6 +3,8 @@
 #include "integration/trainer.h"
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -19,6 +21,7 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/cord.h"
@@ -65,6 +68,20 @@ at::Tensor ScalarOn(const Communicator& comm, double value) {
 
 // The value of a one-element tensor on any device (one device-to-host copy).
 double ValueOf(const at::Tensor& t) { return t.item<double>(); }
+
+// "SIGTERM", "SIGINT", or "signal N".
+std::string SignalName(int signal_number) {
+  switch (signal_number) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return absl::StrCat("signal ", signal_number);
+  }
+}
 
 // Launches `ops` as one group and waits for it.
 absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp> ops) {
@@ -430,7 +447,10 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     }
     const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
     absl::Duration train_time;
-    at::Tensor loss_avg = ScalarOn(comm, 0.0);
+    // Averaged over ranks with the step's last collective: [loss, ranks asked to stop / world size,
+    // sum of their signal numbers / world size].
+    at::Tensor step_stats =
+        at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
     int64_t consecutive_skips = 0;
     for (int64_t step = first_step; step <= last_step; ++step) {
       const absl::Time start = absl::Now();
@@ -450,13 +470,17 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
         loss.mul(1.0 / static_cast<double>(batches.size())).backward();
         loss_sum += loss.item<double>();
       }
-      loss_avg.fill_(loss_sum / static_cast<double>(batches.size()));
+      const int signal_here =
+          options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0;
+      step_stats.select(0, 0).fill_(loss_sum / static_cast<double>(batches.size()));
+      step_stats.select(0, 1).fill_(signal_here != 0 ? 1.0 : 0.0);
+      step_stats.select(0, 2).fill_(static_cast<double>(signal_here));
       optimizers::StepResult result;
       if (s.ddp) {
         // DDP reduce-scattered buckets during backward; finish them, step this rank's shards, then
         // start the all-gathers that the next forward's pre-forward hooks wait on layer by layer.
         RETURN_IF_ERROR(s.ddp->FinishGradSync());
-        RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{loss_avg, {ReduceOp::kAvg}}}));
+        RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{step_stats, {ReduceOp::kAvg}}}));
         at::NoGradGuard no_grad;
         ASSIGN_OR_RETURN(result, s.sharded->Step());
         RETURN_IF_ERROR(s.ddp->StartParamSync());
@@ -468,7 +492,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
             ops.push_back(AllReduceOp{buffer->GradBucket(b), {ReduceOp::kAvg}});
           }
         }
-        ops.push_back(AllReduceOp{loss_avg, {ReduceOp::kAvg}});
+        ops.push_back(AllReduceOp{step_stats, {ReduceOp::kAvg}});
         RETURN_IF_ERROR(RunGroup(comm, std::move(ops)));
         at::NoGradGuard no_grad;  // the optimizers update leaf params in place
         ASSIGN_OR_RETURN(result, s.optimizer->Step());
@@ -476,7 +500,15 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       const absl::Duration step_time = absl::Now() - start;
       train_time += step_time;
 
-      const double loss = ValueOf(loss_avg);
+      const at::Tensor stats = step_stats.cpu();
+      const double loss = stats.data_ptr<double>()[0];
+      // Every rank reads the same averages, so every rank stops after the same step.
+      const int64_t signalled = std::llround(stats.data_ptr<double>()[1] * comm.size());
+      const bool stop_early = signalled > 0 && step < last_step;
+      if (stop_early) {
+        summary.stop_signal = static_cast<int>(
+            std::llround(stats.data_ptr<double>()[2] * comm.size() / static_cast<double>(signalled)));
+      }
       if (step == first_step) summary.initial_loss = loss;
       summary.final_loss = loss;
       summary.steps = step;
@@ -498,8 +530,9 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
       const bool give_up =
           c.max_consecutive_skips > 0 && consecutive_skips >= c.max_consecutive_skips;
-      const bool last = step == last_step || give_up;
-      if (!give_up && (last || (c.eval_every > 0 && step % c.eval_every == 0))) {
+      const bool last = step == last_step || give_up || stop_early;
+      // A stop request skips the eval: a preempted job has seconds, not minutes.
+      if (!give_up && !stop_early && (last || (c.eval_every > 0 && step % c.eval_every == 0))) {
         ASSIGN_OR_RETURN(summary.eval_loss, Evaluate(s, comm));
         RETURN_IF_ERROR(scalar("eval/loss", step, summary.eval_loss));
         if (lead) {
@@ -536,9 +569,20 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
             saver ? absl::StrCat("; final checkpoint of step ", step, " saved in ", c.save_dir)
                   : std::string("; no --save_dir, nothing saved")));
       }
+      if (stop_early) break;
     }
     if (saver) RETURN_IF_ERROR(saver->Finish());
     if (lead) progress.Finish();
+    if (lead && summary.stop_signal != 0) {
+      std::fprintf(options.out, "pretrain: stopped after step %lld of %lld on %s; %s\n",
+                   static_cast<long long>(summary.steps), static_cast<long long>(last_step),
+                   SignalName(summary.stop_signal).c_str(),
+                   saver ? absl::StrCat("checkpoint of step ", summary.steps, " saved in ",
+                                        c.save_dir, ": continue with --resume")
+                               .c_str()
+                         : "no --save_dir, nothing saved");
+      std::fflush(options.out);
+    }
     summary.elapsed_s = absl::ToDoubleSeconds(train_time);
     summary.tokens_per_s = summary.elapsed_s > 0 ? tokens_per_step *
                                                        (summary.steps - first_step + 1) /

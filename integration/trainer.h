@@ -23,6 +23,7 @@
 #ifndef ORTHOSHARD_INTEGRATION_TRAINER_H_
 #define ORTHOSHARD_INTEGRATION_TRAINER_H_
 
+#include <atomic>
 #include <cstdio>
 #include <functional>
 
@@ -37,6 +38,11 @@ struct TrainOptions {
   std::FILE* out = stdout;        // progress and start-up report (rank 0 only); not owned
   bool terminal = false;          // redraw the progress line in place (see ProgressPrinter)
   std::FILE* err = stderr;        // failed saves that training survives (every rank); not owned
+  // A graceful stop: a signal handler (pretrain's, for SIGINT and SIGTERM) stores the signal number
+  // here. Read once per step; when it is non-zero on any rank, every rank finishes that step, skips
+  // the eval, saves the step as a final checkpoint when config.save_dir is set, and Train returns
+  // OK with TrainSummary::stop_signal set. May be null; not owned.
+  const std::atomic<int>* stop_signal = nullptr;
   // Fault injection for tests, passed to every checkpoint save (checkpoint::SaveOptions): called
   // after this rank's shard is written; a non-OK result is this rank's write failure. Leave empty.
   std::function<absl::Status()> after_shard_written;
@@ -74,7 +80,11 @@ struct TrainOptions {
 // skipped_steps); after config.max_consecutive_skips consecutive skips the run stops: the last step
 // is saved when save_dir is set (params and state are those of the last good step) and Train returns
 // kAborted naming the step and the checkpoint.
-// Errors: as ValidateTrainerConfig and LoadDatasetSpec; kInternal when the ranks' params diverge
+// Graceful stop (options.stop_signal, e.g. SIGTERM from a scheduler about to preempt the job): the
+// request rides on each step's loss all-reduce, so every rank ends after the same step, which is
+// saved as the final checkpoint (no eval); the summary says stop_signal and `--resume` continues
+// bitwise as after any checkpoint.
+// Errors: as ValidateTrainerConfig, CheckSaveDir and LoadDatasetSpec; kInternal when the ranks' params diverge
 // ("param checksum differs from rank 0's at step 20"), or for a LibTorch error; communicator
 // errors as they come (kDeadlineExceeded, kUnavailable).
 absl::StatusOr<TrainSummary> Train(const TrainerConfig& config, collectives::Communicator& comm,

@@ -237,10 +237,10 @@ std::string TrainSummary::ToJson() const {
       "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
       "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
       "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
-      "\"failed_saves\":%d,\"param_checksum\":%.17g}",
+      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g}",
       steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
       elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
-      checksum_checks, failed_saves, param_checksum);
+      checksum_checks, failed_saves, stop_signal, param_checksum);
 }
 
 }  // namespace orthoshard::integration

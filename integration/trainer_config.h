@@ -97,6 +97,7 @@ struct TrainSummary {
   int64_t comm_bytes = 0;         // logical bytes this rank launched (communicator counters)
   int64_t checksum_checks = 0;    // cross-rank param checksum comparisons that passed
   int64_t failed_saves = 0;       // checkpoint saves that failed (on_save_failure=continue)
+  int stop_signal = 0;            // stopped early on this signal (TrainOptions::stop_signal); 0 = no
   double param_checksum = 0;      // sum of all params at the end (identical on every rank)
 
   // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...}.

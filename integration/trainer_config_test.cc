@@ -156,6 +156,9 @@ TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
   EXPECT_THAT(json, HasSubstr("\"failed_saves\":0,"));
   s.failed_saves = 2;
   EXPECT_THAT(s.ToJson(), HasSubstr("\"failed_saves\":2,"));
+  EXPECT_THAT(json, HasSubstr("\"stop_signal\":0,"));
+  s.stop_signal = 15;
+  EXPECT_THAT(s.ToJson(), HasSubstr("\"stop_signal\":15,"));
   for (const char* key : {"eval_loss", "tokens_per_s"}) {
     EXPECT_THAT(json, HasSubstr(std::string("\"") + key + "\":"));
   }

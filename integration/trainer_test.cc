@@ -3,6 +3,8 @@
 // an NCCL communicator), the --save_dir preflight and which errors count as bad input.
 #include "integration/trainer.h"
 
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -180,6 +182,34 @@ TEST(Train, ErrorsOnceTrainingBeganAreNotBadInput) {
                                 HasSubstr("already holds checkpoints")));
   EXPECT_FALSE(FailedWhileTraining(summary.status()));
   EXPECT_EQ(ExitCode(summary.status()), 2);
+}
+
+// A stop request (as pretrain's SIGTERM handler stores it) ends the run after the step in flight,
+// which is saved; the summary says which signal.
+TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
+  std::unique_ptr<collectives::Communicator> comm = SingleRank();
+  ASSERT_NE(comm, nullptr);
+  TrainerConfig config;
+  config.steps = 50;
+  config.eval_every = 0;
+  config.global_batch = 8;
+  config.num_threads = 1;
+  config.save_dir = NewTempDir("stop");
+  std::atomic<int> stop{SIGTERM};
+  TrainOptions options = Quiet();
+  options.stop_signal = &stop;
+  absl::StatusOr<TrainSummary> summary = Train(config, *comm, options);
+  std::rewind(options.out);
+  std::string out(4096, '\0');
+  out.resize(std::fread(out.data(), 1, out.size(), options.out));
+  std::fclose(options.out);
+  ASSERT_OK(summary.status());
+  EXPECT_EQ(summary->steps, 1);
+  EXPECT_EQ(summary->stop_signal, SIGTERM);
+  EXPECT_EQ(summary->eval_loss, summary->initial_eval_loss);  // no eval on the way out
+  EXPECT_TRUE(std::filesystem::exists(config.save_dir + "/step_000001/manifest.binpb"));
+  EXPECT_THAT(out, HasSubstr("pretrain: stopped after step 1 of 50 on SIGTERM; checkpoint of step 1 "
+                             "saved in " + config.save_dir + ": continue with --resume"));
 }
 
 }  // namespace
