@@ -316,11 +316,13 @@ absl::Status AsyncCheckpointSaver::Start(
   options_ = options;
   write_status_ = absl::OkStatus();
   const std::string tmp = JoinPath(root, StepDirName(shared.step) + ".tmp");
+  write_finished_.store(false, std::memory_order_relaxed);
   thread_ = std::thread([this, tmp] {
     write_status_ = WriteRankSnapshot(tmp, snapshot_);
     if (write_status_.ok() && options_.after_shard_written) {
       write_status_ = options_.after_shard_written();
     }
+    write_finished_.store(true, std::memory_order_release);
   });
   return absl::OkStatus();
 }

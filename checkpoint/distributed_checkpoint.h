@@ -32,6 +32,7 @@
 #ifndef ORTHOSHARD_CHECKPOINT_DISTRIBUTED_CHECKPOINT_H_
 #define ORTHOSHARD_CHECKPOINT_DISTRIBUTED_CHECKPOINT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -129,9 +130,17 @@ class AsyncCheckpointSaver {
 
   bool in_flight() const { return thread_.joinable(); }
 
+  // Whether this rank's background write has ended, so that Finalize would not wait for it; false
+  // when nothing is in flight. Never blocks: a caller can agree with the other ranks (e.g. within a
+  // collective it runs anyway) to finalize as soon as every rank's write is done.
+  bool write_finished() const {
+    return thread_.joinable() && write_finished_.load(std::memory_order_acquire);
+  }
+
  private:
   collectives::Communicator* comm_;
   std::thread thread_;
+  std::atomic<bool> write_finished_{false};
   absl::Status write_status_;
   std::string root_;
   SharedState shared_;

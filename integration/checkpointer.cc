@@ -80,11 +80,16 @@ absl::Status CheckSaveDir(const TrainerConfig& c) {
 }
 
 Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& comm,
-                           ProgressPrinter& progress, std::FILE* err, TrainSummary& summary,
-                           std::function<absl::Status()> after_shard_written)
-    : c_(c), comm_(comm), progress_(progress), err_(err), summary_(summary) {
+                           ProgressPrinter& progress, const TrainOptions& options,
+                           TrainSummary& summary)
+    : c_(c),
+      comm_(comm),
+      progress_(progress),
+      out_(options.out),
+      err_(options.err),
+      summary_(summary) {
   options_.keep_last = c.keep_checkpoints;
-  options_.after_shard_written = std::move(after_shard_written);
+  options_.after_shard_written = options.after_shard_written;
   saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
 }
 
@@ -106,7 +111,14 @@ absl::Status Checkpointer::FinalizeInFlight(bool final_save) {
   in_flight_step_ = 0;
   const absl::Status finalized = saver_->Finalize();
   ASSIGN_OR_RETURN(const bool committed, Settle(step, finalized, final_save));
-  if (committed) consecutive_failures_ = 0;
+  if (!committed) return absl::OkStatus();
+  consecutive_failures_ = 0;
+  if (comm_.rank() == 0) {
+    progress_.Finish();
+    std::fprintf(out_, "checkpoint of step %lld saved in %s\n", static_cast<long long>(step),
+                 c_.save_dir.c_str());
+    std::fflush(out_);
+  }
   return absl::OkStatus();
 }
 

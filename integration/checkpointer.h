@@ -14,6 +14,7 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "collectives/communicator.h"
 #include "integration/progress.h"
+#include "integration/trainer.h"
 #include "integration/trainer_config.h"
 #include "optimizers/distributed/distributed_optimizer.h"
 
@@ -21,8 +22,10 @@ namespace orthoshard::integration {
 
 // The checkpoint saves of one run (config.save_dir) and what a failed one does
 // (config.on_save_failure). At most one save is in flight: AsyncCheckpointSaver writes it in the
-// background, and it is finalized (barrier, commit) at the next save or at Finish, which is also
-// when its failure is detected. Every method is collective: all ranks call it at the same step.
+// background, and it is finalized (barrier, commit; its failure detected) by CommitInFlight as soon
+// as every rank's write is done, which the trainer learns from the all-reduce it runs every step,
+// or else at the next save or at Finish. Every method but in_flight_written is collective: all
+// ranks call it at the same step.
 //
 // Every save phase ends with an all-reduce of "did it fail here", so all ranks take the same
 // branch even where the failure was local (AsyncCheckpointSaver::Start's snapshot); the library's
@@ -30,12 +33,12 @@ namespace orthoshard::integration {
 // communicator) always stops the run.
 class Checkpointer {
  public:
-  // `c`, `comm`, `progress`, `err` and `summary` must outlive this object; failed saves that
-  // training survives are reported on `err` and counted in summary.failed_saves.
-  // `after_shard_written`: checkpoint::SaveOptions' fault-injection hook (tests only; may be empty).
+  // `c`, `comm`, `progress`, `options.out`, `options.err` and `summary` must outlive this object.
+  // Rank 0 reports each committed checkpoint on options.out; failed saves that training survives
+  // are reported on options.err and counted in summary.failed_saves; options.after_shard_written is
+  // passed to every save (checkpoint::SaveOptions).
   Checkpointer(const TrainerConfig& c, collectives::Communicator& comm, ProgressPrinter& progress,
-               std::FILE* err, TrainSummary& summary,
-               std::function<absl::Status()> after_shard_written = {});
+               const TrainOptions& options, TrainSummary& summary);
 
   // Finalizes the save in flight, then snapshots step `shared.step` and starts writing it.
   // Precondition: the params are synced. OK when training may go on (with on_save_failure=continue,
@@ -49,6 +52,15 @@ class Checkpointer {
   // Finalizes the save in flight, the run's last. Errors: as Save, also with continue.
   absl::Status Finish();
 
+  // Whether a save is in flight and this rank's part of it is written (never blocks; local).
+  bool in_flight() const { return in_flight_step_ != 0; }
+  bool in_flight_written() const { return in_flight() && saver_->write_finished(); }
+
+  // Commits the save in flight now (barrier, rank 0 merges and commits, `latest` moves). Call it on
+  // every rank at the same step once in_flight_written() holds on every rank, so that nobody waits
+  // on a write. OK when nothing is in flight. Errors: as Save.
+  absl::Status CommitInFlight() { return FinalizeInFlight(/*final_save=*/false); }
+
  private:
   absl::Status FinalizeInFlight(bool final_save);
 
@@ -60,6 +72,7 @@ class Checkpointer {
   const TrainerConfig& c_;
   collectives::Communicator& comm_;
   ProgressPrinter& progress_;
+  std::FILE* out_;
   std::FILE* err_;
   TrainSummary& summary_;
   checkpoint::SaveOptions options_;

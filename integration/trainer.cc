@@ -442,15 +442,15 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     ProgressPrinter progress(options.out, po);
     std::unique_ptr<Checkpointer> saver;
     if (!c.save_dir.empty()) {
-      saver = std::make_unique<Checkpointer>(c, comm, progress, options.err, summary,
-                                             options.after_shard_written);
+      saver = std::make_unique<Checkpointer>(c, comm, progress, options, summary);
     }
     const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
     absl::Duration train_time;
-    // Averaged over ranks with the step's last collective: [loss, ranks asked to stop / world size,
-    // sum of their signal numbers / world size].
+    // Averaged over ranks with the step's last collective, so that the ranks agree on them at no
+    // extra cost: [loss, ranks asked to stop / world size, sum of their signal numbers / world
+    // size, ranks whose part of the save in flight is written / world size].
     at::Tensor step_stats =
-        at::zeros({3}, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
+        at::zeros({4}, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
     int64_t consecutive_skips = 0;
     for (int64_t step = first_step; step <= last_step; ++step) {
       const absl::Time start = absl::Now();
@@ -475,6 +475,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       step_stats.select(0, 0).fill_(loss_sum / static_cast<double>(batches.size()));
       step_stats.select(0, 1).fill_(signal_here != 0 ? 1.0 : 0.0);
       step_stats.select(0, 2).fill_(static_cast<double>(signal_here));
+      step_stats.select(0, 3).fill_(saver && saver->in_flight_written() ? 1.0 : 0.0);
       optimizers::StepResult result;
       if (s.ddp) {
         // DDP reduce-scattered buckets during backward; finish them, step this rank's shards, then
@@ -500,14 +501,22 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       const absl::Duration step_time = absl::Now() - start;
       train_time += step_time;
 
+      // Every rank reads the same averages, so every rank takes the same branches below.
       const at::Tensor stats = step_stats.cpu();
-      const double loss = stats.data_ptr<double>()[0];
-      // Every rank reads the same averages, so every rank stops after the same step.
-      const int64_t signalled = std::llround(stats.data_ptr<double>()[1] * comm.size());
+      const double* averaged = stats.data_ptr<double>();
+      const double loss = averaged[0];
+      const int64_t signalled = std::llround(averaged[1] * comm.size());
       const bool stop_early = signalled > 0 && step < last_step;
       if (stop_early) {
         summary.stop_signal = static_cast<int>(
-            std::llround(stats.data_ptr<double>()[2] * comm.size() / static_cast<double>(signalled)));
+            std::llround(averaged[2] * comm.size() / static_cast<double>(signalled)));
+      }
+      // Commit the background save as soon as every rank has written its part: `latest` moves (and
+      // a failure shows) within a step of the slowest write, not at the next save.
+      // (Its collectives run after this step's param all-gathers, which are waited for first.)
+      if (saver && saver->in_flight() && std::llround(averaged[3] * comm.size()) == comm.size()) {
+        RETURN_IF_ERROR(s.ddp->FinishParamSync());
+        RETURN_IF_ERROR(saver->CommitInFlight());
       }
       if (step == first_step) summary.initial_loss = loss;
       summary.final_loss = loss;

@@ -57,7 +57,10 @@ struct TrainOptions {
 // the last step run (stop_after or steps), each rank snapshots what it owns (params, sharded
 // optimizer state) and writes it on a background thread (checkpoint::AsyncCheckpointSaver);
 // rank 0 adds the shared state: step, the train loader's LoaderState, seed, and the configs
-// "model=<preset> seq_len=<n>" and "optimizer=<muon|adamw>". With config.resume, before anything
+// "model=<preset> seq_len=<n>" and "optimizer=<muon|adamw>". The save is committed (`latest`
+// moves; rank 0 prints "checkpoint of step N saved in DIR") at the first step at which every rank's
+// write has ended, which the ranks learn from the step's loss all-reduce; at the latest, at the next
+// save or after the last step. With config.resume, before anything
 // is written, every rank loads save_dir's `latest` at this world size and layout (any saved dp),
 // restores optimizer state, params (then the param all-gather), the step counter and the loader
 // position, and runs steps saved+1 .. stop_after/steps. A checkpoint is INCOMPATIBLE, and Train
@@ -68,8 +71,8 @@ struct TrainOptions {
 // saved step is not below the last step to run (kFailedPrecondition). Another rank's load
 // failure is kFailedPrecondition too, so every rank exits with the bad-input code.
 // A save that fails (a shard or the manifest cannot be written, the commit fails) never moves
-// `latest`. Every rank learns of it (an all-reduce after each save phase), when the save in flight
-// is finalized: at the next save or after the last step. With config.on_save_failure "stop" Train
+// `latest`. Every rank learns of it (an all-reduce after each save phase) when the save in flight
+// is finalized, as above. With config.on_save_failure "stop" Train
 // returns its error naming the step, the save_dir and (on the rank that hit it) the file; a rank
 // whose own part succeeded gets kAborted. With "continue", each rank writes "warning: checkpoint
 // of step N in DIR failed: ...; training goes on" to options.err, counts it in
