@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "collectives/gloo_communicator.h"
@@ -123,11 +124,17 @@ absl::Status Run(const Options& o, collectives::Communicator& comm) {
     for (int step = 0; step < o.steps; ++step) {
       RETURN_IF_ERROR(TrainStep(comm, specs, model, *opt, step));
     }
+    RETURN_IF_ERROR(Check(!saver.write_finished(), "write_finished before any Start"));
     RETURN_IF_ERROR(saver.Start(o.root, Shared(o.steps), model.buffers, *opt));
     RETURN_IF_ERROR(Check(saver.in_flight(), "no save in flight after Start"));
     RETURN_IF_ERROR(TrainStep(comm, specs, model, *opt, o.steps));
     RETURN_IF_ERROR(saver.Start(o.root, Shared(o.steps + 1), model.buffers, *opt));  // finalizes
-    return saver.Finalize();
+    // write_finished() turns true once this rank's write ends, without blocking; Finalize resets it.
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (!saver.write_finished() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+    RETURN_IF_ERROR(Check(saver.write_finished(), "the write did not finish within 60 s"));
+    RETURN_IF_ERROR(saver.Finalize());
+    return Check(!saver.write_finished() && !saver.in_flight(), "still in flight after Finalize");
   }
   if (s == "async_fail") {
     // Step STEPS committed synchronously; the async save of STEPS + 1 fails on rank 1 (injected
