@@ -168,6 +168,9 @@ constexpr int64_t kMaxTotalNumel = int64_t{1} << 50;
 // bucket spans at most dp shards of at most the bucket's elements), and the planners multiply dp by
 // param sizes, so this keeps every offset and product inside int64_t with room for alignment.
 constexpr int64_t kMaxShardedNumel = int64_t{1} << 60;
+// The planner keeps per-shard state (loads, ranges), so a data-parallel size is bounded: 2^20
+// ranks is far above any cluster, and 2^30 made it allocate gigabytes (found by the spec fuzzer).
+constexpr int kMaxDp = 1 << 20;
 
 absl::Status ValidateParams(const std::vector<ParamSpec>& params) {
   std::set<std::string> names;
@@ -211,12 +214,14 @@ absl::Status ValidateParams(const std::vector<ParamSpec>& params) {
 }
 
 absl::Status ValidateOptions(const LayoutOptions& options) {
-  if (options.dp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("dp is ", options.dp, "; expected >= 1"));
-  }
-  if (options.expert_dp < 0) {
+  if (options.dp < 1 || options.dp > kMaxDp) {
     return absl::InvalidArgumentError(
-        absl::StrCat("expert_dp is ", options.expert_dp, "; expected >= 0 (0 means dp)"));
+        absl::StrCat("dp is ", options.dp, "; expected >= 1 and <= ", kMaxDp, " (2^20)"));
+  }
+  if (options.expert_dp < 0 || options.expert_dp > kMaxDp) {
+    return absl::InvalidArgumentError(absl::StrCat("expert_dp is ", options.expert_dp,
+                                                   "; expected >= 0 (0 means dp) and <= ", kMaxDp,
+                                                   " (2^20)"));
   }
   if (options.bucket_size.has_value() && *options.bucket_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

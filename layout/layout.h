@@ -135,8 +135,9 @@ struct LayoutOptions {
 // rank. Metrics of a plan: layout/metrics.h.
 // Errors: kInvalidArgument naming the param for an empty name, a duplicate name, a non-positive
 // dimension, a non-2-D Muon param, or more than 2^50 elements (in the param, or in all params up to
-// it); kInvalidArgument for dp < 1, expert_dp < 0, bucket_size < 1, or max(dp, expert_dp) times
-// the elements of all params above 2^60 (padded offsets would overflow int64_t).
+// it); kInvalidArgument for dp outside 1..2^20, expert_dp outside 0..2^20, bucket_size < 1, or
+// max(dp, expert_dp) times the elements of all params above 2^60 (padded offsets would overflow
+// int64_t).
 absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSpec>& params,
                                                         const LayoutOptions& options);
 

@@ -297,10 +297,18 @@ TEST(LayoutTest, RejectsBadOptions) {
   options.dp = 0;
   EXPECT_THAT(ComputeFullParamLayout(params, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp is 0; expected >= 1")));
+  // Beyond 2^20 ranks: an error, not gigabytes of per-shard state (the spec fuzzer's find).
+  options.dp = (1 << 20) + 1;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("dp is 1048577; expected >= 1 and <= 1048576 (2^20)")));
   options.dp = 1;
   options.expert_dp = -1;
   EXPECT_THAT(ComputeFullParamLayout(params, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert_dp is -1")));
+  options.expert_dp = 1 << 30;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert_dp is 1073741824")));
   options.expert_dp = 0;
   options.bucket_size = 0;
   EXPECT_THAT(ComputeFullParamLayout(params, options),
@@ -314,14 +322,14 @@ TEST(LayoutTest, RejectsDpTimesModelBeyondInt64Offsets) {
   for (Strategy strategy : {Strategy::kLayerwise, Strategy::kMegatronLpt, Strategy::kDistOpt}) {
     LayoutOptions options;
     options.muon_strategy = strategy;
-    options.dp = std::numeric_limits<int>::max();
+    options.dp = 1 << 20;  // 2^20 ranks x (2^40 + 2^20) elements > 2^60
     EXPECT_THAT(ComputeFullParamLayout(params, options),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("is beyond what a buffer can address")));
     options.dp = 2;
-    options.expert_dp = 1 << 30;
+    options.expert_dp = 1 << 20;
     EXPECT_THAT(ComputeFullParamLayout(params, options),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp 1073741824 x")));
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp 1048576 x")));
   }
   // A small model at a huge dp is fine: mostly padding, but addressable.
   LayoutOptions options;
