@@ -83,6 +83,51 @@ std::string SignalName(int signal_number) {
   }
 }
 
+// What the ranks must agree on after each step, carried by the all-reduce (AVG) that the step runs
+// anyway for its loss, so agreeing costs no extra collective: the mean loss; whether any rank was
+// asked to stop, and by which signal; whether every rank's part of the background save is written.
+class StepAgreement {
+ public:
+  struct Agreed {
+    double loss = 0;
+    int stop_signal = 0;               // 0: no rank was asked to stop
+    bool save_written_everywhere = false;
+  };
+
+  explicit StepAgreement(const Communicator& comm)
+      : world_(comm.size()),
+        values_(at::zeros({4}, at::TensorOptions().dtype(at::kDouble).device(comm.device()))) {}
+
+  // This rank's values, before the all-reduce of tensor().
+  void Set(double loss, int stop_signal, bool save_written) {
+    values_.select(0, 0).fill_(loss);
+    values_.select(0, 1).fill_(stop_signal != 0 ? 1.0 : 0.0);
+    values_.select(0, 2).fill_(static_cast<double>(stop_signal));
+    values_.select(0, 3).fill_(save_written ? 1.0 : 0.0);
+  }
+
+  // Averaged over ranks in place by the step's all-reduce.
+  const at::Tensor& tensor() const { return values_; }
+
+  // After the all-reduce: the same on every rank (one device-to-host copy).
+  Agreed Read() const {
+    const at::Tensor host = values_.cpu();
+    const double* mean = host.data_ptr<double>();
+    Agreed agreed;
+    agreed.loss = mean[0];
+    // Counts come back as count / world; the signal as the signalled ranks' mean signal number.
+    if (const int64_t signalled = std::llround(mean[1] * world_); signalled > 0) {
+      agreed.stop_signal = static_cast<int>(std::llround(mean[2] * world_ / signalled));
+    }
+    agreed.save_written_everywhere = std::llround(mean[3] * world_) == world_;
+    return agreed;
+  }
+
+ private:
+  int world_;
+  at::Tensor values_;  // [loss, stop requested, signal number, save written], per rank then mean
+};
+
 // Launches `ops` as one group and waits for it.
 absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp> ops) {
   ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work, comm.LaunchGroup(std::move(ops)));
@@ -446,11 +491,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     }
     const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
     absl::Duration train_time;
-    // Averaged over ranks with the step's last collective, so that the ranks agree on them at no
-    // extra cost: [loss, ranks asked to stop / world size, sum of their signal numbers / world
-    // size, ranks whose part of the save in flight is written / world size].
-    at::Tensor step_stats =
-        at::zeros({4}, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
+    StepAgreement agreement(comm);
     int64_t consecutive_skips = 0;
     for (int64_t step = first_step; step <= last_step; ++step) {
       const absl::Time start = absl::Now();
@@ -470,30 +511,28 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
         loss.mul(1.0 / static_cast<double>(batches.size())).backward();
         loss_sum += loss.item<double>();
       }
-      const int signal_here =
-          options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0;
-      step_stats.select(0, 0).fill_(loss_sum / static_cast<double>(batches.size()));
-      step_stats.select(0, 1).fill_(signal_here != 0 ? 1.0 : 0.0);
-      step_stats.select(0, 2).fill_(static_cast<double>(signal_here));
-      step_stats.select(0, 3).fill_(saver && saver->in_flight_written() ? 1.0 : 0.0);
+      agreement.Set(
+          loss_sum / static_cast<double>(batches.size()),
+          options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0,
+          saver && saver->in_flight_written());
       optimizers::StepResult result;
       if (s.ddp) {
         // DDP reduce-scattered buckets during backward; finish them, step this rank's shards, then
         // start the all-gathers that the next forward's pre-forward hooks wait on layer by layer.
         RETURN_IF_ERROR(s.ddp->FinishGradSync());
-        RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{step_stats, {ReduceOp::kAvg}}}));
+        RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
         at::NoGradGuard no_grad;
         ASSIGN_OR_RETURN(result, s.sharded->Step());
         RETURN_IF_ERROR(s.ddp->StartParamSync());
       } else {
-        // Every grad bucket of every buffer, averaged over ranks, plus the step's loss: one group.
+        // Every grad bucket of every buffer, averaged over ranks, plus the agreement: one group.
         std::vector<collectives::CollectiveOp> ops;
         for (buffers::ParamAndGradBuffer* buffer : s.buffers) {
           for (int b = 0; b < buffer->num_buckets(); ++b) {
             ops.push_back(AllReduceOp{buffer->GradBucket(b), {ReduceOp::kAvg}});
           }
         }
-        ops.push_back(AllReduceOp{step_stats, {ReduceOp::kAvg}});
+        ops.push_back(AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}});
         RETURN_IF_ERROR(RunGroup(comm, std::move(ops)));
         at::NoGradGuard no_grad;  // the optimizers update leaf params in place
         ASSIGN_OR_RETURN(result, s.optimizer->Step());
@@ -501,20 +540,15 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
       const absl::Duration step_time = absl::Now() - start;
       train_time += step_time;
 
-      // Every rank reads the same averages, so every rank takes the same branches below.
-      const at::Tensor stats = step_stats.cpu();
-      const double* averaged = stats.data_ptr<double>();
-      const double loss = averaged[0];
-      const int64_t signalled = std::llround(averaged[1] * comm.size());
-      const bool stop_early = signalled > 0 && step < last_step;
-      if (stop_early) {
-        summary.stop_signal = static_cast<int>(
-            std::llround(averaged[2] * comm.size() / static_cast<double>(signalled)));
-      }
+      // Every rank reads the same agreement, so every rank takes the same branches below.
+      const StepAgreement::Agreed agreed = agreement.Read();
+      const double loss = agreed.loss;
+      const bool stop_early = agreed.stop_signal != 0 && step < last_step;
+      if (stop_early) summary.stop_signal = agreed.stop_signal;
       // Commit the background save as soon as every rank has written its part: `latest` moves (and
       // a failure shows) within a step of the slowest write, not at the next save.
       // (Its collectives run after this step's param all-gathers, which are waited for first.)
-      if (saver && saver->in_flight() && std::llround(averaged[3] * comm.size()) == comm.size()) {
+      if (saver && saver->in_flight() && agreed.save_written_everywhere) {
         RETURN_IF_ERROR(s.ddp->FinishParamSync());
         RETURN_IF_ERROR(saver->CommitInFlight());
       }
