@@ -11,8 +11,8 @@
 
 ABSL_FLAG(std::string, model, "", "Path to SPEC.json: {\"params\": [...]} in forward order");
 ABSL_FLAG(std::string, preset, "", "Preset model: gpt8b, llama3_8b_gqa, moe_60x256");
-ABSL_FLAG(int, dp, 0, "Data-parallel size (>= 1)");
-ABSL_FLAG(int, expert_dp, 0, "Expert data-parallel size; 0 means --dp");
+ABSL_FLAG(int, dp, 0, "Data-parallel size (1 to 2^20)");
+ABSL_FLAG(int, expert_dp, 0, "Expert data-parallel size (up to 2^20); 0 means --dp");
 ABSL_FLAG(std::string, strategy, "layerwise",
           "Layout of Muon-managed buffers: layerwise, megatron_lpt or distopt");
 ABSL_FLAG(std::string, bucket_size, "",
