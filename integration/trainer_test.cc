@@ -45,6 +45,16 @@ TrainOptions Quiet() {
   return options;
 }
 
+// The output written to a Quiet() stream, which this closes.
+std::string ReadAndClose(std::FILE* f) {
+  std::string text;
+  std::rewind(f);
+  char chunk[4096];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof(chunk), f)) > 0;) text.append(chunk, n);
+  std::fclose(f);
+  return text;
+}
+
 TEST(Train, DeviceMustMatchTheCommunicator) {
   std::unique_ptr<collectives::Communicator> comm = SingleRank();
   ASSERT_NE(comm, nullptr);
@@ -84,6 +94,18 @@ std::string NewTempDir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// A short run of the tiny model on one rank with checkpoints in a fresh directory named `name`:
+// `steps` steps, no eval but the final one, 8 samples a step, one thread.
+TrainerConfig SavingRun(const std::string& name, int64_t steps) {
+  TrainerConfig config;
+  config.steps = steps;
+  config.eval_every = 0;
+  config.global_batch = 8;
+  config.num_threads = 1;
+  config.save_dir = NewTempDir(name);
+  return config;
 }
 
 TEST(CheckSaveDir, AcceptsAFreshOrResumableDirectory) {
@@ -152,13 +174,8 @@ TEST(ExitCode, BadInputIsTwoOnlyBeforeTraining) {
 TEST(Train, ErrorsOnceTrainingBeganAreNotBadInput) {
   std::unique_ptr<collectives::Communicator> comm = SingleRank();
   ASSERT_NE(comm, nullptr);
-  TrainerConfig config;
-  config.steps = 4;
+  TrainerConfig config = SavingRun("mid_run", 4);
   config.save_every = 2;
-  config.eval_every = 0;
-  config.global_batch = 8;
-  config.num_threads = 1;
-  config.save_dir = NewTempDir("mid_run");
   TrainOptions options = Quiet();
   int saves = 0;
   options.after_shard_written = [&saves]() -> absl::Status {
@@ -189,20 +206,12 @@ TEST(Train, ErrorsOnceTrainingBeganAreNotBadInput) {
 TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
   std::unique_ptr<collectives::Communicator> comm = SingleRank();
   ASSERT_NE(comm, nullptr);
-  TrainerConfig config;
-  config.steps = 50;
-  config.eval_every = 0;
-  config.global_batch = 8;
-  config.num_threads = 1;
-  config.save_dir = NewTempDir("stop");
+  const TrainerConfig config = SavingRun("stop", 50);
   std::atomic<int> stop{SIGTERM};
   TrainOptions options = Quiet();
   options.stop_signal = &stop;
   absl::StatusOr<TrainSummary> summary = Train(config, *comm, options);
-  std::rewind(options.out);
-  std::string out(4096, '\0');
-  out.resize(std::fread(out.data(), 1, out.size(), options.out));
-  std::fclose(options.out);
+  const std::string out = ReadAndClose(options.out);
   ASSERT_OK(summary.status());
   EXPECT_EQ(summary->steps, 1);
   EXPECT_EQ(summary->stop_signal, SIGTERM);
@@ -212,30 +221,15 @@ TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
                              "saved in " + config.save_dir + ": continue with --resume"));
 }
 
-// The output written to a Quiet() stream, which this closes.
-std::string ReadAndClose(std::FILE* f) {
-  std::string text;
-  std::rewind(f);
-  char chunk[4096];
-  for (size_t n; (n = std::fread(chunk, 1, sizeof(chunk), f)) > 0;) text.append(chunk, n);
-  std::fclose(f);
-  return text;
-}
-
 // A background save is committed at the first step after every rank's write has ended, not at the
 // next save: step 100's commit message comes long before step 200 (where the old behaviour
 // committed it). The bound is 99 steps of a tiny model against one ~1 MB write.
 TEST(Train, BackgroundSaveIsCommittedOnceWritten) {
   std::unique_ptr<collectives::Communicator> comm = SingleRank();
   ASSERT_NE(comm, nullptr);
-  TrainerConfig config;
-  config.steps = 200;
+  TrainerConfig config = SavingRun("commit", 200);
   config.save_every = 100;
-  config.eval_every = 0;
   config.log_every = 1;
-  config.global_batch = 8;
-  config.num_threads = 1;
-  config.save_dir = NewTempDir("commit");
   TrainOptions options = Quiet();
   absl::StatusOr<TrainSummary> summary = Train(config, *comm, options);
   const std::string out = ReadAndClose(options.out);
