@@ -72,27 +72,37 @@ absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
   return stats;
 }
 
-absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& stats) {
+StepResult DecideStep(const ChainedConfig& config, const GradStats& global, bool any_nonfinite,
+                      int64_t steps_taken) {
   StepResult result;
-  const bool include_muon = config_.clip_mode == ClipMode::kAllBeforeMomentum;
-  const double clipped_sum =
-      stats.adamw_sum_squares + (include_muon ? stats.muon_sum_squares : 0.0);
-  result.grad_norm = std::sqrt(clipped_sum);
-  if (!std::isfinite(stats.adamw_sum_squares + stats.muon_sum_squares)) {
+  const bool include_muon = config.clip_mode == ClipMode::kAllBeforeMomentum;
+  result.grad_norm =
+      std::sqrt(global.adamw_sum_squares + (include_muon ? global.muon_sum_squares : 0.0));
+  if (any_nonfinite || !std::isfinite(global.adamw_sum_squares + global.muon_sum_squares)) {
     result.skipped = true;
     result.lr_multiplier = 0.0;
+    return result;
+  }
+  if (config.max_grad_norm > 0.0) {
+    const double coefficient = config.max_grad_norm / (result.grad_norm + 1e-6);
+    if (coefficient < 1.0) result.clip_scale = coefficient;
+  }
+  result.lr_multiplier = LrMultiplier(config.schedule, steps_taken);
+  return result;
+}
+
+double MuonClipScale(const ChainedConfig& config, const StepResult& result) {
+  return config.clip_mode == ClipMode::kAllBeforeMomentum ? result.clip_scale : 1.0;
+}
+
+absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& stats) {
+  const StepResult result = DecideStep(config_, stats, /*any_nonfinite=*/false, steps_);
+  if (result.skipped) {
     ++skipped_;
     return result;
   }
-  if (config_.max_grad_norm > 0.0) {
-    // Megatron's clip_grad_by_total_norm_fp32: scale by max_norm / (norm + 1e-6) when that is < 1.
-    const double coefficient = config_.max_grad_norm / (result.grad_norm + 1e-6);
-    if (coefficient < 1.0) result.clip_scale = coefficient;
-  }
-  result.lr_multiplier = LrMultiplier(config_.schedule, steps_);
   RETURN_IF_ERROR(adamw_->Step({result.lr_multiplier, result.clip_scale}));
-  RETURN_IF_ERROR(
-      muon_->Step({result.lr_multiplier, include_muon ? result.clip_scale : 1.0}));
+  RETURN_IF_ERROR(muon_->Step({result.lr_multiplier, MuonClipScale(config_, result)}));
   ++steps_;
   return result;
 }

@@ -62,6 +62,17 @@ struct StepResult {
   double lr_multiplier = 1.0;  // schedule factor used (0 when skipped)
 };
 
+// The clip-and-skip decision of one chained step (local or distributed) from the global sums of
+// squared gradients; `any_nonfinite`: some rank saw a value that is not finite. grad_norm covers
+// Muon's params only under ClipMode::kAllBeforeMomentum. Skipped (lr_multiplier 0) when anything is
+// not finite; else clip_scale = max_grad_norm / (grad_norm + 1e-6) when that is below 1 (Megatron's
+// clip_grad_by_total_norm_fp32) and lr_multiplier is the schedule's after `steps_taken` steps.
+StepResult DecideStep(const ChainedConfig& config, const GradStats& global, bool any_nonfinite,
+                      int64_t steps_taken);
+
+// The clip scale Muon's params get: result.clip_scale under kAllBeforeMomentum, else 1.
+double MuonClipScale(const ChainedConfig& config, const StepResult& result);
+
 class ChainedOptimizer {
  public:
   // Routes `params` and builds the two optimizers (either may be empty). Errors: kInvalidArgument

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -275,6 +276,37 @@ TEST_F(OptimizersTest, ClipModes) {
             at::allclose(t.tensor, at::mul(params[2].grad, 0.05 * muon_scale), 1e-5, 1e-9));
       }
     }
+  }
+}
+
+// The clip-and-skip rule both chained optimizers (local and distributed) share.
+TEST(DecideStepTest, ClipsSkipsAndSchedules) {
+  ChainedConfig config;
+  config.max_grad_norm = 1.0;
+  config.schedule.warmup_steps = 4;
+  StepResult r = DecideStep(config, GradStats{9.0, 16.0}, /*any_nonfinite=*/false, 1);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_DOUBLE_EQ(r.grad_norm, 5.0);
+  EXPECT_DOUBLE_EQ(r.clip_scale, 1.0 / (5.0 + 1e-6));
+  EXPECT_DOUBLE_EQ(r.lr_multiplier, 0.5);  // warmup step 1 of 4: (1 + 1) / 4
+  EXPECT_DOUBLE_EQ(MuonClipScale(config, r), r.clip_scale);
+
+  config.clip_mode = ClipMode::kExcludeMuon;
+  r = DecideStep(config, GradStats{0.25, 16.0}, false, 1);
+  EXPECT_DOUBLE_EQ(r.grad_norm, 0.5);
+  EXPECT_DOUBLE_EQ(r.clip_scale, 1.0);  // 1 / (0.5 + 1e-6) > 1: no clipping
+  EXPECT_DOUBLE_EQ(MuonClipScale(config, r), 1.0);
+
+  config.max_grad_norm = 0.0;  // clipping off
+  EXPECT_DOUBLE_EQ(DecideStep(config, GradStats{1e6, 0.0}, false, 9).clip_scale, 1.0);
+
+  // Not finite anywhere, even only in the excluded Muon sum, or on another rank: skipped.
+  for (const auto& [stats, flag] : {std::pair{GradStats{NAN, 1.0}, false},
+                                    std::pair{GradStats{1.0, INFINITY}, false},
+                                    std::pair{GradStats{1.0, 1.0}, true}}) {
+    r = DecideStep(config, stats, flag, 3);
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(r.lr_multiplier, 0.0);
   }
 }
 

@@ -115,28 +115,14 @@ absl::StatusOr<StepResult> DistributedChainedOptimizer::Step() {
   RETURN_IF_ERROR(work->Wait(comm_->timeout()));
   stats = stats.cpu();
   const double* reduced = stats.data_ptr<double>();
-  const double adamw_sum = reduced[0];
-  const double muon_sum = reduced[1];
-  const double nonfinite_ranks = reduced[2];
-
-  StepResult result;
-  const bool include_muon = config_.clip_mode == ClipMode::kAllBeforeMomentum;
-  result.grad_norm = std::sqrt(adamw_sum + (include_muon ? muon_sum : 0.0));
-  if (nonfinite_ranks > 0.0 || !std::isfinite(adamw_sum + muon_sum)) {
-    result.skipped = true;
-    result.lr_multiplier = 0.0;
+  const StepResult result = DecideStep(config_, GradStats{reduced[0], reduced[1]},
+                                       /*any_nonfinite=*/reduced[2] > 0.0, steps_);
+  if (result.skipped) {
     ++skipped_;
     return result;
   }
-  if (config_.max_grad_norm > 0.0) {
-    // As ChainedOptimizer: Megatron's max_norm / (norm + 1e-6) when that is < 1.
-    const double coefficient = config_.max_grad_norm / (result.grad_norm + 1e-6);
-    if (coefficient < 1.0) result.clip_scale = coefficient;
-  }
-  result.lr_multiplier = LrMultiplier(config_.schedule, steps_);
   RETURN_IF_ERROR(distopt_->Step({result.lr_multiplier, result.clip_scale}));
-  RETURN_IF_ERROR(
-      layerwise_->Step({result.lr_multiplier, include_muon ? result.clip_scale : 1.0}));
+  RETURN_IF_ERROR(layerwise_->Step({result.lr_multiplier, MuonClipScale(config_, result)}));
   ++steps_;
   return result;
 }
