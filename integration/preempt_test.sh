@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# SIGTERM to a 2-rank `pretrain` (what SLURM or Kubernetes sends before preempting a job): the launcher
-# forwards it, both ranks finish the same step, save it as a checkpoint and exit 143 (128 + SIGTERM);
+# SIGTERM to a 2-rank `pretrain` (what SLURM or Kubernetes sends before preempting a job), twice: the
+# launcher forwards it, both ranks finish the same step, save it as a checkpoint and exit 143 (128 + SIGTERM);
 # rank 0's JSON line says "stop_signal":15. `--resume` then finishes the run, ending at the same loss
 # and params, bitwise, as a run that was never interrupted.
 #   $1: the pretrain binary   $2: the ckpt tool
@@ -23,6 +23,9 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 [[ $(grep -c "step " "$work/out") -ge 3 ]] || fail "training did not start within 30 s"
+# Twice, as SLURM and torchrun together deliver it: a repeat within 2 s is the same request. (Back to
+# back: the launcher itself takes the default action again once its ranks have ended.)
+kill -TERM "$launcher"
 kill -TERM "$launcher"
 signalled_at=$SECONDS
 while kill -0 "$launcher" 2>/dev/null && (( SECONDS - signalled_at < 60 )); do sleep 0.1; done

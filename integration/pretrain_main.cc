@@ -21,6 +21,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -268,17 +269,43 @@ absl::StatusOr<std::unique_ptr<collectives::Communicator>> CreateCommunicator(
 
 // The first SIGINT or SIGTERM a rank receives; Train stops gracefully when it is set.
 std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "stored from a signal handler");
+std::atomic<int64_t> g_stop_signal_ns{0};  // CLOCK_MONOTONIC time of the first one
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+              "stored from a signal handler");
 
-void StopHandler(int signal_number) { g_stop_signal.store(signal_number); }
+// A request repeated within this long is the same request: torchrun forwards its own SIGINT or
+// SIGTERM to workers that the terminal or SLURM has already signalled.
+constexpr int64_t kRepeatedSignalNs = 2'000'000'000;
 
-// SIGINT and SIGTERM ask for a graceful stop (finish the step, save, exit 128 + the signal);
-// SA_RESETHAND restores the default action, so a second one kills at once.
+// Async-signal-safe: atomics, clock_gettime, sigaction and raise only.
+void StopHandler(int signal_number) {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t now_ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+  int none = 0;
+  if (g_stop_signal.compare_exchange_strong(none, signal_number)) {
+    g_stop_signal_ns.store(now_ns);
+    return;
+  }
+  if (now_ns - g_stop_signal_ns.load() < kRepeatedSignalNs) return;
+  // Asked again later (a second Ctrl-C): die of the signal now. It is blocked while this handler
+  // runs, so it is delivered, with its default action, as the handler returns.
+  struct sigaction default_action = {};
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  sigaction(signal_number, &default_action, nullptr);
+  raise(signal_number);
+}
+
+// SIGINT and SIGTERM ask for a graceful stop (finish the step, save, exit 128 + the signal). The
+// same request delivered again within 2 s is ignored; a later one kills at once.
 void InstallStopHandlers() {
   struct sigaction action = {};
   action.sa_handler = StopHandler;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaddset(&action.sa_mask, SIGINT);  // one handler at a time: the first signal's time is set
+  sigaddset(&action.sa_mask, SIGTERM);
+  action.sa_flags = SA_RESTART;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 }
