@@ -14,7 +14,8 @@
 // GPU, a --save_dir that cannot be written or already holds checkpoints without --resume, an
 // incompatible resume), with one "pretrain: ..." line on stderr and nothing written; 1 any failure
 // once training has begun (a lost rank, a failed save, whatever its status code) or any other;
-// under the local launcher, the first failing rank's code.
+// under the local launcher, the first failing rank's code; 128 + SIGINT/SIGTERM after a graceful
+// stop on that signal (the step saved, the JSON line printed with "stop_signal").
 #include <unistd.h>
 
 #include <algorithm>
@@ -375,7 +376,9 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains a GPT on local ranks or under torchrun/SLURM.\n"
       "  pretrain [--flags]   (no flags: tiny model, synthetic corpus, 2 local CPU ranks)\n"
-      "The last stdout line is a JSON summary. Exit codes: 0 ok, 2 bad input, 1 other failure.");
+      "The last stdout line is a JSON summary. Exit codes: 0 ok, 2 bad input, 1 other failure.\n"
+      "SIGINT or SIGTERM: every rank finishes its step, saves it (with --save_dir) and exits\n"
+      "128 + the signal (130, 143); --resume continues. A repeat after 2 s kills at once.");
   std::set<std::string> given;
   absl::Status prescan = PrescanFlags(argc, argv, &given);
   if (!prescan.ok()) return Fail(prescan);
