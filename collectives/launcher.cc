@@ -97,6 +97,10 @@ class Run {
   }
 
   absl::StatusOr<LaunchResult> Execute() {
+    // Installed first so that it is restored last: the hosted store's teardown below can take a
+    // while, and a signal arriving then must still be forwarded (to ranks already gone), not kill
+    // this process with the job's result not yet returned.
+    SignalForwarding forwarding(options_.forward_signals);
     int port = options_.master_port;
     c10::intrusive_ptr<c10d::TCPStore> store;
     if (options_.host_store) {
@@ -111,7 +115,6 @@ class Run {
         return absl::UnavailableError(absl::StrCat("launcher: cannot host a TCPStore: ", e.what()));
       }
     }
-    SignalForwarding forwarding(options_.forward_signals);
     children_.resize(options_.nprocs);
     result_.rank_exit_codes.assign(options_.nprocs, -1);
     for (int rank = 0; rank < options_.nprocs; ++rank) {

@@ -27,6 +27,9 @@ done
 # back: the launcher itself takes the default action again once its ranks have ended.)
 kill -TERM "$launcher"
 kill -TERM "$launcher"
+# And once more later, when the ranks may be saving or the launcher ending: still one request.
+sleep 0.2
+kill -TERM "$launcher" 2>/dev/null
 signalled_at=$SECONDS
 while kill -0 "$launcher" 2>/dev/null && (( SECONDS - signalled_at < 60 )); do sleep 0.1; done
 kill -0 "$launcher" 2>/dev/null && fail "pretrain still running 60 s after SIGTERM"

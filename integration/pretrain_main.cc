@@ -355,6 +355,10 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
     std::fflush(is_stderr ? stderr : stdout);
   };
   absl::StatusOr<collectives::LaunchResult> result = collectives::LaunchLocal(options);
+  // The ranks have ended: a late SIGINT/SIGTERM (a scheduler repeating its request) must neither
+  // change the job's exit code nor kill this process before its buffered JSON line is out.
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
   if (!result.ok()) {
     std::fprintf(stderr, "pretrain: launcher: %s\n", std::string(result.status().message()).c_str());
     return 1;
@@ -362,6 +366,7 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   // Rank 0's summary is printed after a graceful stop too (it has "stop_signal"); a failed rank 0
   // prints none.
   if (!json.empty()) std::printf("%s\n", json.c_str());
+  std::fflush(stdout);
   const bool stopped = !json.empty() && result->exit_code > 128 &&
                        std::all_of(result->rank_exit_codes.begin(), result->rank_exit_codes.end(),
                                    [&](int code) { return code == result->exit_code; });
