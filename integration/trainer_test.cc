@@ -221,6 +221,26 @@ TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
                              "saved in " + config.save_dir + ": continue with --resume"));
 }
 
+// Without --save_dir (here replicated, where checkpoints are refused) a stop request still ends the
+// run after the current step; nothing is saved and the message says so.
+TEST(Train, StopSignalWithoutSaveDirEndsAfterTheCurrentStep) {
+  std::unique_ptr<collectives::Communicator> comm = SingleRank();
+  ASSERT_NE(comm, nullptr);
+  TrainerConfig config = SavingRun("unused", 50);
+  config.save_dir.clear();
+  config.dist = "replicated";
+  std::atomic<int> stop{SIGINT};
+  TrainOptions options = Quiet();
+  options.stop_signal = &stop;
+  absl::StatusOr<TrainSummary> summary = Train(config, *comm, options);
+  const std::string out = ReadAndClose(options.out);
+  ASSERT_OK(summary.status());
+  EXPECT_EQ(summary->steps, 1);
+  EXPECT_EQ(summary->stop_signal, SIGINT);
+  EXPECT_THAT(out, HasSubstr("pretrain: stopped after step 1 of 50 on SIGINT; no --save_dir, "
+                             "nothing saved"));
+}
+
 // A background save is committed at the first step after every rank's write has ended, not at the
 // next save: step 100's commit message comes long before step 200 (where the old behaviour
 // committed it). The bound is 99 steps of a tiny model against one ~1 MB write.
