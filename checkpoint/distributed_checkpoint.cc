@@ -8,7 +8,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/escaping.h"
@@ -74,14 +73,7 @@ int FirstElementOwner(const layout::PerBufferParamLayout& layout, const layout::
   return static_cast<int>((p.start - b.start) / b.shard_size);
 }
 
-// All-reduces `ok` over ranks; true when every rank is ok. Doubles as a barrier.
-absl::StatusOr<bool> AllOk(collectives::Communicator& comm, bool ok) {
-  at::Tensor failed = at::zeros({1}, at::TensorOptions(at::kFloat).device(comm.device()));
-  if (!ok) failed.fill_(1.0);
-  ASSIGN_OR_RETURN(auto work, comm.AllReduce(failed));
-  RETURN_IF_ERROR(work->Wait(comm.timeout()));
-  return failed.item<float>() == 0.0f;
-}
+using collectives::AllRanksOk;
 
 // A host copy of `t` (contiguous, owning its memory) for the writer: the live tensor may be on a
 // GPU and keeps changing while the shard is written in the background.
@@ -274,20 +266,20 @@ absl::Status SaveDistributedCheckpoint(
   // Rank 0 creates the .tmp directory; the others wait for its verdict.
   absl::Status begin = absl::OkStatus();
   if (rank == 0) begin = BeginCheckpoint(root, shared.step).status();
-  ASSIGN_OR_RETURN(bool begun, AllOk(comm, begin.ok()));
+  ASSIGN_OR_RETURN(bool begun, AllRanksOk(comm, begin.ok()));
   if (!begin.ok()) return begin;
   if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
 
   absl::StatusOr<RankSnapshot> snap = SnapshotRank(shared, buffers, optimizer, rank);
   absl::Status write = snap.ok() ? WriteRankSnapshot(tmp, *snap) : snap.status();
   if (write.ok() && options.after_shard_written) write = options.after_shard_written();
-  ASSIGN_OR_RETURN(bool all_written, AllOk(comm, write.ok()));  // barrier: every shard fsynced
+  ASSIGN_OR_RETURN(bool all_written, AllRanksOk(comm, write.ok()));  // barrier: every shard fsynced
   if (!write.ok()) return write;
   if (!all_written) return absl::AbortedError("another rank failed to write its shard");
 
   absl::Status commit = absl::OkStatus();
   if (rank == 0) commit = MergeAndCommit(root, tmp, shared, buffers, comm.size(), options);
-  ASSIGN_OR_RETURN(bool committed, AllOk(comm, commit.ok()));  // barrier: commit done
+  ASSIGN_OR_RETURN(bool committed, AllRanksOk(comm, commit.ok()));  // barrier: commit done
   if (!commit.ok()) return commit;
   if (!committed) return absl::AbortedError("rank 0 failed to commit the checkpoint");
   return absl::OkStatus();
@@ -306,7 +298,7 @@ absl::Status AsyncCheckpointSaver::Start(
   collectives::Communicator& comm = *comm_;
   absl::Status begin = absl::OkStatus();
   if (comm.rank() == 0) begin = BeginCheckpoint(root, shared.step).status();
-  ASSIGN_OR_RETURN(bool begun, AllOk(comm, begin.ok()));
+  ASSIGN_OR_RETURN(bool begun, AllRanksOk(comm, begin.ok()));
   if (!begin.ok()) return begin;
   if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
   ASSIGN_OR_RETURN(snapshot_, SnapshotRank(shared, buffers, optimizer, comm.rank()));
@@ -333,7 +325,7 @@ absl::Status AsyncCheckpointSaver::Finalize() {
   snapshot_ = RankSnapshot();  // frees the host copies
   collectives::Communicator& comm = *comm_;
   const absl::Status write = write_status_;
-  ASSIGN_OR_RETURN(bool all_written, AllOk(comm, write.ok()));
+  ASSIGN_OR_RETURN(bool all_written, AllRanksOk(comm, write.ok()));
   if (!write.ok()) return write;
   if (!all_written) return absl::AbortedError("another rank failed to write its shard");
   const std::string tmp = JoinPath(root_, StepDirName(shared_.step) + ".tmp");
@@ -341,7 +333,7 @@ absl::Status AsyncCheckpointSaver::Finalize() {
   if (comm.rank() == 0) {
     commit = MergeAndCommit(root_, tmp, shared_, buffers_, comm.size(), options_);
   }
-  ASSIGN_OR_RETURN(bool committed, AllOk(comm, commit.ok()));
+  ASSIGN_OR_RETURN(bool committed, AllRanksOk(comm, commit.ok()));
   if (!commit.ok()) return commit;
   if (!committed) return absl::AbortedError("rank 0 failed to commit the checkpoint");
   return absl::OkStatus();
@@ -363,13 +355,13 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
       return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
     }
   }();
-  ASSIGN_OR_RETURN(bool all_read, AllOk(comm, read.ok()));
+  ASSIGN_OR_RETURN(bool all_read, AllRanksOk(comm, read.ok()));
   if (!read.ok()) return read;
   if (!all_read) return absl::AbortedError("another rank failed to load the checkpoint");
 
   // Everything is read and checked on every rank: now change live state.
   absl::Status imported = optimizer.ImportState(state);
-  ASSIGN_OR_RETURN(bool all_imported, AllOk(comm, imported.ok()));
+  ASSIGN_OR_RETURN(bool all_imported, AllRanksOk(comm, imported.ok()));
   if (!imported.ok()) return imported;
   if (!all_imported) return absl::AbortedError("another rank failed to import optimizer state");
   try {

@@ -3,6 +3,8 @@
 #include <numeric>
 #include <utility>
 
+#include <ATen/ops/full.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -97,6 +99,15 @@ absl::StatusOr<std::vector<int64_t>> ResolveShardSizes(const std::vector<int64_t
                                                    "] sum to ", sum, ", expected numel ", total));
   }
   return shard_sizes;
+}
+
+absl::StatusOr<bool> AllRanksOk(Communicator& comm, bool ok) {
+  at::Tensor failed =
+      at::full({1}, ok ? 0.0f : 1.0f, at::TensorOptions(at::kFloat).device(comm.device()));
+  absl::StatusOr<std::unique_ptr<Work>> work = comm.AllReduce(failed);
+  if (!work.ok()) return work.status();
+  if (absl::Status s = (*work)->Wait(comm.timeout()); !s.ok()) return s;
+  return failed.item<float>() == 0.0f;
 }
 
 }  // namespace orthoshard::collectives

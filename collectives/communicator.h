@@ -176,6 +176,11 @@ class Communicator {
 absl::StatusOr<std::vector<int64_t>> ResolveShardSizes(const std::vector<int64_t>& shard_sizes,
                                                        int64_t total, int size);
 
+// Whether `ok` holds on every rank of `comm`: one SUM all-reduce of a "failed here" flag on
+// comm.device(), waited for with comm.timeout(); also a barrier. Every rank must call it. Errors:
+// the communicator's.
+absl::StatusOr<bool> AllRanksOk(Communicator& comm, bool ok);
+
 }  // namespace orthoshard::collectives
 
 #endif  // ORTHOSHARD_COLLECTIVES_COMMUNICATOR_H_

@@ -78,6 +78,13 @@ TEST(GlooCommunicatorTest, SingleRankCollectivesAndLaunchValidation) {
                        AllOf(HasSubstr("all_reduce"), HasSubstr("is undefined"))));
   EXPECT_EQ(comm->traffic().Calls(OpKind::kAllReduce), 1);
   EXPECT_EQ(comm->traffic().Bytes(OpKind::kAllReduce), 16);
+
+  // AllRanksOk: one float all-reduce each.
+  ASSERT_OK_AND_ASSIGN(const bool all_ok, AllRanksOk(*comm, true));
+  EXPECT_TRUE(all_ok);
+  ASSERT_OK_AND_ASSIGN(const bool one_failed, AllRanksOk(*comm, false));
+  EXPECT_FALSE(one_failed);
+  EXPECT_EQ(comm->traffic().Calls(OpKind::kAllReduce), 3);
 }
 
 }  // namespace

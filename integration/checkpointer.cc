@@ -11,8 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include <ATen/ops/full.h>
-
 #include "absl/strings/str_cat.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/file_util.h"
@@ -20,20 +18,8 @@
 #include "integration/trainer.h"
 
 namespace orthoshard::integration {
-namespace {
 
-// Whether `ok` holds on every rank: an all-reduce of the number of ranks where it does not (also a
-// barrier), on the communicator's device. Errors: the communicator's.
-absl::StatusOr<bool> AllRanksOk(collectives::Communicator& comm, bool ok) {
-  at::Tensor failed =
-      at::full({1}, ok ? 0.0 : 1.0, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
-  ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work,
-                   comm.AllReduce(failed, {collectives::ReduceOp::kSum}));
-  RETURN_IF_ERROR(work->Wait(comm.timeout()));
-  return failed.item<double>() == 0;
-}
-
-}  // namespace
+using collectives::AllRanksOk;
 
 absl::Status CheckSaveDir(const TrainerConfig& c) {
   namespace fs = std::filesystem;
