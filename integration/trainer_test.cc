@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "collectives/gloo_communicator.h"
@@ -201,17 +202,24 @@ TEST(Train, ErrorsOnceTrainingBeganAreNotBadInput) {
   EXPECT_EQ(ExitCode(summary.status()), 2);
 }
 
-// A stop request (as pretrain's SIGTERM handler stores it) ends the run after the step in flight,
-// which is saved; the summary says which signal.
-TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
+// Train on one rank with `signal` already stored where pretrain's handler stores it; also returns
+// what it printed.
+std::pair<absl::StatusOr<TrainSummary>, std::string> TrainAskedToStop(const TrainerConfig& config,
+                                                                      int signal) {
   std::unique_ptr<collectives::Communicator> comm = SingleRank();
-  ASSERT_NE(comm, nullptr);
-  const TrainerConfig config = SavingRun("stop", 50);
-  std::atomic<int> stop{SIGTERM};
+  if (comm == nullptr) return {absl::InternalError("no communicator"), ""};
+  std::atomic<int> stop{signal};
   TrainOptions options = Quiet();
   options.stop_signal = &stop;
   absl::StatusOr<TrainSummary> summary = Train(config, *comm, options);
-  const std::string out = ReadAndClose(options.out);
+  return {std::move(summary), ReadAndClose(options.out)};
+}
+
+// A stop request (as pretrain's SIGTERM handler stores it) ends the run after the step in flight,
+// which is saved; the summary says which signal.
+TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
+  const TrainerConfig config = SavingRun("stop", 50);
+  const auto [summary, out] = TrainAskedToStop(config, SIGTERM);
   ASSERT_OK(summary.status());
   EXPECT_EQ(summary->steps, 1);
   EXPECT_EQ(summary->stop_signal, SIGTERM);
@@ -224,16 +232,10 @@ TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
 // Without --save_dir (here replicated, where checkpoints are refused) a stop request still ends the
 // run after the current step; nothing is saved and the message says so.
 TEST(Train, StopSignalWithoutSaveDirEndsAfterTheCurrentStep) {
-  std::unique_ptr<collectives::Communicator> comm = SingleRank();
-  ASSERT_NE(comm, nullptr);
   TrainerConfig config = SavingRun("unused", 50);
   config.save_dir.clear();
   config.dist = "replicated";
-  std::atomic<int> stop{SIGINT};
-  TrainOptions options = Quiet();
-  options.stop_signal = &stop;
-  absl::StatusOr<TrainSummary> summary = Train(config, *comm, options);
-  const std::string out = ReadAndClose(options.out);
+  const auto [summary, out] = TrainAskedToStop(config, SIGINT);
   ASSERT_OK(summary.status());
   EXPECT_EQ(summary->steps, 1);
   EXPECT_EQ(summary->stop_signal, SIGINT);
