@@ -69,15 +69,13 @@ at::Tensor ScalarOn(const Communicator& comm, double value) {
 // The value of a one-element tensor on any device (one device-to-host copy).
 double ValueOf(const at::Tensor& t) { return t.item<double>(); }
 
-// "SIGTERM", "SIGINT", or "signal N".
+// "SIGTERM", "SIGINT" (the signals pretrain stops on), or "signal N".
 std::string SignalName(int signal_number) {
   switch (signal_number) {
     case SIGINT:
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
-    case SIGUSR1:
-      return "SIGUSR1";
     default:
       return absl::StrCat("signal ", signal_number);
   }
