@@ -65,14 +65,16 @@ at::Tensor NewtonSchulzInPlace(at::Tensor x, const NewtonSchulzOptions& options)
   if (transpose) x = x.t();
   x.div_(at::linalg_vector_norm(x, 2).clamp(options.eps));
   // The _out forms run the same kernels as at::mm / at::addmm (so the same bits) into buffers
-  // allocated once: A and bA + cA^2 reuse theirs, X ping-pongs between two contiguous [m, n]
-  // buffers (the input is one of them unless it is a transposed view), as at::addmm's fresh
-  // outputs are contiguous.
+  // allocated once: A and bA + cA^2 reuse theirs, X ping-pongs between two row-major [m, n]
+  // buffers, as at::addmm's fresh outputs are. The input is one of them only when its strides are
+  // exactly row-major: ATen picks the gemm from the output's strides, and the transpose of an
+  // [n, 1] column counts as contiguous with strides (1, 1), which gave other bits in fp32.
   const int64_t m = x.size(0);
   at::Tensor gram = at::empty({m, m}, x.options());
   at::Tensor gram_update = at::empty({m, m}, x.options());
   at::Tensor spare = at::empty(x.sizes(), x.options());
-  at::Tensor other = x.is_contiguous() ? x : at::empty(x.sizes(), x.options());
+  const bool row_major = x.stride(1) == 1 && x.stride(0) == x.size(1);
+  at::Tensor other = row_major ? x : at::empty(x.sizes(), x.options());
   for (int i = 0; i < options.ns_steps; ++i) {
     at::mm_out(gram, x, x.t());                          // A = X X^T, m = min(rows, cols)
     at::addmm_out(gram_update, gram, gram, gram, b, c);  // b A + c A^2
