@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sqrt.h>
 #include <c10/util/Exception.h>
@@ -104,8 +106,9 @@ OS_INLINE void AdamWApplyLoop(float* __restrict p, const float* __restrict m,
 }
 
 // The loops compiled for AVX2 + FMA (vectorised, hardware fma), whatever the build's baseline ISA.
-// Only used where the CPU has both (HasAvx2Fma), which is also where ATen's own kernels use fma:
-// on an older CPU ATen's generic kernels may round a * b + c twice, so the ATen ops run instead.
+// Only used where ATen's own kernels use fma too (AtenKernelsUseFma): its generic build, which
+// runs on an older CPU or when ATEN_CPU_CAPABILITY=default asks for it, may round a * b + c twice,
+// so the ATen ops run instead.
 #define OS_AVX2 __attribute__((target("avx2,fma"), optimize("O3")))
 
 template <bool kSmall1, bool kSmall2, bool kNesterov, typename Out>
@@ -129,11 +132,6 @@ OS_AVX2 void AdamWMomentsAvx2(float* p, const float* g, float* m, float* v,
 OS_AVX2 void AdamWApplyAvx2(float* p, const float* m, const float* sqrt_v,
                             const AdamWConstants& k, int64_t b, int64_t e) {
   AdamWApplyLoop(p, m, sqrt_v, k, b, e);
-}
-
-bool HasAvx2Fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
 }
 
 template <bool kSmall1, bool kSmall2, bool kNesterov, typename Out>
@@ -169,14 +167,23 @@ bool IsDenseCpu(const at::Tensor& t) {
 
 }  // namespace
 
+bool AtenKernelsUseFma() {
+  static const bool has = [] {
+    const std::string capability = at::get_cpu_capability();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           (capability == "AVX2" || capability == "AVX512");
+  }();
+  return has;
+}
+
 bool CanFuseMomentum(const at::Tensor& momentum, const at::Tensor& grad, double mu) {
-  return mu != 0.0 && HasAvx2Fma() && IsDenseCpu(momentum) && IsDenseCpu(grad) &&
+  return mu != 0.0 && AtenKernelsUseFma() && IsDenseCpu(momentum) && IsDenseCpu(grad) &&
          momentum.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
          grad.numel() == momentum.numel() && !momentum.is_same(grad);
 }
 
 bool CanFuseDecayAdd(const at::Tensor& param, const at::Tensor& update) {
-  return HasAvx2Fma() && IsDenseCpu(param) && IsDenseCpu(update) &&
+  return AtenKernelsUseFma() && IsDenseCpu(param) && IsDenseCpu(update) &&
          param.scalar_type() == at::kFloat &&
          (update.scalar_type() == at::kFloat || update.scalar_type() == at::kBFloat16) &&
          param.numel() == update.numel() && !param.is_same(update);
@@ -208,7 +215,7 @@ at::Tensor FusedMomentum(const at::Tensor& momentum, const at::Tensor& grad, dou
 
 bool CanFuseAdamW(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, double beta1) {
-  if (beta1 == 0.0 || !HasAvx2Fma()) return false;  // lerp weight 1: see CanFuseMomentum
+  if (beta1 == 0.0 || !AtenKernelsUseFma()) return false;  // lerp weight 1: see CanFuseMomentum
   const int64_t n = param.numel();
   for (const at::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
     if (!IsDenseCpu(*t) || t->scalar_type() != at::kFloat || t->numel() != n) return false;

@@ -21,12 +21,16 @@
 
 namespace orthoshard::optimizers::internal {
 
-// True when the fused passes below apply: a CPU with AVX2 and FMA (where ATen's vectorised kernels
-// use fma too), dense contiguous CPU tensors of one numel, fp32 momentum, grad and param, update
-// fp32 or bf16; and mu != 0. ATen computes the last few elements
-// of each thread's range with a scalar formula, end - (end - start) * (1 - w), which for w == 1
-// (mu == 0) gives a zero of the other sign than the vector formula; elsewhere the two agree bit for
-// bit, so only mu == 0 would make the result depend on where those ranges end.
+// True when the CPU has AVX2 and FMA and ATen dispatches its kernels to its AVX2 or AVX-512 build
+// (the capability it chose at start-up from the CPU and ATEN_CPU_CAPABILITY): there its vectorised
+// kernels use fma, as the fused passes do. Elsewhere nothing is fused.
+bool AtenKernelsUseFma();
+
+// True when the fused passes below apply: AtenKernelsUseFma(), dense contiguous CPU tensors of one
+// numel, fp32 momentum, grad and param, update fp32 or bf16; and mu != 0. ATen computes the last
+// few elements of each thread's range with a scalar formula, end - (end - start) * (1 - w), which
+// for w == 1 (mu == 0) gives a zero of the other sign than the vector formula; elsewhere the two
+// agree bit for bit, so only mu == 0 would make the result depend on where those ranges end.
 bool CanFuseMomentum(const at::Tensor& momentum, const at::Tensor& grad, double mu);
 bool CanFuseDecayAdd(const at::Tensor& param, const at::Tensor& update);
 
@@ -53,8 +57,9 @@ struct AdamWScalars {
 // 2.2x at 2^22, 2.1x at 2^24).
 constexpr int64_t kFusedAdamWMinNumel = int64_t{1} << 21;
 
-// True when FusedAdamW applies (at any size): an AVX2 + FMA CPU, dense contiguous fp32 CPU tensors of one numel,
-// no two the same, and beta1 != 0 (lerp weight 1: see CanFuseMomentum).
+// True when FusedAdamW applies (at any size): AtenKernelsUseFma(), dense
+// contiguous fp32 CPU tensors of one numel, no two the same, and beta1 != 0 (lerp weight 1: see
+// CanFuseMomentum).
 bool CanFuseAdamW(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, double beta1);
 

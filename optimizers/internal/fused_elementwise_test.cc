@@ -43,13 +43,12 @@ at::Tensor AwkwardValues(int64_t n, uint64_t seed) {
   return t;
 }
 
-// The fused passes run only where ATen's kernels use fma too (see CanFuseMomentum).
-bool CpuHasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-
 class MuonElementwiseTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 + FMA: MuonUpdate keeps ATen's ops";
+    if (!AtenKernelsUseFma()) {
+      GTEST_SKIP() << "ATen's kernels here do not use fma: MuonUpdate keeps ATen's ops";
+    }
     threads_ = at::get_num_threads();
     at::set_num_threads(GetParam());
   }
@@ -166,7 +165,9 @@ TEST_P(MuonElementwiseTest, AdamWMatchesAtenBitwise) {
 // AdamWUpdate on a tensor large enough to take the fused path, several steps, against the ATen
 // op sequence (a 1-D contiguous view, as the ZeRO-1 optimizer passes its shards).
 TEST(AdamWUpdateFusedTest, MatchesAtenOpSequenceBitwise) {
-  if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 + FMA: AdamWUpdate keeps ATen's ops";
+  if (!AtenKernelsUseFma()) {
+    GTEST_SKIP() << "ATen's kernels here do not use fma: AdamWUpdate keeps ATen's ops";
+  }
   const int64_t n = kFusedAdamWMinNumel + 12345;
   at::manual_seed(7);
   const at::Tensor whole = at::randn({n + 100});
@@ -199,7 +200,7 @@ TEST(AdamWUpdateFusedTest, MatchesAtenOpSequenceBitwise) {
 INSTANTIATE_TEST_SUITE_P(Threads, MuonElementwiseTest, ::testing::Values(1, 2));
 
 TEST(MuonElementwiseEligibilityTest, RejectsWhatItCannotFuse) {
-  if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 + FMA: nothing is fused";
+  if (!AtenKernelsUseFma()) GTEST_SKIP() << "ATen's kernels here do not use fma: nothing is fused";
   const at::Tensor m = at::zeros({8, 6});
   EXPECT_TRUE(CanFuseMomentum(m, at::randn({8, 6}), 0.95));
   EXPECT_FALSE(CanFuseMomentum(m, at::randn({8, 6}), 0.0));                // weight 1 (see header)
