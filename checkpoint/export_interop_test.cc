@@ -1,16 +1,10 @@
 // Interop: an export written by `ckpt export` is loaded by the Python `safetensors` package
 // (safe_open, framework="pt") and must give back the same names, dtypes, shapes and bytes.
 //
-// The interpreter is tools/python3 (project-local torch). It is found, in order, through
-// $ORTHOSHARD_PYTHON3, through runfiles (`tools/python3`, once //tools exports it), or next to the
-// real location of this test's data script in the source tree. When no interpreter is found or it
-// cannot import `safetensors`, the test is skipped and prints why.
-#include <stdio.h>
-#include <sys/wait.h>
-#include <unistd.h>
+// The interpreter is tools/python3 (the project-local torch and safetensors that tools/setup
+// installs; common/testing/python.h finds it). Without it, or when it cannot import safetensors,
+// the test fails saying so: an interop claim is not skipped.
 
-#include <climits>
-#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +18,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/testing/test_checkpoint.h"
+#include "common/testing/python.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -38,43 +33,6 @@ using ::orthoshard::checkpoint::testing::TestTensor;
 using ::orthoshard::checkpoint::testing::WriteTestCheckpoint;
 
 constexpr char kScript[] = "checkpoint/testdata/load_export.py";
-
-// Path of tools/python3, or "" with `why` set.
-std::string FindPython(std::string* why) {
-  if (const char* env = std::getenv("ORTHOSHARD_PYTHON3"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  if (access("tools/python3", X_OK) == 0) return "tools/python3";
-  char resolved[PATH_MAX];
-  if (realpath(kScript, resolved) != nullptr) {
-    std::string path = resolved;  // <workspace>/checkpoint/testdata/load_export.py
-    for (int i = 0; i < 3; ++i) path = path.substr(0, path.rfind('/'));
-    std::string python = JoinPath(path, "tools/python3");
-    if (access(python.c_str(), X_OK) == 0) return python;
-    *why = absl::StrCat("no executable ", python);
-    return "";
-  }
-  *why = absl::StrCat("cannot resolve ", kScript, " and ORTHOSHARD_PYTHON3 is not set");
-  return "";
-}
-
-struct PythonRun {
-  int exit_code = -1;
-  std::string output;
-};
-
-PythonRun RunPython(const std::string& python, const std::string& out_dir) {
-  PythonRun run;
-  std::string command = absl::StrCat(python, " ", kScript, " ", out_dir, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[65536];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
-  int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
 
 // Every dtype of the format, a scalar and an empty tensor.
 std::vector<TestTensor> AllDTypeModel() {
@@ -103,9 +61,7 @@ const std::map<std::string, std::string>& TorchDTypes() {
 class ExportInteropTest : public ::testing::TestWithParam<uint64_t> {};
 
 TEST_P(ExportInteropTest, PythonSafetensorsLoadsTheSameTensors) {
-  std::string why;
-  const std::string python = FindPython(&why);
-  if (python.empty()) GTEST_SKIP() << "interop check skipped: " << why;
+  ASSERT_OK_AND_ASSIGN(const std::string python, orthoshard::testing::ProjectPython(kScript));
 
   const std::string root = ScratchDir();
   const std::vector<TestTensor> model = AllDTypeModel();
@@ -118,12 +74,9 @@ TEST_P(ExportInteropTest, PythonSafetensorsLoadsTheSameTensors) {
   ASSERT_OK_AND_ASSIGN(std::vector<std::string> files,
                        ExportSafetensors(JoinPath(root, "step_000009"), out_dir, export_options));
 
-  PythonRun run = RunPython(python, out_dir);
-  if (run.exit_code == 3) {
-    GTEST_SKIP() << "interop check skipped: " << python
-                 << " cannot import safetensors/torch: " << run.output;
-  }
-  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const orthoshard::testing::CommandResult run =
+      orthoshard::testing::RunPython(python, kScript, {out_dir});
+  ASSERT_EQ(run.exit_code, 0) << python << " " << kScript << ": " << run.output;
 
   std::map<std::string, std::vector<std::string>> loaded;  // name → fields
   for (absl::string_view line : absl::StrSplit(run.output, '\n', absl::SkipEmpty())) {

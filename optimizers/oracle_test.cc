@@ -1,36 +1,49 @@
-// Oracle test: replays the PyTorch 2.11 trajectories in testdata/goldens.osg (written by
-// testdata/make_goldens.py from torch.optim.AdamW(foreach=False) and torch.optim.Muon) through the
-// AdamW and Muon optimizers here, five steps each, and compares every intermediate param and the
-// final state.
+// Oracle test: AdamW and Muon here against PyTorch 2.11, bit for bit, on whatever machine runs it.
 //
-// Tolerance: both sides run the same LibTorch ops in the same order on one intra-op thread, so on a
-// machine like the one that wrote the goldens (same CPU model name, cache size and flags in
-// /proc/cpuinfo, and ATen CPU capability, recorded in the file) every value must be bitwise equal. Elsewhere the vectorised and gemm kernels may round
-// differently, and the stated tolerances apply: 1e-5 absolute for AdamW params, moments and Muon
-// momentum buffers (element-wise math), 1e-3 absolute for Muon params (bf16 Newton–Schulz output
-// scaled by lr * scale <= 0.04, five steps). Forcing other kernels on the goldens' machine
-// (ATEN_CPU_CAPABILITY=avx2 or default with ONEDNN_MAX_CPU_ISA=AVX2 or SSE41) gave differences of at
-// most 2e-5 and 1.2e-4.
+// Before any test runs, testdata/torch_oracle.py (through tools/python3, the pinned torch wheel)
+// computes the reference trajectories live, on this machine, into $TEST_TMPDIR:
+// torch.optim.AdamW(foreach=False), torch.optim.Muon, and for what torch.optim.Muon cannot do
+// (fp32 Newton–Schulz, Megatron's spectral lr scale, fused weights split into blocks) the script's
+// own Python Muon, which it first proves bitwise equal to torch.optim.Muon on every case torch can
+// run. Each case becomes one test here: the same hyperparameters, initial params and per-step
+// gradients, lr factors and gradient scales go through AdamW / Muon, and every param after every
+// step and the final state must be bitwise equal to the reference. Halfway through, each case
+// also exports the optimizer's state, imports it into a fresh optimizer over copies of the params
+// and continues both: the resumed run must stay bitwise equal too.
+//
+// Why bitwise holds on any CPU: both processes load the same libtorch_cpu.so, run one intra-op
+// thread, and see the same environment (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), so ATen and oneDNN
+// pick the same kernels for the same ops in the same order; the test checks that both report the
+// same ATen CPU capability. No tolerance is involved, so no tolerance can hide a regression.
+//
+// //optimizers:oracle_cuda_test (ORTHOSHARD_ORACLE_CUDA) runs the same cases with the optimizers on
+// GPU 0 against the same script run with --device=cuda: torch.optim on the GPU, the same cuBLAS
+// and ATen CUDA kernels, hence bitwise as well.
+#include <cctype>
 #include <cstdint>
-#include <algorithm>
-#include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/abs.h>
-#include <ATen/ops/max.h>
-#include <ATen/ops/sub.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/sub.h>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/testing/python.h"
 #include "gtest/gtest.h"
 #include "optimizers/adamw.h"
 #include "optimizers/muon.h"
@@ -39,10 +52,8 @@
 namespace orthoshard::optimizers {
 namespace {
 
-constexpr char kGoldenPath[] = "optimizers/testdata/goldens.osg";
+constexpr char kScript[] = "optimizers/testdata/torch_oracle.py";
 
-// The device the optimizers run on: the CPU, or GPU 0 in //optimizers:oracle_cuda_test (built with
-// ORTHOSHARD_ORACLE_CUDA), where the stated tolerances apply (GPU kernels round differently).
 at::Device OracleDevice() {
 #ifdef ORTHOSHARD_ORACLE_CUDA
   return at::Device(at::kCUDA, 0);
@@ -50,18 +61,20 @@ at::Device OracleDevice() {
   return at::Device(at::kCPU);
 #endif
 }
-constexpr int kSteps = 5;
-constexpr double kElementwiseTolerance = 1e-5;
-constexpr double kMuonParamTolerance = 1e-3;
 
-// The records of an OSGOLD1 file (format in make_goldens.py).
-struct Goldens {
+// The records of an OSREF1 file (format in torch_oracle.py).
+struct Reference {
   std::map<std::string, at::Tensor> tensors;
   std::map<std::string, std::string> texts;
 
   const at::Tensor& tensor(const std::string& name) const {
     auto it = tensors.find(name);
-    if (it == tensors.end()) throw std::runtime_error("golden record missing: " + name);
+    if (it == tensors.end()) throw std::runtime_error("reference record missing: " + name);
+    return it->second;
+  }
+  const std::string& text(const std::string& name) const {
+    auto it = texts.find(name);
+    if (it == texts.end()) throw std::runtime_error("reference record missing: " + name);
     return it->second;
   }
   std::vector<double> floats(const std::string& name) const {
@@ -69,176 +82,273 @@ struct Goldens {
     const double* p = t.data_ptr<double>();
     return std::vector<double>(p, p + t.numel());
   }
+  std::vector<std::string> lines(const std::string& name) const {
+    return absl::StrSplit(text(name), '\n', absl::SkipEmpty());
+  }
 };
 
 template <typename T>
 T Read(std::ifstream& in) {
   T value;
   in.read(reinterpret_cast<char*>(&value), sizeof(T));
-  if (!in) throw std::runtime_error("golden file truncated");
+  if (!in) throw std::runtime_error("reference file truncated");
   return value;
 }
 
-Goldens LoadGoldens(const std::string& path) {
+absl::StatusOr<Reference> LoadReference(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   char magic[8];
   in.read(magic, 8);
-  if (!in || std::memcmp(magic, "OSGOLD1\0", 8) != 0) throw std::runtime_error("bad magic");
-  Goldens g;
-  const uint32_t count = Read<uint32_t>(in);
-  for (uint32_t i = 0; i < count; ++i) {
-    std::string name(Read<uint32_t>(in), '\0');
-    in.read(name.data(), name.size());
-    const uint8_t dtype = Read<uint8_t>(in);
-    std::vector<int64_t> dims(Read<uint32_t>(in));
-    for (int64_t& d : dims) d = Read<int64_t>(in);
-    if (dtype == 2) {
-      std::string text(dims.at(0), '\0');
-      in.read(text.data(), text.size());
-      g.texts[name] = text;
-      continue;
-    }
-    at::Tensor t = at::empty(dims, dtype == 0 ? at::kFloat : at::kDouble);
-    in.read(static_cast<char*>(t.data_ptr()), t.nbytes());
-    if (!in) throw std::runtime_error("golden file truncated in " + name);
-    g.tensors[name] = t;
+  if (!in || std::string(magic, 8) != std::string("OSREF1\0\0", 8)) {
+    return absl::DataLossError(absl::StrCat(path, ": not an OSREF1 file"));
   }
-  return g;
+  Reference ref;
+  try {
+    const uint32_t count = Read<uint32_t>(in);
+    for (uint32_t i = 0; i < count; ++i) {
+      std::string name(Read<uint32_t>(in), '\0');
+      in.read(name.data(), name.size());
+      const uint8_t dtype = Read<uint8_t>(in);
+      std::vector<int64_t> dims(Read<uint32_t>(in));
+      for (int64_t& d : dims) d = Read<int64_t>(in);
+      if (dtype == 2) {
+        std::string text(dims.at(0), '\0');
+        in.read(text.data(), text.size());
+        ref.texts[name] = text;
+        continue;
+      }
+      const at::ScalarType type = dtype == 0 ? at::kFloat : dtype == 1 ? at::kDouble : at::kLong;
+      at::Tensor t = at::empty(dims, type);
+      in.read(static_cast<char*>(t.data_ptr()), t.nbytes());
+      if (!in) return absl::DataLossError(absl::StrCat(path, ": truncated in ", name));
+      ref.tensors[name] = t;
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
+  }
+  return ref;
 }
 
-// "model name | cache size | flags" of the first processor, as make_goldens.py writes it.
-std::string CpuFingerprint() {
-  std::ifstream in("/proc/cpuinfo");
-  std::map<std::string, std::string> fields;
-  std::string line;
-  while (std::getline(in, line) && !line.empty()) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    auto trim = [](const std::string& s) {
-      const size_t b = s.find_first_not_of(" \t");
-      const size_t e = s.find_last_not_of(" \t");
-      return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-    };
-    fields[trim(line.substr(0, colon))] = trim(line.substr(colon + 1));
+// The live reference, computed once before the tests run (main below).
+Reference* g_reference = nullptr;
+absl::Status* g_reference_status = nullptr;
+std::string* g_script_output = nullptr;
+
+absl::Status ComputeReference() {
+  absl::StatusOr<std::string> python = orthoshard::testing::ProjectPython(kScript);
+  if (!python.ok()) return python.status();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string out = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/torch_oracle.osref");
+  std::vector<std::string> args = {out};
+  if (!OracleDevice().is_cpu()) args.push_back("--device=cuda");
+  const orthoshard::testing::CommandResult run =
+      orthoshard::testing::RunPython(*python, kScript, args);
+  *g_script_output = run.output;
+  if (run.exit_code != 0) {
+    return absl::InternalError(absl::StrCat(*python, " ", kScript, " exited ", run.exit_code,
+                                            ": ", run.output));
   }
-  return absl::StrCat(fields["model name"], " | ", fields["cache size"], " | ", fields["flags"]);
+  absl::StatusOr<Reference> ref = LoadReference(out);
+  if (!ref.ok()) return ref.status();
+  *g_reference = *std::move(ref);
+  std::remove(out.c_str());
+  return absl::OkStatus();
 }
 
-class OracleTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    at::set_num_threads(1);
-    goldens_ = new Goldens(LoadGoldens(kGoldenPath));
-    const std::string& fingerprint = goldens_->texts.at("meta/cpu_fingerprint");
-    bitwise_ = OracleDevice().is_cpu() && fingerprint == CpuFingerprint() &&
-               goldens_->texts.at("meta/cpu_capability") == at::get_cpu_capability();
-    std::cout << "goldens from torch " << goldens_->texts.at("meta/torch_version") << " on '"
-              << fingerprint.substr(0, fingerprint.find(" | ")) << "' ("
-              << goldens_->texts.at("meta/cpu_capability") << "), this machine "
-              << (fingerprint == CpuFingerprint() ? "has the same" : "has a different")
-              << " CPU fingerprint (" << at::get_cpu_capability() << "): "
-              << (bitwise_ ? "requiring bitwise equality" : "using stated tolerances")
-              << "; optimizers run on " << OracleDevice().str() << "\n";
-  }
-  static void TearDownTestSuite() {
-    std::cout << "largest difference seen: " << max_seen_ << "\n";
-    delete goldens_;
-  }
-
-  // Bitwise equal on the goldens' machine, within `tolerance` elsewhere.
-  static void ExpectMatches(const at::Tensor& actual, const at::Tensor& expected, double tolerance,
-                            const std::string& what) {
-    ASSERT_TRUE(actual.sizes().equals(expected.sizes())) << what;
-    const at::Tensor a = actual.to(at::kCPU).contiguous();
-    const double max_diff = at::max(at::abs(at::sub(a, expected))).item().toDouble();
-    max_seen_ = std::max(max_seen_, max_diff);
-    if (bitwise_) {
-      EXPECT_TRUE(at::equal(a, expected)) << what << ": max abs diff " << max_diff;
-    } else {
-      EXPECT_LE(max_diff, tolerance) << what;
-    }
-  }
-
-  static Goldens* goldens_;
-  static bool bitwise_;
-  static double max_seen_;
-};
-
-Goldens* OracleTest::goldens_ = nullptr;
-bool OracleTest::bitwise_ = false;
-double OracleTest::max_seen_ = 0.0;
-
-TEST_F(OracleTest, AdamWMatchesTorchAdamWForeachFalse) {
-  const Goldens& g = *goldens_;
-  const std::vector<double> hp = g.floats("adamw/hp");
-  const std::vector<double> lr_factors = g.floats("adamw/lr_factors");
-  const std::vector<std::string> names = {"square", "tall", "wide", "vector"};
-  AdamWGroup group{AdamWHyper{hp[0], hp[1], hp[2], hp[3], hp[4]}, {}};
-  std::vector<at::Tensor> params;
-  for (const std::string& n : names) {
-    params.push_back(g.tensor("adamw/" + n + "/init").to(OracleDevice(), false, /*copy=*/true));
-    group.params.push_back(Param{n, params.back(), at::Tensor(), {}});
-  }
-  auto adamw = AdamW::Create({group});
-  ASSERT_TRUE(adamw.ok()) << adamw.status();
-  for (int s = 0; s < kSteps; ++s) {
-    for (const std::string& n : names) {
-      const at::Tensor grad = g.tensor(absl::StrCat("adamw/", n, "/grad/", s)).to(OracleDevice());
-      ASSERT_TRUE((*adamw)->SetGrad(n, grad).ok());
-    }
-    ASSERT_TRUE((*adamw)->Step(StepContext{lr_factors[s], 1.0}).ok());
-    for (size_t i = 0; i < names.size(); ++i) {
-      ExpectMatches(params[i], g.tensor(absl::StrCat("adamw/", names[i], "/after/", s)),
-                    kElementwiseTolerance, absl::StrCat("adamw ", names[i], " step ", s));
-    }
-  }
-  for (const NamedTensor& t : (*adamw)->ExportState()) {
-    if (t.name.find("/exp_avg") == std::string::npos) continue;
-    ExpectMatches(t.tensor, g.tensor("adamw/" + t.name), kElementwiseTolerance, t.name);
-  }
+// Bitwise equality, with the largest difference in the message when it fails.
+void ExpectBitwise(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_TRUE(actual.sizes().equals(expected.sizes()))
+      << what << ": shape " << ShapeString(actual.sizes()) << " vs reference "
+      << ShapeString(expected.sizes());
+  const at::Tensor a = actual.to(at::kCPU).contiguous();
+  EXPECT_TRUE(at::equal(a, expected))
+      << what << ": not bitwise equal to the reference, max |diff| "
+      << (a.numel() ? at::max(at::abs(at::sub(a, expected))).item().toDouble() : 0.0);
 }
 
-TEST_F(OracleTest, MuonMatchesTorchMuon) {
-  const Goldens& g = *goldens_;
-  const std::vector<std::string> names = {"square", "tall", "wide"};
-  for (int c = 0;; ++c) {
-    const std::string prefix = absl::StrCat("muon/c", c);
-    if (g.tensors.count(prefix + "/hp") == 0) {
-      EXPECT_GE(c, 4) << "expected at least 4 Muon configurations in the goldens";
-      break;
-    }
-    const std::vector<double> hp = g.floats(prefix + "/hp");
-    MuonGroup group;
-    group.hp.lr = hp[0];
-    group.hp.weight_decay = hp[1];
-    group.hp.momentum = hp[2];
-    group.hp.nesterov = hp[3] != 0.0;
-    group.hp.scale_rule = hp[4] == 0.0 ? MuonScaleRule::kOriginal : MuonScaleRule::kMatchRmsAdamW;
+// One reference case replayed through AdamW or Muon.
+class OracleCase {
+ public:
+  OracleCase(const Reference& ref, std::string name) : ref_(ref), name_(std::move(name)) {}
+
+  void Run() {
+    const std::string kind = ref_.text(name_ + "/optimizer");
+    const std::vector<std::string> names = ref_.lines(name_ + "/params");
+    const std::vector<double> lr_factors = ref_.floats(name_ + "/lr_factors");
+    const std::vector<double> grad_scales = ref_.floats(name_ + "/grad_scales");
+    const int64_t resume_after = ref_.tensor(name_ + "/resume_after").item<int64_t>();
+    const int steps = static_cast<int>(lr_factors.size());
+    ASSERT_GT(steps, resume_after);
+    ASSERT_GT(resume_after, 0);
+
     std::vector<at::Tensor> params;
     for (const std::string& n : names) {
-      params.push_back(g.tensor("muon/" + n + "/init").to(OracleDevice(), false, /*copy=*/true));
-      group.params.push_back(Param{n, params.back(), at::Tensor(), {}});
+      params.push_back(Get(n + "/init").to(OracleDevice(), false, /*copy=*/true));
     }
-    auto muon = Muon::Create({group});
-    ASSERT_TRUE(muon.ok()) << muon.status();
-    for (int s = 0; s < kSteps; ++s) {
-      for (const std::string& n : names) {
-        const at::Tensor grad = g.tensor(absl::StrCat("muon/", n, "/grad/", s)).to(OracleDevice());
-        ASSERT_TRUE((*muon)->SetGrad(n, grad).ok());
+    std::unique_ptr<Optimizer> opt = Make(kind, names, params);
+    ASSERT_NE(opt, nullptr);
+    std::vector<at::Tensor> resumed_params;
+    std::unique_ptr<Optimizer> resumed;
+    for (int s = 0; s < steps; ++s) {
+      const StepContext context{lr_factors[s], grad_scales[s]};
+      for (Optimizer* o : {opt.get(), resumed.get()}) {
+        if (o == nullptr) continue;
+        for (const std::string& n : names) {
+          const at::Tensor grad = Get(absl::StrCat(n, "/grad/", s)).to(OracleDevice());
+          ASSERT_TRUE(o->SetGrad(n, grad).ok()) << n;
+        }
+        const absl::Status status = o->Step(context);
+        ASSERT_TRUE(status.ok()) << status;
       }
-      ASSERT_TRUE((*muon)->Step(StepContext{}).ok());
       for (size_t i = 0; i < names.size(); ++i) {
-        ExpectMatches(params[i], g.tensor(absl::StrCat(prefix, "/", names[i], "/after/", s)),
-                      kMuonParamTolerance, absl::StrCat(prefix, " ", names[i], " step ", s));
+        const at::Tensor& expected = Get(absl::StrCat(names[i], "/after/", s));
+        ExpectBitwise(params[i], expected, absl::StrCat(names[i], " after step ", s));
+        if (resumed) {
+          ExpectBitwise(resumed_params[i], expected,
+                        absl::StrCat(names[i], " after step ", s, ", resumed after step ",
+                                     resume_after - 1));
+        }
+      }
+      if (s + 1 == resume_after) {
+        // What a checkpoint holds: the params and the exported state, into a fresh optimizer.
+        for (const at::Tensor& p : params) resumed_params.push_back(p.clone());
+        resumed = Make(kind, names, resumed_params);
+        ASSERT_NE(resumed, nullptr);
+        const absl::Status status = resumed->ImportState(opt->ExportState());
+        ASSERT_TRUE(status.ok()) << status;
       }
     }
-    for (const NamedTensor& t : (*muon)->ExportState()) {
-      ExpectMatches(t.tensor, g.tensor(prefix + "/" + t.name), kElementwiseTolerance,
-                    prefix + " " + t.name);
+    ExpectFinalState(kind, names, *opt, steps);
+    ExpectFinalState(kind, names, *resumed, steps);
+    // The case is not vacuous: every param moved.
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_FALSE(at::equal(Get(names[i] + "/init"), Get(absl::StrCat(names[i], "/after/",
+                                                                        steps - 1))))
+          << names[i] << " never moved in the reference";
+    }
+    if (::testing::Test::HasFailure()) return;
+    std::printf("%s: %d steps x %zu params bitwise equal to %s (also resumed after step %lld)\n",
+                name_.c_str(), steps, names.size(), ref_.text(name_ + "/reference").c_str(),
+                static_cast<long long>(resume_after - 1));
+  }
+
+ private:
+  const at::Tensor& Get(const std::string& record) const {
+    return ref_.tensor(absl::StrCat(name_, "/", record));
+  }
+
+  std::unique_ptr<Optimizer> Make(const std::string& kind, const std::vector<std::string>& names,
+                                  const std::vector<at::Tensor>& params) const {
+    const std::vector<double> hp = ref_.floats(name_ + "/hp");
+    std::vector<Param> ps;
+    for (size_t i = 0; i < names.size(); ++i) {
+      Param p{names[i], params[i], at::Tensor(), {}};
+      const std::string split = absl::StrCat(name_, "/", names[i], "/split");
+      if (ref_.tensors.count(split) != 0) {
+        const at::Tensor t = ref_.tensor(split);
+        p.split.num_groups = t[0].item<int64_t>();
+        for (int64_t j = 1; j < t.numel(); ++j) p.split.block_rows.push_back(t[j].item<int64_t>());
+      }
+      ps.push_back(std::move(p));
+    }
+    if (kind == "adamw") {
+      auto adamw =
+          AdamW::Create({AdamWGroup{AdamWHyper{hp.at(0), hp.at(1), hp.at(2), hp.at(3), hp.at(4)},
+                                    std::move(ps)}});
+      EXPECT_TRUE(adamw.ok()) << adamw.status();
+      return adamw.ok() ? std::move(*adamw) : nullptr;
+    }
+    MuonGroup group;
+    group.hp.lr = hp.at(0);
+    group.hp.weight_decay = hp.at(1);
+    group.hp.momentum = hp.at(2);
+    group.hp.nesterov = hp.at(3) != 0.0;
+    group.hp.scale_rule = hp.at(4) == 0.0   ? MuonScaleRule::kOriginal
+                          : hp.at(4) == 1.0 ? MuonScaleRule::kMatchRmsAdamW
+                                            : MuonScaleRule::kSpectral;
+    group.hp.extra_scale = hp.at(5);
+    group.hp.ns.ns_steps = static_cast<int>(hp.at(6));
+    group.hp.ns.coefficients = {hp.at(7), hp.at(8), hp.at(9)};
+    group.hp.ns.eps = hp.at(10);
+    group.hp.ns.dtype = hp.at(11) == 0.0 ? NsDType::kBFloat16 : NsDType::kFloat32;
+    group.params = std::move(ps);
+    auto muon = Muon::Create({std::move(group)});
+    EXPECT_TRUE(muon.ok()) << muon.status();
+    return muon.ok() ? std::move(*muon) : nullptr;
+  }
+
+  void ExpectFinalState(const std::string& kind, const std::vector<std::string>& names,
+                        const Optimizer& opt, int steps) const {
+    std::map<std::string, at::Tensor> state;
+    for (const NamedTensor& t : opt.ExportState()) state[t.name] = t.tensor;
+    for (const std::string& n : names) {
+      if (kind == "adamw") {
+        ExpectBitwise(state.at(n + "/exp_avg"), Get(n + "/state/exp_avg"), n + "/exp_avg");
+        ExpectBitwise(state.at(n + "/exp_avg_sq"), Get(n + "/state/exp_avg_sq"), n + "/exp_avg_sq");
+        EXPECT_EQ(state.at(n + "/step").item<int64_t>(), steps) << n;
+        EXPECT_EQ(Get(n + "/state/step").item<double>(), steps) << n;
+      } else {
+        ExpectBitwise(state.at(n + "/momentum_buffer"), Get(n + "/state/momentum_buffer"),
+                      n + "/momentum_buffer");
+      }
     }
   }
+
+  const Reference& ref_;
+  std::string name_;
+};
+
+class OracleCaseTest : public ::testing::Test {
+ public:
+  explicit OracleCaseTest(std::string name) : name_(std::move(name)) {}
+  void TestBody() override { OracleCase(*g_reference, name_).Run(); }
+
+ private:
+  std::string name_;
+};
+
+// Always registered: fails, with the script's output, when the reference could not be computed.
+TEST(TorchOracle, LiveReferenceComputedOnThisMachine) {
+  ASSERT_TRUE(g_reference_status->ok()) << *g_reference_status;
+  const std::string capability = g_reference->text("meta/cpu_capability");
+  std::printf("reference computed live: %s", g_script_output->c_str());
+  std::printf("ATen CPU capability: reference %s, this process %s; optimizers on %s: bitwise "
+              "equality required\n",
+              capability.c_str(), at::get_cpu_capability().c_str(), OracleDevice().str().c_str());
+  // Same kernels on both sides, or bitwise equality would be luck.
+  EXPECT_EQ(capability, at::get_cpu_capability());
+  EXPECT_GE(g_reference->lines("cases").size(), 10u);
+}
+
+// "muon/fp32_newton_schulz" -> suite TorchOracle_muon, test fp32_newton_schulz.
+std::pair<std::string, std::string> TestNames(const std::string& case_name) {
+  std::string suite = "TorchOracle_" + case_name.substr(0, case_name.find('/'));
+  std::string test = case_name.substr(case_name.find('/') + 1);
+  for (char& c : test) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return {suite, test};
 }
 
 }  // namespace
 }  // namespace orthoshard::optimizers
+
+int main(int argc, char** argv) {
+  using namespace orthoshard::optimizers;  // NOLINT
+  ::testing::InitGoogleTest(&argc, argv);
+  at::set_num_threads(1);
+  g_reference = new Reference();
+  g_script_output = new std::string();
+  g_reference_status = new absl::Status(ComputeReference());
+  if (g_reference_status->ok()) {
+    for (const std::string& name : g_reference->lines("cases")) {
+      const auto [suite, test] = TestNames(name);
+      ::testing::RegisterTest(suite.c_str(), test.c_str(), nullptr, name.c_str(), __FILE__,
+                              __LINE__, [name]() -> ::testing::Test* {
+                                return new OracleCaseTest(name);
+                              });
+    }
+  }
+  return RUN_ALL_TESTS();
+}

@@ -14,7 +14,7 @@ import sys
 try:
     import torch
     from safetensors import safe_open
-except ImportError as e:  # reported by the C++ test as a skip reason
+except ImportError as e:  # the C++ test fails and prints this
     print(f"import failed: {e}", file=sys.stderr)
     sys.exit(3)
 
