@@ -75,6 +75,7 @@ absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
 StepResult DecideStep(const ChainedConfig& config, const GradStats& global, bool any_nonfinite,
                       int64_t steps_taken) {
   StepResult result;
+  result.stats = global;
   const bool include_muon = config.clip_mode == ClipMode::kAllBeforeMomentum;
   result.grad_norm =
       std::sqrt(global.adamw_sum_squares + (include_muon ? global.muon_sum_squares : 0.0));

@@ -60,6 +60,7 @@ struct StepResult {
   double grad_norm = 0.0;      // the norm clipping looked at (see ClipMode)
   double clip_scale = 1.0;     // factor applied to the clipped gradients (1 = not clipped)
   double lr_multiplier = 1.0;  // schedule factor used (0 when skipped)
+  GradStats stats;             // the global sums of squares the decision was made from
 };
 
 // The clip-and-skip decision of one chained step (local or distributed) from the global sums of

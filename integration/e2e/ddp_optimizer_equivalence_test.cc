@@ -4,12 +4,15 @@
 // gradient hooks and DDP's pre-forward hook in the model's forward, in every combination of
 // sharded / replicated optimizer mode, overlap_grad_reduce on/off, overlap_param_gather on/off and
 // 1 or 2 micro-batches, on a model with 4 Muon matrices and one with 2 (dp 3 and 4 exceed it).
-// Each rank checks: params bitwise equal across ranks; within 2e-5 of a single-process
-// ChainedOptimizer run on the whole batch (summation order differs; measured max 2.38e-7, and
-// bitwise at 1 rank with 1 micro-batch; see the worker's comment); the overlap paths really ran
-// (reduce-scatters launched during backward, gathers waited on by the hook); each Muon matrix owned
-// by exactly one rank; every overlap variant bitwise equal to the no-overlap run of the same mode
-// and micro count.
+// Each rank checks, against a single-process reference stepped alongside (see the worker's
+// comment for the derivations), on any CPU: at every step the mean gradient bitwise equal to N
+// simulated ranks' at N <= 2 and within 2 gamma(N - 1) sum_r |x_r| at N >= 3 (only the order of
+// the cross-rank sum differs); the params after every step bitwise equal to the reference's given
+// the same gradient and statistics (bf16 Newton-Schulz included); the global sum of squares within
+// its summation bound; params bitwise equal across ranks; at 1 rank with 1 micro-batch bitwise
+// equal to plain single-process training; the overlap paths really ran; each Muon matrix owned by
+// one rank; every overlap variant bitwise equal to the no-overlap run of the same mode and micro
+// count; some steps clipped.
 #include <string>
 #include <vector>
 
