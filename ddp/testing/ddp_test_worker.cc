@@ -6,12 +6,13 @@
 // the end; exits 1 with the difference otherwise.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -123,26 +124,39 @@ at::Tensor Loss(const Model& model, const std::vector<at::Tensor>& params, const
   return model.forward(params, x).sub(0.1).pow(2).sum().div(norm);
 }
 
-// Mean over `world` ranks of each rank's gradient on its `micro` micro-batches taken as one big
-// batch: [param] -> flat fp32.
-std::vector<at::Tensor> ReferenceMeanGrads(const Model& model, int world, int micro) {
-  std::vector<at::Tensor> sum;
+// The mean gradient as `world` ranks of `micro` micro-batches compute it, per param as flat fp32:
+// each rank's micro-batches backward one at a time, accumulated in fp32 as the grad buffer does
+// (a bf16 param's gradient promoted), times 1/world as DDP pre-scales (x_r), summed in rank order;
+// and sum_r |x_r|, the scale of the bound on another summation order (CheckGradShards).
+struct ReferenceGrads {
+  std::vector<at::Tensor> mean;
+  std::vector<at::Tensor> abs_sum;
+};
+ReferenceGrads ReferenceMeanGrads(const Model& model, int world, int micro) {
+  ReferenceGrads ref;
   for (int r = 0; r < world; ++r) {
     std::vector<at::Tensor> params = MakeParams(model);
-    std::vector<at::Tensor> inputs;
-    for (int m = 0; m < micro; ++m) inputs.push_back(Input(model, r, m));
-    Loss(model, params, at::cat(inputs), kBatch * micro).backward();
+    std::vector<at::Tensor> acc;
+    for (const at::Tensor& p : params) acc.push_back(at::zeros({p.numel()}, at::kFloat));
+    for (int m = 0; m < micro; ++m) {
+      Loss(model, params, Input(model, r, m), kBatch * micro).backward();
+      for (size_t i = 0; i < params.size(); ++i) {
+        acc[i].add_(params[i].grad().to(at::kFloat).flatten());
+        params[i].mutable_grad() = at::Tensor();
+      }
+    }
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor g = params[i].grad().to(at::kFloat).flatten();
+      const at::Tensor x = world > 1 ? acc[i].mul(1.0 / world) : acc[i];
       if (r == 0) {
-        sum.push_back(g);
+        ref.mean.push_back(x.clone());
+        ref.abs_sum.push_back(x.abs());
       } else {
-        sum[i] = sum[i].add(g);
+        ref.mean[i].add_(x);
+        ref.abs_sum[i].add_(x.abs());
       }
     }
   }
-  for (at::Tensor& g : sum) g = g.div(world);
-  return sum;
+  return ref;
 }
 
 layout::FullParamLayout Plan(const Model& model, int world) {
@@ -195,31 +209,45 @@ absl::Status Step(const Model& model, Run& run, int rank, int micro) {
   return run.ddp->FinishGradSync();
 }
 
-// Every shard of this rank equals the reference mean gradient (zero on padding), within
-// tol * max(1, max |expected|) per shard; tol is picked by the buffer's param dtype.
-absl::Status CheckGradShards(const DistributedDataParallel& ddp, const std::vector<at::Tensor>& ref,
-                             int rank, double tol_fp32, double tol_bf16) {
+// Every shard of this rank equals the reference mean gradient (zero on padding). Each addend x_r
+// is bitwise the same here and on rank r (same ops, shapes and machine); only Gloo's order of the
+// cross-rank sum may differ. A sum of two addends has one rounding whatever the order, so at
+// world <= 2 the shards must be bitwise equal. Any order or tree of world - 1 fp32 additions is
+// within gamma(world - 1) sum_r |x_r| of the exact sum (Higham, "Accuracy and Stability of
+// Numerical Algorithms", 4.2; gamma(k) = k u / (1 - k u), u = 2^-24), so at world >= 3 two orders
+// differ by at most 2 gamma(world - 1) sum_r |x_r| per element. A dropped micro-batch, a missing
+// rank or a wrong scale is off by a whole addend.
+absl::Status CheckGradShards(const DistributedDataParallel& ddp, const ReferenceGrads& ref,
+                             int rank, int world) {
+  const double u = std::ldexp(1.0, -24);
+  const double bound_factor = world <= 2 ? 0.0 : 2.0 * (world - 1) * u / (1.0 - (world - 1) * u);
   for (int b = 0; b < ddp.num_buffers(); ++b) {
     const buffers::ParamAndGradBuffer& buf = ddp.buffer(b);
     const layout::PerBufferParamLayout& lay = buf.layout();
-    const double tol = lay.key.param_dtype == DType::kBFloat16 ? tol_bf16 : tol_fp32;
     for (int k = 0; k < buf.num_buckets(); ++k) {
       const auto [s, e] = lay.ShardRange(k, rank);
+      if (e == s) continue;
       at::Tensor expected = at::zeros({e - s}, at::kFloat);
+      at::Tensor bound = at::zeros({e - s}, at::kFloat);
       for (const layout::ParamPlacement& p : lay.params) {
         const int64_t lo = std::max(s, p.start), hi = std::min(e, p.end);
         if (lo >= hi) continue;
         expected.narrow(0, lo - s, hi - lo)
-            .copy_(ref[p.param_index].narrow(0, lo - p.start, hi - lo));
+            .copy_(ref.mean[p.param_index].narrow(0, lo - p.start, hi - lo));
+        bound.narrow(0, lo - s, hi - lo)
+            .copy_(ref.abs_sum[p.param_index].narrow(0, lo - p.start, hi - lo));
       }
-      at::Tensor actual = buf.grad_data().narrow(0, s, e - s).to(at::kFloat);
-      if (e == s) continue;
-      const double diff = actual.sub(expected).abs().max().item<double>();
-      const double scale = std::max(1.0, expected.abs().max().item<double>());
-      if (diff > tol * scale) {
-        return absl::InternalError(absl::StrCat("buffer ", lay.key.ToString(), " bucket ", k,
-                                                " shard ", rank, ": max |diff| ", diff, " exceeds ",
-                                                tol * scale));
+      const at::Tensor actual = buf.grad_data().narrow(0, s, e - s).to(at::kFloat);
+      const at::Tensor diff = actual.sub(expected).abs();
+      const bool ok = world <= 2 ? at::equal(actual, expected)
+                                 : diff.le(bound.mul(bound_factor)).all().item<bool>();
+      if (!ok) {
+        return absl::InternalError(absl::StrCat(
+            "buffer ", lay.key.ToString(), " bucket ", k, " shard ", rank, ": max |diff| ",
+            diff.max().item<double>(), " from the reference mean gradient, ",
+            world <= 2 ? "expected bitwise equality"
+                       : absl::StrCat("over 2 gamma(", world - 1, ") sum_r |x_r| (up to ",
+                                      bound.max().item<double>() * bound_factor, ")")));
       }
     }
   }
@@ -277,7 +305,7 @@ absl::Status CheckGradEvents(const Run& run, bool overlap) {
 
 absl::Status GradSyncPhase(const Model& model, int world, int rank, Communicator* comm,
                            Communicator* expert_comm) {
-  const std::vector<at::Tensor> ref = ReferenceMeanGrads(model, world, 1);
+  const ReferenceGrads ref = ReferenceMeanGrads(model, world, 1);
   // Overlap off, on, and on with two buckets per group.
   std::unique_ptr<Run> runs[3];
   for (int i = 0; i < 3; ++i) {
@@ -288,25 +316,24 @@ absl::Status GradSyncPhase(const Model& model, int world, int rank, Communicator
     for (int step = 0; step < 2; ++step) {  // the second step proves the reset between steps
       RETURN_IF_ERROR(Step(model, *runs[i], rank, 1));
       RETURN_IF_ERROR(CheckGradEvents(*runs[i], i > 0));
-      RETURN_IF_ERROR(CheckGradShards(*runs[i]->ddp, ref, rank, 1e-5, 1e-5));
+      RETURN_IF_ERROR(CheckGradShards(*runs[i]->ddp, ref, rank, world));
     }
   }
   RETURN_IF_ERROR(CheckShardsBitwise(*runs[0]->ddp, *runs[1]->ddp, rank));
   return CheckShardsBitwise(*runs[0]->ddp, *runs[2]->ddp, rank);
 }
 
-// Three micro-batches, accumulated, against one batch of all three. fp32: reassociated sums
-// (1e-4); bf16 params: the big batch's gradient is rounded to bf16 once, the accumulated one per
-// micro-batch (3e-2, a few bf16 ulps).
+// Three micro-batches accumulated in the grad buffer (fp32 grads for the bf16 params too), against
+// the reference accumulating them the same way.
 absl::Status AccumulationPhase(const Model& model, int world, int rank, Communicator* comm,
                                Communicator* expert_comm) {
   constexpr int kMicro = 3;
-  const std::vector<at::Tensor> ref = ReferenceMeanGrads(model, world, kMicro);
+  const ReferenceGrads ref = ReferenceMeanGrads(model, world, kMicro);
   DdpConfig config;
   config.overlap_grad_reduce = true;
   ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(model, world, config, comm, expert_comm));
   RETURN_IF_ERROR(Step(model, *run, rank, kMicro));
-  return CheckGradShards(*run->ddp, ref, rank, 1e-4, 3e-2);
+  return CheckGradShards(*run->ddp, ref, rank, world);
 }
 
 at::Tensor ExpectedParams(const buffers::ParamAndGradBuffer& buf, int b) {

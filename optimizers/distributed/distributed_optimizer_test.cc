@@ -9,8 +9,10 @@
 //                equal to the single-process ChainedOptimizer with the same splits
 //   idle         2 Muon matrices at dp 3 and 4: ranks owning none stay consistent
 //   nonfinite    a NaN gradient on one rank: every rank skips, params and state bitwise unchanged
-//   clip         clipping by the global norm (one all-reduce): norm equal to the single-process one
-//                to 1e-6 relative (per-tensor norms are fp32, over slices), params within 1e-5 (the norm's summation order differs)
+//   clip         clipping by the global norm (one all-reduce): the norm within 2^-22 relative of
+//                the single-process one (per-slice sums of squares are exact, each slice rounds
+//                one fp32 sqrt; see the worker), and given the agreed statistics the reference's
+//                params bitwise equal
 //   export/import  state exported at dp 2 (3), imported from model-space records at dp 3 (2):
 //                the next 3 steps equal the single-process 6-step trajectory bitwise; also a
 //                sharded export resumed in replicated mode (import_replicated)

@@ -83,6 +83,10 @@ std::vector<at::Tensor> MakeModelParams(const std::vector<ParamSpec>& specs) {
   return params;
 }
 
+// Multiples of 2^-6 in [-1, 1]: their sums over ranks, and the sums of their squares over any
+// slice of a tensor, are exact in fp32 in any order (the largest sum of squares here, 198, stays far
+// below 2^24 * 2^-12), so the distributed and single-process gradients and per-slice sums of squares
+// are bitwise equal whatever Gloo's summation order and wherever the shards are cut.
 at::Tensor RankGrad(const ParamSpec& spec, int index, int rank, int step) {
   at::Tensor g = Wave(spec.numel(), 0.37 + 0.01 * rank, index * 13.0 + rank * 7.0 + step * 3.0);
   return at::round(g.mul_(64.0)).div_(64.0).view(spec.shape);
@@ -155,12 +159,13 @@ absl::StatusOr<std::unique_ptr<Reference>> Reference::Create(
   return ref;
 }
 
-absl::StatusOr<StepResult> Reference::Step(int dp, int step, int nan_param) {
+absl::StatusOr<StepResult> Reference::Step(int dp, int step, int nan_param,
+                                           const GradStats* global) {
   for (size_t i = 0; i < specs_.size(); ++i) {
     grads_[i].copy_(MeanGrad(specs_[i], static_cast<int>(i), dp, step));
   }
   if (nan_param >= 0) grads_[nan_param].view({-1})[0].fill_(std::nan(""));
-  return optimizer_->Step();
+  return global != nullptr ? optimizer_->StepWithStats(*global) : optimizer_->Step();
 }
 
 }  // namespace orthoshard::optimizers::distributed::testing

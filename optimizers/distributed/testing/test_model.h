@@ -68,8 +68,10 @@ class Reference {
       const std::vector<layout::ParamSpec>& specs, const ChainedConfig& config,
       const std::map<std::string, FusedSplit>& splits = {});
   // Sets every gradient to MeanGrad(dp, step) and steps. `nan_param` >= 0 puts a NaN into that
-  // param's gradient.
-  absl::StatusOr<StepResult> Step(int dp, int step, int nan_param = -1);
+  // param's gradient. `global`, when given, are the statistics to clip and skip by (a distributed
+  // optimizer's StepResult::stats) instead of the reference's own sums of squares.
+  absl::StatusOr<StepResult> Step(int dp, int step, int nan_param = -1,
+                                  const GradStats* global = nullptr);
   const std::vector<at::Tensor>& params() const { return params_; }
   ChainedOptimizer& optimizer() { return *optimizer_; }
 
