@@ -17,6 +17,7 @@ namespace {
 
 using ::orthoshard::checkpoint::testing::RecordBytes;
 using ::orthoshard::checkpoint::testing::ScratchDir;
+using ::orthoshard::checkpoint::testing::UnvalidatedManifestFile;
 using ::orthoshard::checkpoint::testing::SmallModel;
 using ::orthoshard::checkpoint::testing::TestCheckpointOptions;
 using ::orthoshard::checkpoint::testing::TestTensor;
@@ -121,7 +122,8 @@ TEST(CheckpointReaderTest, UnknownFormatVersionAndMissingPointer) {
   const std::string dir = JoinPath(root, "step_000002");
   ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(dir));
   manifest.set_format_version(2);
-  ASSERT_OK(WriteFileAtomically(JoinPath(dir, kManifestFileName), manifest.SerializeAsString()));
+  ASSERT_OK(
+      WriteFileAtomically(JoinPath(dir, kManifestFileName), UnvalidatedManifestFile(manifest)));
   EXPECT_THAT(CheckpointReader::Open(root),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("format version 2 is not supported; this build reads version 1")));

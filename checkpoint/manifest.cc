@@ -5,6 +5,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/crc32c.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors.h"
 #include "common/status_macros.h"
@@ -12,6 +14,10 @@
 
 namespace orthoshard::checkpoint {
 namespace {
+
+// The file trailer: CRC-32C of the serialized manifest (u32 little-endian), then this magic.
+constexpr char kTrailerMagic[] = "OSM1";
+constexpr size_t kTrailerSize = 8;
 
 absl::Status RecordError(absl::string_view source, const TensorRecord& record,
                          absl::string_view what) {
@@ -68,26 +74,56 @@ absl::Status ValidateManifest(const Manifest& manifest, absl::string_view source
   return absl::OkStatus();
 }
 
-absl::Status WriteManifest(const std::string& dir, const Manifest& manifest) {
-  const std::string path = JoinPath(dir, kManifestFileName);
-  RETURN_IF_ERROR(ValidateManifest(manifest, path));
+absl::StatusOr<std::string> EncodeManifestFile(const Manifest& manifest,
+                                               absl::string_view source) {
+  RETURN_IF_ERROR(ValidateManifest(manifest, source));
   std::string bytes;
   if (!manifest.SerializeToString(&bytes)) {
-    return absl::InternalError(absl::StrCat("manifest ", path, ": serialization failed"));
+    return absl::InternalError(absl::StrCat("manifest ", source, ": serialization failed"));
   }
+  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+  for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+  bytes.append(kTrailerMagic, 4);
+  return bytes;
+}
+
+absl::StatusOr<Manifest> DecodeManifestFile(absl::string_view bytes, absl::string_view source) {
+  if (bytes.size() < kTrailerSize ||
+      bytes.substr(bytes.size() - 4) != absl::string_view(kTrailerMagic, 4)) {
+    return absl::DataLossError(absl::StrCat(
+        "manifest ", source, ": no checksum trailer (the file is truncated or corrupt, or was "
+        "written by an orthoshard without manifest checksums)"));
+  }
+  const absl::string_view payload = bytes.substr(0, bytes.size() - kTrailerSize);
+  uint32_t stored = 0;
+  for (int i = 0; i < 4; ++i) {
+    stored |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[payload.size() + i])) << (8 * i);
+  }
+  const uint32_t actual = Crc32c(payload.data(), payload.size());
+  if (stored != actual) {
+    return absl::DataLossError(absl::StrFormat(
+        "manifest %s: CRC-32C mismatch (stored %08x, computed %08x over %d bytes): corrupt", source,
+        stored, actual, payload.size()));
+  }
+  Manifest manifest;
+  if (!manifest.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return absl::DataLossError(absl::StrCat("manifest ", source, ": not a valid Manifest protobuf (",
+                                            payload.size(), " bytes)"));
+  }
+  RETURN_IF_ERROR(ValidateManifest(manifest, source));
+  return manifest;
+}
+
+absl::Status WriteManifest(const std::string& dir, const Manifest& manifest) {
+  const std::string path = JoinPath(dir, kManifestFileName);
+  ASSIGN_OR_RETURN(const std::string bytes, EncodeManifestFile(manifest, path));
   return WriteFileAtomically(path, bytes);
 }
 
 absl::StatusOr<Manifest> ReadManifest(const std::string& dir) {
   const std::string path = JoinPath(dir, kManifestFileName);
   ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
-  Manifest manifest;
-  if (!manifest.ParseFromString(bytes)) {
-    return absl::DataLossError(
-        absl::StrCat("manifest ", path, ": not a valid Manifest protobuf (", bytes.size(), " bytes)"));
-  }
-  RETURN_IF_ERROR(ValidateManifest(manifest, path));
-  return manifest;
+  return DecodeManifestFile(bytes, path);
 }
 
 std::string ManifestToText(const Manifest& manifest) {

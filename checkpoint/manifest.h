@@ -4,6 +4,11 @@
 // binary because it round-trips every field exactly (text format would too, but binary is what
 // protobuf guarantees to stay compatible as fields are added) and because `ckpt inspect` prints it
 // as text for people. It is written atomically (temp file + fsync + rename + directory fsync).
+//
+// The file is the serialized Manifest followed by an 8-byte trailer: the CRC-32C of the serialized
+// bytes (u32 little-endian) and the magic "OSM1". Protobuf parses many corrupted byte strings into
+// a valid-looking message (a flipped bit in `step` is another step), so every read checks the CRC
+// first: any single-bit flip, and any burst of up to 32 bits, anywhere in the file is rejected.
 #ifndef ORTHOSHARD_CHECKPOINT_MANIFEST_H_
 #define ORTHOSHARD_CHECKPOINT_MANIFEST_H_
 
@@ -41,8 +46,14 @@ absl::Status ValidateManifest(const Manifest& manifest, absl::string_view source
 absl::Status WriteManifest(const std::string& dir, const Manifest& manifest);
 
 // Reads and validates `dir`/manifest.binpb. Errors: kNotFound naming the path if it is missing;
-// kDataLoss if it does not parse; those of ValidateManifest.
+// kDataLoss if the trailer is missing or its CRC does not match, or it does not parse; those of
+// ValidateManifest.
 absl::StatusOr<Manifest> ReadManifest(const std::string& dir);
+
+// The file contents for `manifest` (serialization + trailer), and the inverse: checks the trailer
+// and CRC, parses and validates; `source` names the file in errors (as ReadManifest's).
+absl::StatusOr<std::string> EncodeManifestFile(const Manifest& manifest, absl::string_view source);
+absl::StatusOr<Manifest> DecodeManifestFile(absl::string_view bytes, absl::string_view source);
 
 // Protobuf text format of `manifest`, for people.
 std::string ManifestToText(const Manifest& manifest);

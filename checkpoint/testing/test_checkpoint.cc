@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "checkpoint/crc32c.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
@@ -26,6 +27,13 @@ std::string ScratchDir(const std::string& suffix) {
   EXPECT_TRUE(RemoveRecursively(dir).ok());
   EXPECT_TRUE(MakeDir(dir).ok());
   return dir;
+}
+
+std::string UnvalidatedManifestFile(const Manifest& manifest) {
+  std::string bytes = manifest.SerializeAsString();
+  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+  for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+  return bytes + "OSM1";
 }
 
 std::vector<uint8_t> DeterministicBytes(uint64_t seed, size_t count) {

@@ -46,6 +46,10 @@ absl::Status WriteTestCheckpoint(const std::string& root, int64_t step,
                                  const std::vector<TestTensor>& model,
                                  const TestCheckpointOptions& options = {});
 
+// The manifest.binpb bytes of `manifest` (serialization + CRC trailer) without validating it, as a
+// build with another format version would write them.
+std::string UnvalidatedManifestFile(const Manifest& manifest);
+
 // Writes shards and manifest of a checkpoint into `dir` without committing (the body of
 // WriteTestCheckpoint). Returns the manifest written.
 absl::StatusOr<Manifest> WriteTestCheckpointFiles(const std::string& dir, int64_t step,
