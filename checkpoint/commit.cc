@@ -18,10 +18,17 @@ namespace {
 
 constexpr absl::string_view kStepPrefix = "step_";
 constexpr absl::string_view kTmpSuffix = ".tmp";
+constexpr absl::string_view kReplacedSuffix = ".replaced";
 
 // The step dir name `latest` names, or nullopt if there is no pointer file.
 absl::StatusOr<std::optional<std::string>> ReadLatestName(const std::string& root) {
   const std::string pointer = JoinPath(root, kLatestFileName);
+  absl::StatusOr<bool> is_dir = IsDirectory(pointer);
+  if (is_dir.ok() && *is_dir) {
+    return absl::DataLossError(absl::StrCat("checkpoint root ", root, ": pointer file ", pointer,
+                                            " is a directory, expected a file naming a step "
+                                            "directory (e.g. \"step_000123\")"));
+  }
   absl::StatusOr<std::string> contents = ReadFileToString(pointer);
   if (absl::IsNotFound(contents.status())) return std::optional<std::string>();
   if (!contents.ok()) return contents.status();
@@ -49,15 +56,25 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name) {
   return step;
 }
 
+namespace {
+
+// kAlreadyExists if `latest` names step `step`: that checkpoint is the one a run resumes from.
+absl::Status CheckNotLatest(const std::string& root, int64_t step) {
+  ASSIGN_OR_RETURN(std::optional<std::string> latest, ReadLatestName(root));
+  if (latest.has_value() && *latest == StepDirName(step)) {
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint ", JoinPath(root, *latest),
+                                                 " is already committed and named by `latest`"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step is ", step, ", expected >= 0"));
   RETURN_IF_ERROR(MakeDir(root));
+  RETURN_IF_ERROR(CheckNotLatest(root, step));
   const std::string final_dir = JoinPath(root, StepDirName(step));
-  ASSIGN_OR_RETURN(bool committed, PathExists(final_dir));
-  if (committed) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("checkpoint ", final_dir, " is already committed"));
-  }
   const std::string tmp_dir = final_dir + std::string(kTmpSuffix);
   RETURN_IF_ERROR(RemoveRecursively(tmp_dir));
   RETURN_IF_ERROR(MakeDir(tmp_dir));
@@ -68,18 +85,22 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t ste
 absl::Status CommitCheckpoint(const std::string& root, int64_t step, const CommitOptions& options) {
   const std::string final_dir = JoinPath(root, StepDirName(step));
   const std::string tmp_dir = final_dir + std::string(kTmpSuffix);
-  ASSIGN_OR_RETURN(bool committed, PathExists(final_dir));
-  if (committed) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("checkpoint ", final_dir, " is already committed"));
-  }
+  RETURN_IF_ERROR(CheckNotLatest(root, step));
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(tmp_dir));
   for (const std::string& name : names) RETURN_IF_ERROR(SyncFile(JoinPath(tmp_dir, name)));
   RETURN_IF_ERROR(SyncDir(tmp_dir));
+  // An abandoned step_N (see commit.h) is moved aside, not deleted, until `latest` names the new one.
+  const std::string replaced = final_dir + std::string(kReplacedSuffix);
+  ASSIGN_OR_RETURN(const bool abandoned, PathExists(final_dir));
+  if (abandoned) {
+    RETURN_IF_ERROR(RemoveRecursively(replaced));
+    RETURN_IF_ERROR(Rename(final_dir, replaced));
+  }
   RETURN_IF_ERROR(Rename(tmp_dir, final_dir));
   RETURN_IF_ERROR(SyncDir(root));
   RETURN_IF_ERROR(
       WriteFileAtomically(JoinPath(root, kLatestFileName), StepDirName(step) + "\n"));
+  if (abandoned) RETURN_IF_ERROR(RemoveRecursively(replaced));
   return GarbageCollect(root, options.keep_last);
 }
 
@@ -96,22 +117,42 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& root) {
   return steps;
 }
 
+absl::StatusOr<std::vector<int64_t>> CheckpointsNewerThanLatest(const std::string& root) {
+  ASSIGN_OR_RETURN(std::optional<std::string> latest, ReadLatestName(root));
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCheckpoints(root));
+  if (!latest.has_value()) return steps;
+  const int64_t latest_step = *ParseStepDirName(*latest);
+  std::vector<int64_t> newer;
+  for (int64_t step : steps) {
+    if (step > latest_step) newer.push_back(step);
+  }
+  return newer;
+}
+
 absl::Status GarbageCollect(const std::string& root, int keep_last) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   for (const std::string& name : names) {
-    if (absl::EndsWith(name, kTmpSuffix) &&
-        ParseStepDirName(absl::string_view(name).substr(0, name.size() - kTmpSuffix.size()))) {
-      RETURN_IF_ERROR(RemoveRecursively(JoinPath(root, name)));
+    for (absl::string_view suffix : {kTmpSuffix, kReplacedSuffix}) {
+      if (absl::EndsWith(name, suffix) &&
+          ParseStepDirName(absl::string_view(name).substr(0, name.size() - suffix.size()))) {
+        RETURN_IF_ERROR(RemoveRecursively(JoinPath(root, name)));
+      }
     }
   }
   if (keep_last <= 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<std::string> latest, ReadLatestName(root));
   ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCheckpoints(root));
-  const size_t keep = static_cast<size_t>(keep_last);
+  if (latest.has_value()) {
+    // Only the timeline up to `latest` is counted; newer checkpoints are abandoned, not old.
+    const int64_t latest_step = *ParseStepDirName(*latest);
+    steps.erase(std::remove_if(steps.begin(), steps.end(),
+                               [&](int64_t step) { return step >= latest_step; }),
+                steps.end());
+  }
+  // `latest`'s own checkpoint is one of the keep_last.
+  const size_t keep = static_cast<size_t>(keep_last) - (latest.has_value() ? 1 : 0);
   for (size_t i = 0; i + keep < steps.size(); ++i) {
-    const std::string name = StepDirName(steps[i]);
-    if (latest.has_value() && *latest == name) continue;
-    RETURN_IF_ERROR(RemoveRecursively(JoinPath(root, name)));
+    RETURN_IF_ERROR(RemoveRecursively(JoinPath(root, StepDirName(steps[i]))));
   }
   return SyncDir(root);
 }

@@ -9,6 +9,13 @@
 // file-system operations with no barrier of their own; at most one save may be in flight per root
 // (CommitCheckpoint removes other `.tmp` directories as stale). Load: ResolveLatest (or
 // ResolveCheckpointDir for a path that may be either a root or a step directory).
+//
+// `latest` is the truth. A complete step directory that `latest` does not name and that is newer
+// than it (a crash between the rename and the pointer update, or an operator who pointed `latest`
+// back at an older step) belongs to an abandoned timeline: it is left alone, not counted by
+// keep_last, and replaced when a save of the same step commits:
+//   rename step_N → step_N.replaced, rename step_N.tmp → step_N, fsync, move `latest`, remove
+//   step_N.replaced (GarbageCollect removes one left by a crash in between).
 #ifndef ORTHOSHARD_CHECKPOINT_COMMIT_H_
 #define ORTHOSHARD_CHECKPOINT_COMMIT_H_
 
@@ -35,34 +42,42 @@ std::string StepDirName(int64_t step);
 std::optional<int64_t> ParseStepDirName(absl::string_view name);
 
 struct CommitOptions {
-  // Complete checkpoints to keep after a commit (the newest ones); 0 keeps all. The one `latest`
-  // points at is never deleted.
+  // Complete checkpoints up to `latest` to keep after a commit (the newest ones); 0 keeps all.
+  // The one `latest` points at, and any newer one, is never deleted.
   int keep_last = 3;
 };
 
 // Creates `root` if needed and an empty `root`/step_NNNNNN.tmp/ (a leftover one from a crashed save
 // of the same step is removed first). Returns its path. Errors: kInvalidArgument for step < 0;
-// kAlreadyExists if step_NNNNNN/ is already committed; OS errors naming the path.
+// kAlreadyExists if `latest` names step_NNNNNN/; OS errors naming the path.
 absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step);
 
 // Commits step `step`: fsyncs every file in step_NNNNNN.tmp/ and the directory, renames it to
-// step_NNNNNN/, fsyncs `root`, atomically points `latest` at it, then applies `options.keep_last`
-// and removes stale `.tmp` directories. Call on one rank after all ranks finished writing.
-// Errors: kNotFound if the `.tmp` directory is missing; kAlreadyExists if the step is already
-// committed; OS errors naming the path. A failure before the rename leaves `latest` unchanged.
+// step_NNNNNN/ (replacing an abandoned step_NNNNNN/, see above), fsyncs `root`, atomically points
+// `latest` at it, then applies `options.keep_last` and removes stale `.tmp` and `.replaced`
+// directories. Call on one rank after all ranks finished writing. Errors: kNotFound if the `.tmp`
+// directory is missing; kAlreadyExists if `latest` already names the step; OS errors naming the
+// path. A failure before the rename leaves `latest` unchanged.
 absl::Status CommitCheckpoint(const std::string& root, int64_t step,
                               const CommitOptions& options = {});
 
-// Deletes complete checkpoints beyond the newest `keep_last` (never the one `latest` points at)
-// and every `*.tmp` directory. `keep_last` 0 keeps all complete ones. Errors: OS errors.
+// Deletes the complete checkpoints older than `latest` beyond the newest `keep_last` of those up
+// to `latest` (never `latest`'s own, never a newer one) and every `*.tmp` and `*.replaced`
+// directory. `keep_last` 0 keeps all complete ones. Errors: OS errors.
 absl::Status GarbageCollect(const std::string& root, int keep_last);
+
+// Steps of the complete checkpoints newer than the one `latest` names (an abandoned timeline, see
+// above), ascending; all of them when there is no `latest`. Errors: as ResolveLatest for a corrupt
+// pointer; OS errors.
+absl::StatusOr<std::vector<int64_t>> CheckpointsNewerThanLatest(const std::string& root);
 
 // Steps of the complete checkpoints in `root`, ascending. Errors: OS errors.
 absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& root);
 
 // The directory `latest` points at. Errors: kNotFound "checkpoint root R: pointer file R/latest is
-// missing (no committed checkpoint)"; kDataLoss if its contents are not a step directory name;
-// kNotFound "... R/latest points at 'step_000123' but R/step_000123 does not exist" (dangling).
+// missing (no committed checkpoint)"; kDataLoss if its contents are not a step directory name or
+// it is not a regular file; kNotFound "... R/latest points at 'step_000123' but R/step_000123 does
+// not exist" (dangling).
 absl::StatusOr<std::string> ResolveLatest(const std::string& root);
 
 // `path` itself if it holds a manifest, else ResolveLatest(path). Errors: those of ResolveLatest,

@@ -96,18 +96,61 @@ TEST(CommitTest, KeepsTheLastK) {
   EXPECT_THAT(*ListCheckpoints(root), ElementsAre(4, 5, 6));
 }
 
-TEST(CommitTest, NeverDeletesTheCheckpointLatestPointsAt) {
+TEST(CommitTest, NeverDeletesTheCheckpointLatestPointsAtNorNewerOnes) {
   const std::string root = ScratchDir();
   TestCheckpointOptions options;
   options.commit.keep_last = 0;
-  for (int64_t step = 1; step <= 3; ++step) {
+  for (int64_t step = 1; step <= 4; ++step) {
     ASSERT_OK(WriteTestCheckpoint(root, step, SmallModel(), options));
   }
-  // An operator rolled `latest` back to step 1.
-  ASSERT_OK(WriteFileAtomically(JoinPath(root, "latest"), "step_000001\n"));
+  // An operator rolled `latest` back to step 2: 3 and 4 are an abandoned timeline, 1 is older.
+  ASSERT_OK(WriteFileAtomically(JoinPath(root, "latest"), "step_000002\n"));
+  EXPECT_THAT(*CheckpointsNewerThanLatest(root), ElementsAre(3, 4));
   ASSERT_OK(GarbageCollect(root, 1));
-  EXPECT_THAT(*ListCheckpoints(root), ElementsAre(1, 3));
-  EXPECT_EQ(LoadLatestAndVerify(root), 1);
+  EXPECT_THAT(*ListCheckpoints(root), ElementsAre(2, 3, 4));
+  EXPECT_EQ(LoadLatestAndVerify(root), 2);
+}
+
+// A crash between the rename of step_000004.tmp and the update of `latest` leaves step_000004/
+// complete but unnamed (made here by hand: the same files on disk). A resumed run follows `latest`
+// (step 3), trains to step 4 again and saves it: the save replaces the abandoned step_000004/
+// instead of failing every time with "already committed" (a crash loop), and keep_last counts
+// only the timeline up to `latest`.
+TEST(CommitTest, ASaveReplacesAnAbandonedCheckpointOfTheSameStep) {
+  const std::string root = ScratchDir();
+  TestCheckpointOptions options;
+  options.commit.keep_last = 2;
+  for (int64_t step = 1; step <= 4; ++step) {
+    ASSERT_OK(WriteTestCheckpoint(root, step, SmallModel(), options));
+  }
+  ASSERT_OK(WriteFileAtomically(JoinPath(root, "latest"), "step_000003\n"));
+  ASSERT_OK(WriteFileAtomically(JoinPath(root, "step_000004/marker"), "the abandoned one"));
+  EXPECT_THAT(*CheckpointsNewerThanLatest(root), ElementsAre(4));
+  ASSERT_OK_AND_ASSIGN(std::string tmp, BeginCheckpoint(root, 4));
+  ASSERT_OK(testing::WriteTestCheckpointFiles(tmp, 4, SmallModel()).status());
+  ASSERT_OK(CommitCheckpoint(root, 4, options.commit));
+  EXPECT_EQ(LoadLatestAndVerify(root), 4);
+  ASSERT_OK_AND_ASSIGN(bool marker, PathExists(JoinPath(root, "step_000004/marker")));
+  EXPECT_FALSE(marker);  // the new checkpoint, not the abandoned one
+  EXPECT_THAT(*CheckpointsNewerThanLatest(root), IsEmpty());
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> names, ListDir(root));
+  EXPECT_THAT(names, ElementsAre("latest", "step_000003", "step_000004"));
+
+  // A crash between moving the abandoned one aside and removing it leaves step_N.replaced: the
+  // next commit's garbage collection removes it.
+  ASSERT_OK(MakeDir(JoinPath(root, "step_000004.replaced")));
+  ASSERT_OK(WriteTestCheckpoint(root, 5, SmallModel(), options));
+  ASSERT_OK_AND_ASSIGN(names, ListDir(root));
+  EXPECT_THAT(names, ElementsAre("latest", "step_000004", "step_000005"));
+}
+
+// `latest` as a directory is a corrupt root (exit 2 at the CLI), not an I/O error.
+TEST(CommitTest, LatestThatIsADirectoryIsDataLoss) {
+  const std::string root = ScratchDir();
+  ASSERT_OK(MakeDir(JoinPath(root, "latest")));
+  EXPECT_THAT(ResolveLatest(root),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(root + "/latest is a directory, expected a file")));
 }
 
 TEST(CommitTest, CleansStaleTmpDirectories) {
