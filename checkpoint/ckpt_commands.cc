@@ -30,6 +30,49 @@ namespace {
 
 absl::Status ArgError(absl::string_view what) { return absl::InvalidArgumentError(what); }
 
+constexpr char kIndexName[] = "model.safetensors.index.json";
+
+// Whether `name` is a file ExportSafetensors writes.
+bool IsExportFile(absl::string_view name) {
+  return name == "model.safetensors" || name == kIndexName ||
+         (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"));
+}
+
+// kFailedPrecondition if `dir` exists and holds anything an export does not write.
+absl::Status CheckReplaceable(const std::string& dir) {
+  ASSIGN_OR_RETURN(const bool exists, PathExists(dir));
+  if (!exists) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool is_dir, IsDirectory(dir));
+  if (!is_dir) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("export --to=", dir, ": exists and is not a directory"));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(dir));
+  for (const std::string& name : names) {
+    if (!IsExportFile(name)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "export --to=", dir, ": holds '", name, "', which no export writes; refusing to replace "
+          "the directory (choose an empty or new one)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The parent directory of `path` ("." for a bare name), for the fsync after renames.
+std::string ParentDir(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
+// Writes the export's files into `dir` (which exists and is empty); returns their names.
+absl::StatusOr<std::vector<std::string>> WriteExportFiles(const std::string& checkpoint_dir,
+                                                          const Manifest& manifest,
+                                                          const std::string& dir,
+                                                          const ExportOptions& options);
+
 absl::Status Inspect(const std::string& dir, std::ostream& out) {
   ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir));
   std::map<std::string, std::pair<int, uint64_t>> files;  // file → (tensors, bytes)
@@ -132,13 +175,49 @@ absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& ch
                                                            const ExportOptions& options) {
   if (options.max_shard_bytes == 0) return ArgError("max_shard_bytes must be > 0");
   ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(checkpoint_dir));
+  const bool has_params =
+      std::any_of(manifest.tensors().begin(), manifest.tensors().end(),
+                  [](const TensorRecord& record) { return record.kind() == kParamKind; });
+  if (!has_params) {
+    return ArgError(absl::StrCat("checkpoint ", checkpoint_dir, " has no records of kind \"",
+                                 kParamKind, "\" to export"));
+  }
+  RETURN_IF_ERROR(CheckReplaceable(out_dir));
+  std::string base = out_dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const std::string staging = base + ".export-tmp", old = base + ".export-old";
+  RETURN_IF_ERROR(RemoveRecursively(staging));  // a crashed export's
+  RETURN_IF_ERROR(MakeDir(staging));
+  absl::StatusOr<std::vector<std::string>> names =
+      WriteExportFiles(checkpoint_dir, manifest, staging, options);
+  if (!names.ok()) {
+    RemoveRecursively(staging).IgnoreError();  // best effort; out_dir is untouched either way
+    return names.status();
+  }
+  RETURN_IF_ERROR(SyncDir(staging));
+  ASSIGN_OR_RETURN(const bool replace, PathExists(base));
+  if (replace) {
+    ASSIGN_OR_RETURN(const bool old_exists, PathExists(old));
+    // A crash after the previous export moved aside but before the new one moved in left the
+    // previous export in .export-old; base is then missing, so replace is false there.
+    if (old_exists) RETURN_IF_ERROR(RemoveRecursively(old));
+    RETURN_IF_ERROR(Rename(base, old));
+  }
+  RETURN_IF_ERROR(Rename(staging, base));
+  RETURN_IF_ERROR(SyncDir(ParentDir(base)));
+  RETURN_IF_ERROR(RemoveRecursively(old));
+  return names;
+}
+
+namespace {
+
+absl::StatusOr<std::vector<std::string>> WriteExportFiles(const std::string& checkpoint_dir,
+                                                          const Manifest& manifest,
+                                                          const std::string& out_dir,
+                                                          const ExportOptions& options) {
   std::vector<const TensorRecord*> params;
   for (const TensorRecord& record : manifest.tensors()) {
     if (record.kind() == kParamKind) params.push_back(&record);
-  }
-  if (params.empty()) {
-    return ArgError(absl::StrCat("checkpoint ", checkpoint_dir, " has no records of kind \"",
-                                 kParamKind, "\" to export"));
   }
   // Greedy packing in manifest order.
   std::vector<std::vector<const TensorRecord*>> shards(1);
@@ -153,7 +232,6 @@ absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& ch
     shard_bytes += record->length();
     total_bytes += record->length();
   }
-  RETURN_IF_ERROR(MakeDir(out_dir));
   std::vector<std::string> names;
   for (size_t i = 0; i < shards.size(); ++i) {
     names.push_back(shards.size() == 1
@@ -199,10 +277,11 @@ absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& ch
     first = false;
   }
   index += "\n  }\n}\n";
-  const std::string index_name = "model.safetensors.index.json";
-  RETURN_IF_ERROR(WriteFileAtomically(JoinPath(out_dir, index_name), index));
-  names.push_back(index_name);
+  RETURN_IF_ERROR(WriteFileAtomically(JoinPath(out_dir, kIndexName), index));
+  names.push_back(kIndexName);
   return names;
 }
+
+}  // namespace
 
 }  // namespace orthoshard::checkpoint

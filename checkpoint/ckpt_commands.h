@@ -49,11 +49,20 @@ struct ExportOptions {
 };
 
 // Writes every record of kind "param" of the checkpoint in `checkpoint_dir` (CRC-checked while
-// read) to `out_dir` (created if missing) as safetensors with metadata {"format": "pt"}; one file
-// `model.safetensors` if all fit in one shard, else `model-0000i-of-0000K.safetensors` plus
-// `model.safetensors.index.json` = {"metadata": {"total_size": bytes}, "weight_map": {name: file}}.
-// Returns the file names written. Errors: kInvalidArgument for max_shard_bytes == 0 or a manifest
-// without params; those of ReadManifest, ReadRecord (kDataLoss naming file and tensor) and I/O.
+// read) to `out_dir` as safetensors with metadata {"format": "pt"}; one file `model.safetensors` if
+// all fit in one shard, else `model-0000i-of-0000K.safetensors` plus `model.safetensors.index.json`
+// = {"metadata": {"total_size": bytes}, "weight_map": {name: file}}. Returns the file names
+// written.
+//
+// All or nothing: the files are written and fsynced in a sibling staging directory
+// `out_dir`.export-tmp, which then replaces `out_dir` by two renames (a previous export is moved to
+// `out_dir`.export-old first and removed last), so `out_dir` holds either the previous export
+// whole or this one whole, never a truncated file, shards without their index or the files of two
+// exports side by side. A crash in between leaves the previous export in .export-old, which the
+// next export cleans up. `out_dir` must be missing, empty, or hold only files an export writes.
+// Errors: kInvalidArgument for max_shard_bytes == 0 or a manifest without params;
+// kFailedPrecondition naming a file in `out_dir` that no export writes (nothing is touched); those
+// of ReadManifest, ReadRecord (kDataLoss naming file and tensor) and I/O (`out_dir` unchanged).
 absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& checkpoint_dir,
                                                            const std::string& out_dir,
                                                            const ExportOptions& options = {});

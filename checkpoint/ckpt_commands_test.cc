@@ -206,6 +206,49 @@ TEST(CkptTest, ExportsHuggingFaceShardsWithAnIndex) {
   EXPECT_EQ(weight_map->Find("final_norm.bias")->string_value, "model-00003-of-00003.safetensors");
 }
 
+// Export is all or nothing: a sharded export over a previous single-file one leaves only the
+// shards and their index (no stale model.safetensors beside them); an export that fails mid-way
+// (a corrupt param in the second of three shards) leaves the previous export byte for byte, with
+// no staging directory; a directory holding anything an export does not write is refused untouched.
+TEST(CkptTest, ExportReplacesAPreviousExportWholeOrNotAtAll) {
+  const std::string root = ScratchDir();
+  ASSERT_OK(WriteTestCheckpoint(root, 4, SmallModel()));
+  const std::string parent = ScratchDir("_out");
+  const std::string out_dir = JoinPath(parent, "export");
+  ASSERT_OK(RunCkpt({"export", root, "--to=" + out_dir}));
+  ASSERT_OK(RunCkpt({"export", root, "--to=" + out_dir, "--max_shard_bytes=1024"}));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> files, ListDir(out_dir));
+  EXPECT_THAT(files, ElementsAre("model-00001-of-00003.safetensors",
+                                 "model-00002-of-00003.safetensors",
+                                 "model-00003-of-00003.safetensors",
+                                 "model.safetensors.index.json"));
+  ASSERT_OK(RunCkpt({"export", root, "--to=" + out_dir}));
+  ASSERT_OK_AND_ASSIGN(files, ListDir(out_dir));
+  EXPECT_THAT(files, ElementsAre("model.safetensors"));
+  ASSERT_OK_AND_ASSIGN(const std::string good,
+                       ReadFileToString(JoinPath(out_dir, "model.safetensors")));
+
+  // The second shard's first param (fc1, in rank0's file) is corrupt: shard 1 is already written
+  // when the export fails.
+  FlipBit(JoinPath(root, "step_000004/rank0.safetensors"), "layers.0.mlp.fc1.weight");
+  EXPECT_THAT(RunCkpt({"export", root, "--to=" + out_dir, "--max_shard_bytes=1024"}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("layers.0.mlp.fc1.weight")));
+  ASSERT_OK_AND_ASSIGN(files, ListDir(out_dir));
+  EXPECT_THAT(files, ElementsAre("model.safetensors"));
+  ASSERT_OK_AND_ASSIGN(const std::string after,
+                       ReadFileToString(JoinPath(out_dir, "model.safetensors")));
+  EXPECT_EQ(after, good);
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> siblings, ListDir(parent));
+  EXPECT_THAT(siblings, ElementsAre("export"));
+
+  ASSERT_OK(WriteFileAtomically(JoinPath(out_dir, "notes.txt"), "mine"));
+  EXPECT_THAT(RunCkpt({"export", JoinPath(root, "step_000004"), "--to=" + out_dir}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("holds 'notes.txt', which no export writes")));
+  ASSERT_OK_AND_ASSIGN(files, ListDir(out_dir));
+  EXPECT_THAT(files, ElementsAre("model.safetensors", "notes.txt"));
+}
+
 TEST(CkptTest, ExportRejectsAZeroShardLimit) {
   const std::string root = ScratchDir();
   ASSERT_OK(WriteTestCheckpoint(root, 4, SmallModel()));
