@@ -1,6 +1,12 @@
 #include "checkpoint/commit.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -9,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
 #include "common/status_macros.h"
@@ -19,6 +27,7 @@ namespace {
 constexpr absl::string_view kStepPrefix = "step_";
 constexpr absl::string_view kTmpSuffix = ".tmp";
 constexpr absl::string_view kReplacedSuffix = ".replaced";
+constexpr char kLockFileName[] = ".lock";
 
 // The step dir name `latest` names, or nullopt if there is no pointer file.
 absl::StatusOr<std::optional<std::string>> ReadLatestName(const std::string& root) {
@@ -58,12 +67,22 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name) {
 
 namespace {
 
-// kAlreadyExists if `latest` names step `step`: that checkpoint is the one a run resumes from.
-absl::Status CheckNotLatest(const std::string& root, int64_t step) {
+// kAlreadyExists if `latest` names step `step` (that checkpoint is the one a run resumes from) or
+// something that is not a directory stands where its directory would go.
+absl::Status CheckReplaceable(const std::string& root, int64_t step) {
   ASSIGN_OR_RETURN(std::optional<std::string> latest, ReadLatestName(root));
+  const std::string final_dir = JoinPath(root, StepDirName(step));
   if (latest.has_value() && *latest == StepDirName(step)) {
-    return absl::AlreadyExistsError(absl::StrCat("checkpoint ", JoinPath(root, *latest),
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint ", final_dir,
                                                  " is already committed and named by `latest`"));
+  }
+  ASSIGN_OR_RETURN(const bool exists, PathExists(final_dir));
+  if (exists) {
+    ASSIGN_OR_RETURN(const bool is_dir, IsDirectory(final_dir));
+    if (!is_dir) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(final_dir, " exists and is not a checkpoint directory"));
+    }
   }
   return absl::OkStatus();
 }
@@ -73,7 +92,7 @@ absl::Status CheckNotLatest(const std::string& root, int64_t step) {
 absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step is ", step, ", expected >= 0"));
   RETURN_IF_ERROR(MakeDir(root));
-  RETURN_IF_ERROR(CheckNotLatest(root, step));
+  RETURN_IF_ERROR(CheckReplaceable(root, step));
   const std::string final_dir = JoinPath(root, StepDirName(step));
   const std::string tmp_dir = final_dir + std::string(kTmpSuffix);
   RETURN_IF_ERROR(RemoveRecursively(tmp_dir));
@@ -85,7 +104,7 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t ste
 absl::Status CommitCheckpoint(const std::string& root, int64_t step, const CommitOptions& options) {
   const std::string final_dir = JoinPath(root, StepDirName(step));
   const std::string tmp_dir = final_dir + std::string(kTmpSuffix);
-  RETURN_IF_ERROR(CheckNotLatest(root, step));
+  RETURN_IF_ERROR(CheckReplaceable(root, step));
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(tmp_dir));
   for (const std::string& name : names) RETURN_IF_ERROR(SyncFile(JoinPath(tmp_dir, name)));
   RETURN_IF_ERROR(SyncDir(tmp_dir));
@@ -173,6 +192,58 @@ absl::StatusOr<std::string> ResolveLatest(const std::string& root) {
   }
   if (!is_dir.ok()) return is_dir.status();
   return dir;
+}
+
+RootLock& RootLock::operator=(RootLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+RootLock::~RootLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+absl::StatusOr<RootLock> LockRoot(const std::string& root, absl::string_view holder) {
+  RETURN_IF_ERROR(MakeDir(root));
+  const std::string path = JoinPath(root, kLockFileName);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("open(", path, "): ", std::strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    std::string who(512, '\0');
+    const ssize_t n = ::pread(fd, who.data(), who.size(), 0);
+    ::close(fd);
+    if (error != EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("flock(", path, "): ", std::strerror(error)));
+    }
+    who.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint root ", root, " is in use by another run (",
+        who.empty() ? std::string("holder unknown") : std::string(absl::StripAsciiWhitespace(who)),
+        "); wait for it to end or choose another directory"));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string who =
+      absl::StrCat("pid ", ::getpid(), " on host ", host, " since ",
+                   absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone()),
+                   ": ", holder, "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) < 0) {
+    const int error = errno;
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("write(", path, "): ", std::strerror(error)));
+  }
+  return RootLock(fd, path);
 }
 
 absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {

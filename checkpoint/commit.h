@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,15 +50,16 @@ struct CommitOptions {
 
 // Creates `root` if needed and an empty `root`/step_NNNNNN.tmp/ (a leftover one from a crashed save
 // of the same step is removed first). Returns its path. Errors: kInvalidArgument for step < 0;
-// kAlreadyExists if `latest` names step_NNNNNN/; OS errors naming the path.
+// kAlreadyExists if `latest` names step_NNNNNN/ or a non-directory stands at step_NNNNNN; OS
+// errors naming the path.
 absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step);
 
 // Commits step `step`: fsyncs every file in step_NNNNNN.tmp/ and the directory, renames it to
 // step_NNNNNN/ (replacing an abandoned step_NNNNNN/, see above), fsyncs `root`, atomically points
 // `latest` at it, then applies `options.keep_last` and removes stale `.tmp` and `.replaced`
 // directories. Call on one rank after all ranks finished writing. Errors: kNotFound if the `.tmp`
-// directory is missing; kAlreadyExists if `latest` already names the step; OS errors naming the
-// path. A failure before the rename leaves `latest` unchanged.
+// directory is missing; kAlreadyExists as BeginCheckpoint; OS errors naming the path. A failure
+// before the rename leaves `latest` unchanged.
 absl::Status CommitCheckpoint(const std::string& root, int64_t step,
                               const CommitOptions& options = {});
 
@@ -79,6 +81,38 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& root);
 // it is not a regular file; kNotFound "... R/latest points at 'step_000123' but R/step_000123 does
 // not exist" (dangling).
 absl::StatusOr<std::string> ResolveLatest(const std::string& root);
+
+// One writer per checkpoint root: an exclusive advisory lock (flock) on `root`/.lock, held while
+// the object lives (and released by the kernel when the process dies, so a crash never leaves a
+// stale lock). The file records who holds it ("pid 1234 on host a1 since 2026-11-23 12:00:00
+// UTC: pretrain rank 0"), for the error another run gets. Two runs in one root would commit over
+// each other's steps and garbage-collect each other's in-flight saves. flock works across
+// processes on one machine and on NFSv4 and Lustre mounts with locking enabled.
+class RootLock {
+ public:
+  RootLock(RootLock&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+    other.fd_ = -1;
+  }
+  RootLock& operator=(RootLock&& other) noexcept;
+  RootLock(const RootLock&) = delete;
+  RootLock& operator=(const RootLock&) = delete;
+  ~RootLock();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  RootLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  friend absl::StatusOr<RootLock> LockRoot(const std::string&, absl::string_view);
+
+  int fd_ = -1;
+  std::string path_;
+};
+
+// Creates `root` if needed and takes its lock without waiting; `holder` describes the caller for
+// the error other runs get. Errors: kFailedPrecondition "checkpoint root R is in use by another run
+// (pid 1234 on host a1 since ...: pretrain rank 0); wait for it to end or choose another
+// directory"; OS errors naming the path.
+absl::StatusOr<RootLock> LockRoot(const std::string& root, absl::string_view holder);
 
 // `path` itself if it holds a manifest, else ResolveLatest(path). Errors: those of ResolveLatest,
 // with a note that `path` holds no manifest either.

@@ -29,6 +29,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::_;
 
 // Loads the checkpoint `latest` points at and checks every tensor; returns its step.
 int64_t LoadLatestAndVerify(const std::string& root) {
@@ -248,6 +249,25 @@ TEST(CommitTest, SigkillDuringSaveLeavesThePreviousCheckpointLoadable) {
   ASSERT_OK_AND_ASSIGN(std::vector<std::string> names, ListDir(root));
   EXPECT_THAT(names, ElementsAre("latest", "step_000001", "step_000003"));
   EXPECT_EQ(LoadLatestAndVerify(root), 3);
+}
+
+// One writer per root: a second lock fails naming the holder; the lock goes with the object (and
+// with the process: the kernel drops a dead process's flock).
+TEST(CommitTest, OneWriterPerRoot) {
+  const std::string root = JoinPath(ScratchDir(), "new_root");
+  ASSERT_OK_AND_ASSIGN(RootLock first, LockRoot(root, "pretrain rank 0"));
+  EXPECT_EQ(first.path(), JoinPath(root, ".lock"));
+  EXPECT_THAT(LockRoot(root, "another run"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("checkpoint root " + root + " is in use by another run (pid " +
+                                       std::to_string(getpid()) + " on host "),
+                             HasSubstr(": pretrain rank 0); wait for it to end"))));
+  RootLock moved = std::move(first);
+  EXPECT_THAT(LockRoot(root, "another run"), StatusIs(absl::StatusCode::kFailedPrecondition, _));
+  { RootLock gone = std::move(moved); }
+  ASSERT_OK_AND_ASSIGN(RootLock second, LockRoot(root, "the next run"));
+  // The lock file is not a checkpoint: the root still holds none.
+  EXPECT_THAT(*ListCheckpoints(root), IsEmpty());
 }
 
 }  // namespace

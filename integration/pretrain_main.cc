@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/commit.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/launcher.h"
 #include "collectives/nccl_communicator.h"
@@ -409,6 +410,15 @@ int Main(int argc, char** argv) {
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckDevice(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckSaveDir(*config); !s.ok()) return Fail(s);
+  if (!config->save_dir.empty()) {
+    // Fail before launching when another run holds --save_dir (rank 0 takes the lock for real).
+    absl::StatusOr<checkpoint::RootLock> lock =
+        checkpoint::LockRoot(config->save_dir, "pretrain, checking before it launches");
+    if (!lock.ok()) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("--save_dir: ", lock.status().message())));
+    }
+  }
   if (config->resume && !std::filesystem::exists(config->save_dir + "/latest")) {
     return Fail(absl::NotFoundError(absl::StrCat("--resume: no checkpoint in --save_dir: '",
                                                  config->save_dir, "/latest' does not exist")));

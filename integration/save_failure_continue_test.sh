@@ -23,7 +23,7 @@ for rank in 0 1; do
   grep -q "^\[rank $rank\] warning: checkpoint of step 4 in $dir failed: .*; training goes on" \
     "$dir.err" || fail "rank $rank did not report the failed step-4 save"
 done
-grep -q "^\[rank 0\] warning: .*checkpoint $dir/step_000004 is already committed" "$dir.err" \
+grep -q "^\[rank 0\] warning: .*$dir/step_000004 exists and is not a checkpoint directory" "$dir.err" \
   || fail "rank 0's report does not give the cause"
 json="$(tail -1 "$dir.out")"
 [[ "$json" == *'"steps":8,'* && "$json" == *'"failed_saves":1,'* ]] \

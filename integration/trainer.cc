@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -31,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "buffers/param_and_grad_buffer.h"
+#include "checkpoint/commit.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "ddp/distributed_data_parallel.h"
 #include "common/status_macros.h"
@@ -367,7 +369,7 @@ std::string OptimizerConfigString(const TrainerConfig& c) {
 // Loads save_dir's `latest` into the buffers, the sharded optimizer and the train loader; returns
 // the step it was saved at. Nothing is written. Errors: see Train in trainer.h.
 absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& comm,
-                               int64_t last_step) {
+                               int64_t last_step, std::FILE* out) {
   at::NoGradGuard no_grad;
   absl::StatusOr<checkpoint::SharedState> loaded =
       checkpoint::LoadDistributedCheckpoint(c.save_dir, s.buffers, *s.sharded, comm);
@@ -388,6 +390,20 @@ absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& c
   if (loaded->optimizer_config != OptimizerConfigString(c)) {
     return absl::FailedPreconditionError(absl::StrCat(prefix, "saved by '", loaded->optimizer_config,
                                                       "', this run is '", OptimizerConfigString(c), "'"));
+  }
+  if (comm.rank() == 0) {
+    // Complete checkpoints newer than the one resumed from belong to an abandoned timeline (a crash
+    // before `latest` moved, or `latest` moved back by hand); saves of those steps replace them.
+    absl::StatusOr<std::vector<int64_t>> newer = checkpoint::CheckpointsNewerThanLatest(c.save_dir);
+    if (newer.ok() && !newer->empty()) {
+      std::vector<std::string> names;
+      for (int64_t step : *newer) names.push_back(checkpoint::StepDirName(step));
+      std::fprintf(out, "pretrain: warning: %s holds %s, newer than `latest` (%s): "
+                   "ignored, and replaced when training saves those steps again\n",
+                   c.save_dir.c_str(), absl::StrJoin(names, ", ").c_str(),
+                   checkpoint::StepDirName(loaded->step).c_str());
+      std::fflush(out);
+    }
   }
   if (loaded->step >= last_step) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -421,12 +437,34 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   }
   if (c.num_threads > 0) at::set_num_threads(c.num_threads);
   const bool lead = comm.rank() == 0;
+  // One run per --save_dir: rank 0, which commits, holds the root's lock for the whole run. Every
+  // rank learns the outcome, so none waits on a rank 0 that gave up.
+  std::optional<checkpoint::RootLock> root_lock;
+  if (!c.save_dir.empty()) {
+    absl::Status locked = absl::OkStatus();
+    if (lead) {
+      absl::StatusOr<checkpoint::RootLock> lock = checkpoint::LockRoot(
+          c.save_dir, absl::StrCat("pretrain rank 0 of ", comm.size()));
+      if (lock.ok()) {
+        root_lock.emplace(*std::move(lock));
+      } else {
+        locked = absl::FailedPreconditionError(
+            absl::StrCat("--save_dir: ", lock.status().message()));
+      }
+    }
+    ASSIGN_OR_RETURN(const bool all_ok, collectives::AllRanksOk(comm, locked.ok()));
+    if (!locked.ok()) return locked;
+    if (!all_ok) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--save_dir '", c.save_dir, "': rank 0 could not lock it (see rank 0's error)"));
+    }
+  }
   ASSIGN_OR_RETURN(Setup s, Build(c, comm));
 
   const int64_t last_step = c.stop_after > 0 ? c.stop_after : c.steps;
   int64_t first_step = 1;
   if (c.resume) {
-    ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, last_step));
+    ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, last_step, options.out));
     first_step = saved_step + 1;
   }
   TrainSummary summary;
