@@ -1,5 +1,6 @@
 #include "integration/loader.h"
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/crc32c.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::integration {
@@ -25,19 +27,33 @@ absl::Status Mismatch(absl::string_view field, const std::string& saved, const s
       absl::StrCat("loader resume: ", field, " ", saved, " in the saved state, ", now, " now"));
 }
 
+// LoaderState::data_fingerprint of `tokens`.
+uint32_t DataFingerprint(const std::vector<int32_t>& tokens) {
+  constexpr int64_t kBlocks = 64, kBlockTokens = 1024;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  uint32_t crc = checkpoint::Crc32c(&n, sizeof(n));
+  const int64_t block = std::min(kBlockTokens, n);
+  for (int64_t b = 0; b < kBlocks && block > 0; ++b) {
+    const int64_t start = (n - block) * b / (kBlocks - 1);
+    crc = checkpoint::Crc32cExtend(crc, tokens.data() + start, block * sizeof(int32_t));
+  }
+  return crc;
+}
+
 }  // namespace
 
 std::string LoaderState::Serialize() const {
-  return absl::StrCat("loader v1 step=", step, " seed=", seed, " seq_len=", seq_len,
+  return absl::StrCat("loader v2 step=", step, " seed=", seed, " seq_len=", seq_len,
                       " global_batch=", global_batch, " num_windows=", num_windows,
-                      " shuffle=", shuffle ? 1 : 0);
+                      " shuffle=", shuffle ? 1 : 0,
+                      " data=", absl::Hex(data_fingerprint, absl::kZeroPad8));
 }
 
 absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ' ', absl::SkipEmpty());
-  if (parts.size() != 8 || parts[0] != "loader" || parts[1] != "v1") {
+  if (parts.size() != 9 || parts[0] != "loader" || parts[1] != "v2") {
     return absl::InvalidArgumentError(
-        absl::StrCat("loader state: expected \"loader v1\" and 6 fields, got \"", text, "\""));
+        absl::StrCat("loader state: expected \"loader v2\" and 7 fields, got \"", text, "\""));
   }
   LoaderState state;
   int64_t shuffle = 1;
@@ -49,6 +65,8 @@ absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
     bool ok = false;
     if (kv.first == "seed") {
       ok = absl::SimpleAtoi(kv.second, &state.seed);
+    } else if (kv.first == "data") {
+      ok = kv.second.size() == 8 && absl::SimpleHexAtoi(kv.second, &state.data_fingerprint);
     } else {
       for (const auto& [name, target] : fields) {
         if (kv.first == name) ok = absl::SimpleAtoi(kv.second, target);
@@ -89,6 +107,7 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
   DataLoader loader(std::move(data), options);
   loader.global_batch_ = options.world_size * options.micro_batches * options.micro_batch_size;
   loader.num_windows_ = (n - 1) / options.seq_len;
+  loader.data_fingerprint_ = DataFingerprint(loader.data_->tokens);
   return loader;
 }
 
@@ -138,7 +157,8 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
 std::vector<MicroBatch> DataLoader::Next() { return BatchAt(step_++); }
 
 LoaderState DataLoader::state() const {
-  return {step_, options_.seed, options_.seq_len, global_batch_, num_windows_, options_.shuffle};
+  return {step_,        options_.seed,    options_.seq_len, global_batch_,
+          num_windows_, options_.shuffle, data_fingerprint_};
 }
 
 absl::Status DataLoader::Restore(const LoaderState& state) {
@@ -160,6 +180,11 @@ absl::Status DataLoader::Restore(const LoaderState& state) {
   }
   if (state.shuffle != now.shuffle) {
     return Mismatch("shuffle", state.shuffle ? "on" : "off", now.shuffle ? "on" : "off");
+  }
+  if (state.data_fingerprint != now.data_fingerprint) {
+    return Mismatch("data fingerprint (another dataset of the same size?)",
+                    absl::StrCat(absl::Hex(state.data_fingerprint, absl::kZeroPad8)),
+                    absl::StrCat(absl::Hex(now.data_fingerprint, absl::kZeroPad8)));
   }
   step_ = state.step;
   return absl::OkStatus();

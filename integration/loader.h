@@ -50,8 +50,13 @@ struct LoaderState {
   int64_t global_batch = 0;  // G
   int64_t num_windows = 0;   // W, a fingerprint of the dataset size
   bool shuffle = true;
+  // CRC-32C of the token count and of 64 blocks of 1024 tokens spread evenly over the data (first
+  // and last included): another dataset of the same size is caught at resume without reading all
+  // of it.
+  uint32_t data_fingerprint = 0;
 
-  // "loader v1 step=12 seed=7 seq_len=64 global_batch=16 num_windows=1000 shuffle=1"
+  // "loader v2 step=12 seed=7 seq_len=64 global_batch=16 num_windows=1000 shuffle=1
+  // data=8c1d0a3f"
   std::string Serialize() const;
   // Errors: kInvalidArgument naming the field that is missing or malformed.
   static absl::StatusOr<LoaderState> Parse(absl::string_view text);
@@ -74,8 +79,8 @@ class DataLoader {
   LoaderState state() const;
 
   // Continues from `state`. Errors: kFailedPrecondition when seed, seq_len, global batch, window
-  // count or shuffle differ from this loader's ("loader resume: seq_len 32 in the saved state,
-  // 64 now"); kInvalidArgument for a negative step.
+  // count, shuffle or data fingerprint differ from this loader's ("loader resume: seq_len 32 in
+  // the saved state, 64 now"); kInvalidArgument for a negative step.
   absl::Status Restore(const LoaderState& state);
 
   int64_t global_batch() const { return global_batch_; }
@@ -89,6 +94,7 @@ class DataLoader {
   LoaderOptions options_;
   int64_t global_batch_ = 0;
   int64_t num_windows_ = 0;
+  uint32_t data_fingerprint_ = 0;
   int64_t step_ = 0;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> permutation_;  // of the cached epoch

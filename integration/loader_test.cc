@@ -120,8 +120,8 @@ TEST(DataLoader, ResumeContinuesTheSameStream) {
     first.Next();
   }
   const std::string saved = first.state().Serialize();
-  EXPECT_EQ(saved,
-            "loader v1 step=7 seed=17 seq_len=4 global_batch=12 num_windows=124 shuffle=1");
+  EXPECT_THAT(saved, ::testing::MatchesRegex("loader v2 step=7 seed=17 seq_len=4 global_batch=12 "
+                                             "num_windows=124 shuffle=1 data=[0-9a-f]{8}"));
   ASSERT_OK_AND_ASSIGN(LoaderState parsed, LoaderState::Parse(saved));
   ASSERT_OK_AND_ASSIGN(DataLoader resumed, DataLoader::Create(data, Options(1, 2)));
   ASSERT_OK(resumed.Restore(parsed));
@@ -157,12 +157,34 @@ TEST(DataLoader, ResumeMismatchesAreRejected) {
   state.seed = 1;
   EXPECT_THAT(loader.Restore(state), StatusIs(absl::StatusCode::kFailedPrecondition,
                                               HasSubstr("seed 1 in the saved state, 17 now")));
-  EXPECT_THAT(LoaderState::Parse("loader v2"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected \"loader v1\"")));
-  EXPECT_THAT(LoaderState::Parse("loader v1 step=x seed=1 seq_len=4 global_batch=1 "
-                                 "num_windows=2 shuffle=1"),
+  EXPECT_THAT(LoaderState::Parse("loader v1 step=7 seed=17 seq_len=4 global_batch=12 "
+                                 "num_windows=124 shuffle=1"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected \"loader v2\"")));
+  EXPECT_THAT(LoaderState::Parse("loader v2 step=x seed=1 seq_len=4 global_batch=1 "
+                                 "num_windows=2 shuffle=1 data=00000000"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("loader state: malformed field \"step=x\"")));
+  EXPECT_THAT(LoaderState::Parse("loader v2 step=1 seed=1 seq_len=4 global_batch=1 "
+                                 "num_windows=2 shuffle=1 data=xyz"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("loader state: malformed field \"data=xyz\"")));
+}
+
+// Another dataset of the same size (one token changed in the middle of a block the fingerprint
+// samples, or anywhere in a dataset shorter than 64 blocks) is refused at resume.
+TEST(DataLoader, ResumeOnOtherDataOfTheSameSizeIsRejected) {
+  const auto data = Counting(500);
+  ASSERT_OK_AND_ASSIGN(DataLoader saved, DataLoader::Create(data, Options(0, 2)));
+  saved.Next();
+  auto other = std::make_shared<TokenDataset>(*data);
+  other->tokens[250] += 1;
+  ASSERT_OK_AND_ASSIGN(DataLoader resumed, DataLoader::Create(other, Options(0, 2)));
+  EXPECT_THAT(resumed.Restore(saved.state()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("loader resume: data fingerprint (another dataset of the same "
+                                 "size?)")));
+  ASSERT_OK_AND_ASSIGN(DataLoader same, DataLoader::Create(Counting(500), Options(0, 2)));
+  EXPECT_OK(same.Restore(saved.state()));
 }
 
 TEST(DataLoader, CreateErrors) {
