@@ -64,12 +64,14 @@ class SignalForwarding {
     action.sa_flags = SA_RESTART;
     sigaction(SIGINT, &action, &old_int_);
     sigaction(SIGTERM, &action, &old_term_);
+    sigaction(SIGHUP, &action, &old_hup_);
     installed_ = true;
   }
   ~SignalForwarding() {
     if (!installed_) return;
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGHUP, &old_hup_, nullptr);
     g_signal_pipe_write = -1;
     close(fds_[0]);
     close(fds_[1]);
@@ -81,6 +83,7 @@ class SignalForwarding {
   int fds_[2] = {-1, -1};
   struct sigaction old_int_ = {};
   struct sigaction old_term_ = {};
+  struct sigaction old_hup_ = {};
 };
 
 void DefaultOutput(absl::string_view line, bool is_stderr) {
@@ -192,6 +195,7 @@ class Run {
       dfl.sa_handler = SIG_DFL;
       sigaction(SIGINT, &dfl, nullptr);
       sigaction(SIGTERM, &dfl, nullptr);
+      sigaction(SIGHUP, &dfl, nullptr);
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
       execve(argv[0], argv.data(), envp.data());

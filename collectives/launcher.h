@@ -1,6 +1,6 @@
 // A local launcher: starts N processes of one binary on this machine with torchrun's environment,
-// hosts their rendezvous store, prefixes their output with "[rank N] ", forwards SIGINT/SIGTERM,
-// and returns the first non-zero exit code. Used by tests and by `pretrain --nproc`.
+// hosts their rendezvous store, prefixes their output with "[rank N] ", forwards SIGINT, SIGTERM
+// and SIGHUP, and returns the first non-zero exit code. Used by tests and by `pretrain --nproc`.
 #ifndef ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
 #define ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
 
@@ -31,7 +31,7 @@ struct LaunchOptions {
   absl::Duration grace_period = absl::Seconds(5);
   // Bound on the whole run: when it passes, every rank is SIGKILLed.
   absl::Duration timeout = absl::InfiniteDuration();
-  // Forward SIGINT and SIGTERM received by this process to every rank while they run.
+  // Forward SIGINT, SIGTERM and SIGHUP received by this process to every rank while they run.
   bool forward_signals = true;
   // Receives each output line with its "[rank N] " prefix and no newline; `is_stderr` tells the
   // stream. Called on the launching thread. Default: write to this process's stdout/stderr.

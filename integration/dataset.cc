@@ -1,5 +1,7 @@
 #include "integration/dataset.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -33,6 +35,14 @@ std::string RandomWord(std::mt19937_64& rng, int64_t min_len, int64_t max_len) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  // A directory opens as a stream that throws on read, and /dev/zero never ends: regular files only.
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "': ",
+                     S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file",
+                     ", expected a file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
@@ -340,6 +350,25 @@ absl::StatusOr<TokenDataset> LoadDatasetSpec(absl::string_view spec, int64_t voc
   if (kind == "nanogpt") return LoadNanoGptFile(arg, vocab_size);
   if (kind == "megatron") return LoadMegatronDataset(arg, vocab_size);
   return bad();
+}
+
+int64_t DatasetSpecMinTokens(absl::string_view spec) {
+  const size_t colon = spec.find(':');
+  const absl::string_view kind = spec.substr(0, colon);
+  const std::string arg(colon == absl::string_view::npos ? "" : spec.substr(colon + 1));
+  if (kind == "synthetic") {
+    int64_t tokens = SyntheticOptions().num_tokens;
+    if (colon != absl::string_view::npos && !absl::SimpleAtoi(arg, &tokens)) return 0;
+    return std::max<int64_t>(tokens, 0);
+  }
+  const std::string path = kind == "megatron" ? arg + ".bin" : arg;
+  struct stat st;
+  if (arg.empty() || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  const int64_t bytes = static_cast<int64_t>(st.st_size);
+  if (kind == "text") return bytes;           // a token per byte
+  if (kind == "nanogpt") return bytes / 2;    // uint16 tokens
+  if (kind == "megatron") return bytes / 8;   // at most 8 bytes a token (int64/float64 codes)
+  return 0;
 }
 
 absl::StatusOr<std::pair<TokenDataset, TokenDataset>> SplitTrainEval(const TokenDataset& data,

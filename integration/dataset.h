@@ -105,6 +105,11 @@ absl::StatusOr<TokenDataset> LoadMegatronDataset(const std::string& prefix, int6
 absl::StatusOr<TokenDataset> LoadDatasetSpec(absl::string_view spec, int64_t vocab_size,
                                              uint64_t seed);
 
+// A lower bound on the tokens LoadDatasetSpec(spec) would hold, from the spec and the file sizes
+// alone (synthetic: its count; text: one per byte; nanogpt: one per 2 bytes; megatron: one per 8
+// bytes of .bin at least); 0 when it cannot tell (LoadDatasetSpec then reports the problem).
+int64_t DatasetSpecMinTokens(absl::string_view spec);
+
 // Splits off the last `eval_fraction` of the tokens (rounded up) as a held-out eval set; the rest is
 // the training set. Errors: kInvalidArgument for a fraction outside (0, 1) or when either part would
 // have fewer than `min_tokens` tokens.

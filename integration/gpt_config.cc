@@ -69,4 +69,12 @@ absl::Status ValidateConfig(const GptConfig& c) {
   return absl::OkStatus();
 }
 
+int64_t GptParamCount(const GptConfig& c) {
+  const int64_t C = c.hidden, V = c.vocab_size, F = c.ffn_hidden;
+  const int64_t D = C / c.num_heads;
+  const int64_t per_layer = (c.num_heads + 2 * c.num_kv_heads) * D * C + C * c.num_heads * D +
+                            2 * F * C + C * F + 2 * C;
+  return V * C + c.num_layers * per_layer + C + (c.tie_embeddings ? 0 : V * C);
+}
+
 }  // namespace orthoshard::integration

@@ -33,6 +33,11 @@ struct GptConfig {
 // SwiGLU MLP of about the same parameter count). Errors: kInvalidArgument naming the known presets.
 absl::StatusOr<GptConfig> GptPreset(absl::string_view name);
 
+// Number of parameters of a model of `config` (what Gpt::num_params() returns once it is built):
+// embedding V x C; per layer qkv (H + 2 KV) x D x C, proj C x C, fc1 2F x C, fc2 C x F and two
+// norms of C; the final norm C; an untied head V x C. Precondition: ValidateConfig(config) is OK.
+int64_t GptParamCount(const GptConfig& config);
+
 // Errors: kInvalidArgument for a non-positive size, hidden not divisible by num_heads, num_heads
 // not divisible by num_kv_heads, an odd head_dim (rotary pairs), or a non-positive theta/eps/std.
 absl::Status ValidateConfig(const GptConfig& config);

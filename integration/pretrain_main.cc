@@ -14,8 +14,9 @@
 // GPU, a --save_dir that cannot be written or already holds checkpoints without --resume, an
 // incompatible resume), with one "pretrain: ..." line on stderr and nothing written; 1 any failure
 // once training has begun (a lost rank, a failed save, whatever its status code) or any other;
-// under the local launcher, the first failing rank's code; 128 + SIGINT/SIGTERM after a graceful
-// stop on that signal (the step saved, the JSON line printed with "stop_signal").
+// under the local launcher, the first failing rank's code; 128 + SIGINT/SIGTERM/SIGHUP after a
+// graceful stop on that signal (the step saved, the JSON line printed with "stop_signal").
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #ifdef ORTHOSHARD_CUDA
@@ -51,6 +53,7 @@
 #include "collectives/rendezvous.h"
 #include "integration/dataset.h"
 #include "integration/model.h"
+#include "integration/preflight.h"
 #include "integration/progress.h"
 #include "integration/trainer.h"
 
@@ -188,6 +191,13 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   TrainerConfig c;
   const std::string config_path = absl::GetFlag(FLAGS_config);
   if (!config_path.empty()) {
+    std::error_code ec;
+    if (std::filesystem::exists(config_path, ec) &&
+        !std::filesystem::is_regular_file(config_path, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config '", config_path, "': not a regular file (expected a text-format "
+                       "PretrainConfig)"));
+    }
     std::ifstream in(config_path);
     if (!in) {
       return absl::NotFoundError(absl::StrCat("--config '", config_path, "': cannot open"));
@@ -269,7 +279,7 @@ absl::StatusOr<std::unique_ptr<collectives::Communicator>> CreateCommunicator(
   return collectives::CreateGlooCommunicator(collectives::GlooOptionsFromRendezvous(info));
 }
 
-// The first SIGINT or SIGTERM a rank receives; Train stops gracefully when it is set.
+// The first SIGINT, SIGTERM or SIGHUP a rank receives; Train stops gracefully when it is set.
 std::atomic<int> g_stop_signal{0};
 std::atomic<int64_t> g_stop_signal_ns{0};  // CLOCK_MONOTONIC time of the first one
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
@@ -299,25 +309,37 @@ void StopHandler(int signal_number) {
   raise(signal_number);
 }
 
-// SIGINT and SIGTERM ask for a graceful stop (finish the step, save, exit 128 + the signal). The
-// same request delivered again within 2 s is ignored; a later one kills at once.
+// SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) ask for a graceful stop (finish
+// the step, save, exit 128 + the signal). The same request delivered again within 2 s is ignored;
+// a later one kills at once.
 void InstallStopHandlers() {
   struct sigaction action = {};
   action.sa_handler = StopHandler;
   sigemptyset(&action.sa_mask);
-  sigaddset(&action.sa_mask, SIGINT);  // one handler at a time: the first signal's time is set
-  sigaddset(&action.sa_mask, SIGTERM);
+  // One handler at a time: the first signal's time is set before another is looked at.
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&action.sa_mask, signal_number);
   action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal_number, &action, nullptr);
+}
+
+// Under a launcher agent (torchrun's, or LaunchLocal's: both host the store and are this rank's
+// parent), the agent's death is a stop request: without it the ranks would train on as orphans,
+// unobserved, writing checkpoints nobody collects (reproduced by SIGKILLing torchrun). SIGTERM
+// rather than SIGKILL, so the step in flight is saved. A parent that died before the prctl is
+// caught by comparing it with the one the environment was inherited from.
+void StopWhenTheLauncherDies(const collectives::RendezvousInfo& info, pid_t parent) {
+  if (!info.agent_hosts_store) return;
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) raise(SIGTERM);
 }
 
 // One rank of a job whose environment `info` describes.
-int RunRank(const TrainerConfig& config, const collectives::RendezvousInfo& info) {
+int RunRank(const TrainerConfig& config, const collectives::RendezvousInfo& info, pid_t parent) {
+  InstallStopHandlers();
+  StopWhenTheLauncherDies(info, parent);
   auto comm = CreateCommunicator(config, info);
   if (!comm.ok()) return Fail(comm.status());
   TrainOptions options;
-  InstallStopHandlers();
   options.stop_signal = &g_stop_signal;
   std::FILE* tty = nullptr;
   if (info.rank == 0) {
@@ -340,9 +362,11 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   options.binary = "/proc/self/exe";
   for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
   options.nprocs = nprocs;
-  // When a rank dies, the others notice within the collective timeout (60 s) and fail with a
-  // message naming it; give them that long before the launcher kills them.
-  options.grace_period = absl::Seconds(75);
+  // When a rank dies, the others notice within seconds (a broken connection) or, when it hangs
+  // without dying (SIGSTOP, a stuck device), within the collective timeout (60 s); either way they
+  // fail naming it and exit. The grace period covers the time a rank needs after that (its error
+  // path and exit), not the timeout again: a hung rank ends the job in about 60 + 15 s.
+  options.grace_period = absl::Seconds(15);
   if (IsTerminal(stdout)) options.env.push_back({kTtyEnv, "1"});
   std::string json;
   options.output = [&json](absl::string_view line, bool is_stderr) {
@@ -356,10 +380,11 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
     std::fflush(is_stderr ? stderr : stdout);
   };
   absl::StatusOr<collectives::LaunchResult> result = collectives::LaunchLocal(options);
-  // The ranks have ended: a late SIGINT/SIGTERM (a scheduler repeating its request) must neither
-  // change the job's exit code nor kill this process before its buffered JSON line is out.
+  // The ranks have ended: a late SIGINT/SIGTERM/SIGHUP (a scheduler repeating its request) must
+  // neither change the job's exit code nor kill this process before its buffered JSON line is out.
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGHUP, SIG_IGN);
   if (!result.ok()) {
     std::fprintf(stderr, "pretrain: launcher: %s\n", std::string(result.status().message()).c_str());
     return 1;
@@ -383,8 +408,9 @@ int Main(int argc, char** argv) {
       "trains a GPT on local ranks or under torchrun/SLURM.\n"
       "  pretrain [--flags]   (no flags: tiny model, synthetic corpus, 2 local CPU ranks)\n"
       "The last stdout line is a JSON summary. Exit codes: 0 ok, 2 bad input, 1 other failure.\n"
-      "SIGINT or SIGTERM: every rank finishes its step, saves it (with --save_dir) and exits\n"
-      "128 + the signal (130, 143); --resume continues. A repeat after 2 s kills at once.");
+      "SIGINT, SIGTERM or SIGHUP: every rank finishes its step, saves it (with --save_dir) and\n"
+      "exits 128 + the signal (130, 143, 129); --resume continues. A repeat after 2 s kills at\n"
+      "once. The death of the launcher (torchrun's agent) is a SIGTERM to its ranks.");
   std::set<std::string> given;
   absl::Status prescan = PrescanFlags(argc, argv, &given);
   if (!prescan.ok()) return Fail(prescan);
@@ -392,12 +418,19 @@ int Main(int argc, char** argv) {
   absl::StatusOr<TrainerConfig> config = MakeConfig(given);
   if (!config.ok()) return Fail(config.status());
 
+  const pid_t parent = getppid();
   absl::StatusOr<collectives::RendezvousInfo> info =
       collectives::ParseRendezvous(collectives::ProcessEnvironment());
+  const MachineResources machine = ProbeMachine();
   if (info.ok()) {
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
     if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);
-    return RunRank(*config, *info);
+    if (absl::Status s = CheckMachine(*config, info->local_world_size, info->world_size, machine);
+        !s.ok()) {
+      return Fail(s);
+    }
+    if (absl::Status s = CheckLogDir(*config); !s.ok()) return Fail(s);
+    return RunRank(*config, *info, parent);
   }
   if (info.status().code() != absl::StatusCode::kNotFound) return Fail(info.status());
 
@@ -409,6 +442,8 @@ int Main(int argc, char** argv) {
   }
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckDevice(*config, nprocs); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckMachine(*config, nprocs, nprocs, machine); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckLogDir(*config); !s.ok()) return Fail(s);
   if (absl::Status s = CheckSaveDir(*config); !s.ok()) return Fail(s);
   if (!config->save_dir.empty()) {
     // Fail before launching when another run holds --save_dir (rank 0 takes the lock for real).

@@ -71,13 +71,15 @@ at::Tensor ScalarOn(const Communicator& comm, double value) {
 // The value of a one-element tensor on any device (one device-to-host copy).
 double ValueOf(const at::Tensor& t) { return t.item<double>(); }
 
-// "SIGTERM", "SIGINT" (the signals pretrain stops on), or "signal N".
+// "SIGTERM", "SIGINT", "SIGHUP" (the signals pretrain stops on), or "signal N".
 std::string SignalName(int signal_number) {
   switch (signal_number) {
     case SIGINT:
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
     default:
       return absl::StrCat("signal ", signal_number);
   }

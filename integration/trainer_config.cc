@@ -148,6 +148,7 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
         absl::StrCat("--max_consecutive_failed_saves must be >= 0 (0 = never stop), got ",
                      c.max_consecutive_failed_saves));
   }
+  if (absl::Status s = Positive("steps", c.steps); !s.ok()) return s;  // before --stop_after's bound
   if (c.save_every < 0 || c.stop_after < 0 || c.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--save_every, --stop_after and --keep_checkpoints must be >= 0, got ", c.save_every, ", ",

@@ -1,0 +1,146 @@
+#include "integration/preflight.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "integration/dataset.h"
+#include "integration/gpt_config.h"
+
+namespace orthoshard::integration {
+namespace {
+
+// The first line of `path` as a number; nullopt when missing or not a number ("max").
+std::optional<int64_t> ReadNumber(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  int64_t value = 0;
+  if (!std::getline(in, line) || !absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &value)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", bytes / 1073741824.0); }
+
+}  // namespace
+
+MachineResources ProbeMachine() {
+  MachineResources m;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  m.cores = sched_getaffinity(0, sizeof(set), &set) == 0
+                ? CPU_COUNT(&set)
+                : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") {
+      m.available_bytes = kib * 1024;
+      break;
+    }
+  }
+  for (const auto& [limit, usage] :
+       {std::pair<std::string, std::string>{"/sys/fs/cgroup/memory.max",
+                                            "/sys/fs/cgroup/memory.current"},
+        {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+         "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const std::optional<int64_t> max = ReadNumber(limit), used = ReadNumber(usage);
+    if (max.has_value() && used.has_value() && *max > *used && *max < (int64_t{1} << 60)) {
+      const int64_t left = *max - *used;
+      m.available_bytes = m.available_bytes > 0 ? std::min(m.available_bytes, left) : left;
+    }
+  }
+  return m;
+}
+
+namespace {
+
+// The parts of MinBytesPerRank, each with what sets it.
+std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c, int world_size) {
+  // Every term is bounded by the validated config (sizes fit int64 with room), so no overflow.
+  const GptConfig preset = *GptPreset(c.model);
+  const int64_t params = GptParamCount(preset);
+  const int64_t seq_len = c.seq_len > 0 ? c.seq_len : preset.max_seq_len;
+  const int64_t micro_batch = c.global_batch / (int64_t{world_size} * c.micro_batches);
+  return {
+      {params * 8 + params * 4 / world_size,
+       absl::StrCat("the model (--model=", c.model, ", ", params, " params)")},
+      {2 * micro_batch * seq_len * preset.vocab_size * 4,
+       absl::StrCat("the logits of a micro-batch of ", micro_batch,
+                    " samples (lower --global_batch or raise --micro_batches)")},
+      {c.eval_batches * micro_batch * seq_len * 16,
+       absl::StrCat("the eval batches (lower --eval_batches, now ", c.eval_batches, ")")},
+      {2 * DatasetSpecMinTokens(c.data) * 4, absl::StrCat("the data (--data=", c.data, ")")},
+  };
+}
+
+}  // namespace
+
+int64_t MinBytesPerRank(const TrainerConfig& c, int world_size) {
+  int64_t total = 0;
+  for (const auto& [bytes, what] : MemoryTerms(c, world_size)) total += bytes;
+  return total;
+}
+
+absl::Status CheckMachine(const TrainerConfig& c, int local_ranks, int world_size,
+                          const MachineResources& machine) {
+  if (c.num_threads > machine.cores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_threads ", c.num_threads, " exceeds the ", machine.cores,
+        " cores this process may use (and ", local_ranks, " rank(s) share them); use at most ",
+        std::max(1, machine.cores / std::max(1, local_ranks)), " per rank"));
+  }
+  if (machine.available_bytes <= 0) return absl::OkStatus();
+  const int64_t per_rank = MinBytesPerRank(c, world_size);
+  const double need = static_cast<double>(per_rank) * local_ranks;
+  if (need <= static_cast<double>(machine.available_bytes)) return absl::OkStatus();
+  const std::vector<std::pair<int64_t, std::string>> terms = MemoryTerms(c, world_size);
+  const auto largest = std::max_element(terms.begin(), terms.end());
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this run needs at least ", GiB(per_rank), " per rank x ", local_ranks, " rank(s) here = ",
+      GiB(static_cast<int64_t>(need)), ", but ", GiB(machine.available_bytes),
+      " is available; the largest part is ", largest->second, ": ", GiB(largest->first),
+      " per rank"));
+}
+
+absl::Status CheckLogDir(const TrainerConfig& c) {
+  namespace fs = std::filesystem;
+  if (c.log_dir.empty()) return absl::OkStatus();
+  const std::string flag = absl::StrCat("--log_dir '", c.log_dir, "'");
+  std::error_code ec;
+  fs::path existing = fs::absolute(c.log_dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat(flag, ": ", ec.message()));
+  fs::file_status status = fs::status(existing, ec);
+  while (status.type() == fs::file_type::not_found && existing.has_relative_path()) {
+    existing = existing.parent_path();
+    status = fs::status(existing, ec);
+  }
+  if (status.type() != fs::file_type::directory) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": '", existing.string(), "' is not a directory"));
+  }
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        flag, ": cannot write in '", existing.string(), "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace orthoshard::integration

@@ -1,0 +1,47 @@
+// Checks a run against the machine before any rank starts, so that a run which cannot work exits 2
+// with one message instead of aborting out of memory, spawning threads it cannot use, or failing
+// late on rank 0. Plain values, no LibTorch: the machine is described by MachineResources, which
+// ProbeMachine() reads from this process's CPU affinity, /proc/meminfo and the cgroup limits.
+#ifndef ORTHOSHARD_INTEGRATION_PREFLIGHT_H_
+#define ORTHOSHARD_INTEGRATION_PREFLIGHT_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "integration/trainer_config.h"
+
+namespace orthoshard::integration {
+
+struct MachineResources {
+  int cores = 1;                // CPUs this process may run on
+  int64_t available_bytes = 0;  // memory a new process can use; 0 = unknown (not checked)
+};
+
+// This machine: sched_getaffinity's CPU count; the smaller of /proc/meminfo's MemAvailable and
+// the cgroup's remaining limit (v2 memory.max - memory.current, or v1 limit_in_bytes -
+// usage_in_bytes) where there is one.
+MachineResources ProbeMachine();
+
+// The memory a run certainly needs on each rank, in bytes: fp32 params and grads of the whole
+// model, at least one fp32 word of optimizer state per param over the world, the logits of one
+// micro-batch with their log-softmax (2 x micro-batch x seq_len x vocab x 4), the eval batches'
+// token ids (eval_batches x micro-batch x seq_len x 16), and the token stream twice (loaded, then
+// split into train and eval copies) at DatasetSpecMinTokens. A lower bound: activations, LibTorch
+// itself and allocator slack come on top. Precondition: ValidateTrainerConfig(config, world_size).
+int64_t MinBytesPerRank(const TrainerConfig& config, int world_size);
+
+// `local_ranks` ranks of a `world_size` job on `machine`. Errors: kInvalidArgument when
+// num_threads exceeds the cores ("--num_threads 100000 exceeds the 2 cores this process may use");
+// kFailedPrecondition when local_ranks x MinBytesPerRank exceeds the available memory, naming the
+// largest term and the flag that sets it. Precondition: ValidateTrainerConfig(config, world_size).
+absl::Status CheckMachine(const TrainerConfig& config, int local_ranks, int world_size,
+                          const MachineResources& machine);
+
+// config.log_dir can take TensorBoard's files: it exists as a directory this process can write,
+// or can be created (its nearest existing ancestor is a writable directory). OK when empty.
+// Errors: kFailedPrecondition naming the path.
+absl::Status CheckLogDir(const TrainerConfig& config);
+
+}  // namespace orthoshard::integration
+
+#endif  // ORTHOSHARD_INTEGRATION_PREFLIGHT_H_

@@ -1,0 +1,107 @@
+// CheckMachine, MinBytesPerRank and CheckLogDir (integration/preflight.h), on made-up machines.
+#include "integration/preflight.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integration/gpt_config.h"
+#include "integration/trainer_config.h"
+
+namespace orthoshard::integration {
+namespace {
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+TEST(Preflight, ThreadsBeyondTheCoresAreRefused) {
+  TrainerConfig c;
+  c.num_threads = 100000;
+  MachineResources m{2, 16 * kGiB};
+  EXPECT_THAT(CheckMachine(c, 2, 2, m),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--num_threads 100000 exceeds the 2 cores this process may use")));
+  c.num_threads = 2;
+  EXPECT_OK(CheckMachine(c, 2, 2, m));
+}
+
+// The defaults fit a small machine; a global batch, eval batch count or synthetic corpus that
+// cannot fit is refused before launch, naming the part and the flag.
+TEST(Preflight, RunsThatCannotFitInMemoryAreRefused) {
+  const MachineResources m{2, 20 * kGiB};
+  TrainerConfig c;
+  EXPECT_OK(CheckMachine(c, 2, 2, m));
+  EXPECT_LT(MinBytesPerRank(c, 2), kGiB / 8);
+
+  TrainerConfig huge_batch = c;
+  huge_batch.global_batch = 1 << 26;  // 2^25 samples of 64 x 256 logits per rank
+  EXPECT_THAT(CheckMachine(huge_batch, 2, 2, m),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("per rank x 2 rank(s) here"),
+                             HasSubstr("the logits of a micro-batch of 33554432 samples (lower "
+                                       "--global_batch or raise --micro_batches)"))));
+  TrainerConfig evals = c;
+  evals.eval_batches = int64_t{1} << 30;
+  EXPECT_THAT(CheckMachine(evals, 2, 2, m),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the eval batches (lower --eval_batches, now 1073741824)")));
+  TrainerConfig data = c;
+  data.data = "synthetic:100000000000";
+  EXPECT_THAT(CheckMachine(data, 2, 2, m),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the data (--data=synthetic:100000000000)")));
+  // Unknown memory: not checked.
+  EXPECT_OK(CheckMachine(data, 2, 2, MachineResources{2, 0}));
+}
+
+// The model term counts what the model really has (GptParamCount is checked against the built
+// model in model_test); the gpt2-124m preset's fp32 params and grads alone are ~1 GiB.
+TEST(Preflight, TheModelTermScalesWithThePreset) {
+  TrainerConfig c;
+  c.model = "gpt2-124m";
+  c.global_batch = 2;
+  c.data = "synthetic:1000";
+  const int64_t params = GptParamCount(*GptPreset("gpt2-124m"));
+  EXPECT_GT(params, 100'000'000);
+  EXPECT_GE(MinBytesPerRank(c, 2), params * 8);
+  EXPECT_THAT(CheckMachine(c, 2, 2, MachineResources{2, kGiB}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the model (--model=gpt2-124m")));
+}
+
+TEST(Preflight, ProbeReadsThisMachine) {
+  const MachineResources m = ProbeMachine();
+  EXPECT_GE(m.cores, 1);
+  EXPECT_GT(m.available_bytes, 0);
+}
+
+TEST(Preflight, LogDirMustBeWritable) {
+  const std::string tmp = std::getenv("TEST_TMPDIR");
+  TrainerConfig c;
+  EXPECT_OK(CheckLogDir(c));
+  c.log_dir = tmp + "/new/tb";
+  EXPECT_OK(CheckLogDir(c));
+  std::ofstream(tmp + "/file") << "x";
+  c.log_dir = tmp + "/file/tb";
+  EXPECT_THAT(CheckLogDir(c), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       HasSubstr(tmp + "/file' is not a directory")));
+  if (geteuid() != 0) {  // root writes anywhere
+    std::filesystem::create_directories(tmp + "/ro");
+    chmod((tmp + "/ro").c_str(), 0555);
+    c.log_dir = tmp + "/ro/tb";
+    EXPECT_THAT(CheckLogDir(c),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cannot write in")));
+  }
+}
+
+}  // namespace
+}  // namespace orthoshard::integration
