@@ -3,10 +3,11 @@
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "collectives/internal/c10d_communicator.h"
 #include "collectives/internal/gloo_backend.h"
 #include "common/status_macros.h"
@@ -28,6 +29,43 @@ absl::Status CheckOptions(const GlooOptions& options) {
   return absl::OkStatus();
 }
 
+// The job's store under its attempt prefix (internal_collectives::JoinJobStore).
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJob(c10::intrusive_ptr<c10d::Store> store,
+                                                       const GlooOptions& options,
+                                                       const std::string& address) {
+  internal_collectives::JobIdentity job;
+  job.job_id = options.job_id;
+  job.attempt = options.attempt;
+  job.world_size = options.size;
+  return internal_collectives::JoinJobStore(std::move(store), job,
+                                            absl::StrCat("gloo: rank ", options.rank), address,
+                                            options.rendezvous_timeout);
+}
+
+// Connects every rank with Gloo over the job's store and wraps the backend.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c10d::Store> store,
+                                                          const GlooOptions& options) {
+  IgnoreSigpipe();
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend,
+                   internal_collectives::CreateGlooBackend(store, options.rank, options.size,
+                                                           ToChrono(options.rendezvous_timeout),
+                                                           options.hostname, options.threads));
+  try {
+    // A virtual call into libtorch's ProcessGroupGloo; from now on collectives use `timeout`.
+    backend->setTimeout(ToChrono(options.timeout));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("gloo: setting the timeout failed: ", WhatOf(e)));
+  }
+  internal_collectives::EngineTraits traits;
+  traits.name = "gloo";
+  traits.device = at::Device(at::kCPU);
+  traits.native_avg = false;             // ProcessGroupGloo rejects ReduceOp::AVG
+  traits.native_reduce_scatter = false;  // its tensor-form reduce-scatter is an all-reduce anyway
+  return internal_collectives::MakeC10dCommunicator(store, std::move(backend), options.rank,
+                                                    options.size, options.timeout,
+                                                    std::move(traits));
+}
+
 }  // namespace
 
 GlooOptions GlooOptionsFromRendezvous(const RendezvousInfo& info) {
@@ -37,6 +75,8 @@ GlooOptions GlooOptionsFromRendezvous(const RendezvousInfo& info) {
   options.master_addr = info.master_addr;
   options.master_port = info.master_port;
   options.host_store = info.HostsStore();
+  options.job_id = info.job_id;
+  options.attempt = info.attempt;
   if (info.world_size != info.local_world_size) {
     char name[256] = {};
     if (gethostname(name, sizeof(name) - 1) == 0) options.hostname = name;
@@ -51,37 +91,34 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
     return absl::InvalidArgumentError(
         absl::StrCat("gloo: master_port ", options.master_port, " is not a usable port"));
   }
-  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
-                   internal_collectives::ConnectTcpStore(
-                       absl::StrCat("gloo: rank ", options.rank), options.master_addr,
-                       options.master_port, options.host_store, options.rendezvous_timeout));
-  return CreateGlooCommunicator(std::move(store), options);
+  const std::string what = absl::StrCat("gloo: rank ", options.rank);
+  const std::string address = absl::StrCat(options.master_addr, ":", options.master_port);
+  // Connect (and check the job) under a deadline: c10d's client may never return (see
+  // RunWithDeadline). The 5 s beyond the store's own timeout let its own error come first.
+  ASSIGN_OR_RETURN(
+      c10::intrusive_ptr<c10d::Store> store,
+      internal_collectives::RunWithDeadline<c10::intrusive_ptr<c10d::Store>>(
+          options.rendezvous_timeout + absl::Seconds(5),
+          absl::StrCat(what, ": no answer from the TCPStore at ", address, " within ",
+                       absl::FormatDuration(options.rendezvous_timeout + absl::Seconds(5)),
+                       ": something that is not this job's store (another program, or a stalled "
+                       "process) may be listening there; check MASTER_ADDR and MASTER_PORT"),
+          [what, address, options]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
+            ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                             internal_collectives::ConnectTcpStore(
+                                 what, options.master_addr, options.master_port,
+                                 options.host_store, options.rendezvous_timeout));
+            return JoinJob(std::move(store), options, address);
+          }));
+  return ConnectRanks(std::move(store), options);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const GlooOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  IgnoreSigpipe();
-  c10::intrusive_ptr<c10d::Store> prefixed =
-      c10::make_intrusive<c10d::PrefixStore>("orthoshard", std::move(store));
-  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend,
-                   internal_collectives::CreateGlooBackend(prefixed, options.rank, options.size,
-                                                           ToChrono(options.rendezvous_timeout),
-                                                           options.hostname, options.threads));
-  try {
-    // A virtual call into libtorch's ProcessGroupGloo; from now on collectives use `timeout`.
-    backend->setTimeout(ToChrono(options.timeout));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("gloo: setting the timeout failed: ", WhatOf(e)));
-  }
-  internal_collectives::EngineTraits traits;
-  traits.name = "gloo";
-  traits.device = at::Device(at::kCPU);
-  traits.native_avg = false;             // ProcessGroupGloo rejects ReduceOp::AVG
-  traits.native_reduce_scatter = false;  // its tensor-form reduce-scatter is an all-reduce anyway
-  return internal_collectives::MakeC10dCommunicator(prefixed, std::move(backend), options.rank,
-                                                    options.size, options.timeout,
-                                                    std::move(traits));
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> job_store,
+                   JoinJob(std::move(store), options, "the given store"));
+  return ConnectRanks(std::move(job_store), options);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> JoinGlooFromEnvironment(

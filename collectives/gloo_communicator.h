@@ -35,6 +35,10 @@ struct GlooOptions {
   // different times (loading LibTorch takes seconds on a busy machine).
   absl::Duration rendezvous_timeout = absl::Seconds(60);
   int threads = 2;  // Gloo worker threads
+  // The job and attempt this rank belongs to (RendezvousInfo::job_id, attempt): the store must be
+  // this job's, and the rendezvous keys live under the attempt's own prefix.
+  std::string job_id;
+  int attempt = 0;
 };
 
 // Options for this process from the rendezvous environment.
@@ -44,13 +48,16 @@ GlooOptions GlooOptionsFromRendezvous(const RendezvousInfo& info);
 // dead peer is an error status rather than the death of this process.
 //
 // Connects to (or, with host_store, starts) the TCPStore and connects every rank with Gloo.
-// Blocks until all `size` ranks arrived. Errors: kInvalidArgument for rank/size/timeout out of
-// range; kDeadlineExceeded or kUnavailable, naming the store address, when the store or a peer
-// cannot be reached within the timeout.
+// Blocks until all `size` ranks arrived, at most about 2 x rendezvous_timeout (the store, then the
+// peers), also when something at the store's address accepts connections but never answers.
+// Errors: kInvalidArgument for rank/size/timeout out of range; kDeadlineExceeded or kUnavailable,
+// naming the store address and the likely cause, when the store or a peer cannot be reached in
+// time; kFailedPrecondition when the store belongs to another job (see JobIdentity).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options);
 
 // As above over an existing store (e.g. one hosted by a launcher or a test); `options`'
-// master_addr, master_port and host_store are ignored.
+// master_addr, master_port and host_store are ignored (the address in messages is "the given
+// store").
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const GlooOptions& options);
 

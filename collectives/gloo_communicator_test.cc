@@ -3,6 +3,17 @@
 #include "collectives/gloo_communicator.h"
 
 #include <ATen/ops/zeros.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -49,6 +60,58 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesFailsTheRendezvousInTime) {
   EXPECT_THAT(CreateGlooCommunicator(options),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        HasSubstr("gloo rendezvous of rank 0 of 2 failed")));
+}
+
+// Something listens at MASTER_PORT, accepts connections and never answers: c10d's TCPStore client
+// would wait forever (over 100 s measured, whatever its timeout); the rendezvous gives up after
+// rendezvous_timeout + 5 s, saying what it waited for and what to check.
+TEST(GlooCommunicatorTest, AStoreThatNeverAnswersFailsTheRendezvousInTime) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 16), 0);  // the kernel accepts; nobody reads or writes
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  GlooOptions options = SingleRank();
+  options.size = 2;
+  options.rank = 1;
+  options.host_store = false;
+  options.master_port = ntohs(addr.sin_port);
+  options.rendezvous_timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(CreateGlooCommunicator(options),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr(absl::StrCat("gloo: rank 1: no answer from the TCPStore at "
+                                                    "127.0.0.1:", options.master_port)),
+                             HasSubstr("check MASTER_ADDR and MASTER_PORT"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // bounded (6 s), not a timing measurement
+  close(listener);
+}
+
+// A rank that finds another job's store at its address fails at once naming both jobs, instead of
+// waiting out the rendezvous (301 s measured) or, worse, joining that job.
+TEST(GlooCommunicatorTest, AnotherJobsStoreIsRefused) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = 0;
+  store_options.isServer = true;
+  store_options.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  GlooOptions options = SingleRank();
+  options.job_id = "job-a";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> first, CreateGlooCommunicator(store, options));
+  options.job_id = "job-b";
+  EXPECT_THAT(CreateGlooCommunicator(store, options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("gloo: rank 0: the TCPStore at the given store belongs to another "
+                                 "job (it holds 'job job-a, world size 1'; this rank is 'job "
+                                 "job-b, world size 1')")));
+  // The next attempt of the same job rendezvouses under its own prefix.
+  options.job_id = "job-a";
+  options.attempt = 1;
+  EXPECT_OK(CreateGlooCommunicator(store, options).status());
 }
 
 TEST(GlooCommunicatorTest, SingleRankCollectivesAndLaunchValidation) {

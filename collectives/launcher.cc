@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -97,6 +98,10 @@ class Run {
  public:
   explicit Run(const LaunchOptions& options) : options_(options) {
     output_ = options.output ? options.output : DefaultOutput;
+    // Names this launch in the store (the ranks check it: a rank of another job that finds this
+    // store at its MASTER_PORT fails at once instead of joining).
+    std::random_device random;
+    job_id_ = absl::StrCat("local-", getpid(), "-", absl::Hex(random(), absl::kZeroPad8));
   }
 
   absl::StatusOr<LaunchResult> Execute() {
@@ -150,6 +155,7 @@ class Run {
         {"MASTER_ADDR", "127.0.0.1"},
         {"MASTER_PORT", absl::StrCat(port)},
         {"TORCHELASTIC_USE_AGENT_STORE", options_.host_store ? "True" : "False"},
+        {"ORTHOSHARD_JOB_ID", job_id_},
     };
     auto set = [&](const std::string& key, const std::string& value) {
       const std::string prefix = key + "=";
@@ -337,6 +343,7 @@ class Run {
   }
 
   const LaunchOptions& options_;
+  std::string job_id_;
   std::function<void(absl::string_view, bool)> output_;
   std::vector<Child> children_;
   std::vector<Stream> streams_;

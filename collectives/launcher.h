@@ -48,8 +48,8 @@ struct LaunchResult {
 };
 
 // Starts `nprocs` ranks and waits for all of them. Each rank gets RANK, LOCAL_RANK, WORLD_SIZE,
-// LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR=127.0.0.1, MASTER_PORT and
-// TORCHELASTIC_USE_AGENT_STORE. Ranks die with the launcher (PR_SET_PDEATHSIG), so call it from a
+// LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR=127.0.0.1, MASTER_PORT,
+// TORCHELASTIC_USE_AGENT_STORE and ORTHOSHARD_JOB_ID (unique to this launch). Ranks die with the launcher (PR_SET_PDEATHSIG), so call it from a
 // thread that outlives the run. At most one LaunchLocal may run per process at a time.
 // Errors: kInvalidArgument for nprocs < 1 or an empty binary; kUnavailable if the store or a
 // process cannot be started; kDeadlineExceeded when `timeout` passed (every rank is killed);

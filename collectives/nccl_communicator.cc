@@ -2,12 +2,13 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "collectives/internal/c10d_communicator.h"
 #include "common/status_macros.h"
 
@@ -28,6 +29,22 @@ absl::Status CheckOptions(const NcclOptions& options) {
   return absl::OkStatus();
 }
 
+// The job's store under its attempt prefix (internal_collectives::JoinJobStore).
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJob(c10::intrusive_ptr<c10d::Store> store,
+                                                       const NcclOptions& options,
+                                                       const std::string& address) {
+  internal_collectives::JobIdentity job;
+  job.job_id = options.job_id;
+  job.attempt = options.attempt;
+  job.world_size = options.size;
+  return internal_collectives::JoinJobStore(std::move(store), job,
+                                            absl::StrCat("nccl: rank ", options.rank), address,
+                                            options.rendezvous_timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c10d::Store> prefixed,
+                                                          const NcclOptions& options);
+
 }  // namespace
 
 NcclOptions NcclOptionsFromRendezvous(const RendezvousInfo& info) {
@@ -38,6 +55,8 @@ NcclOptions NcclOptionsFromRendezvous(const RendezvousInfo& info) {
   options.master_addr = info.master_addr;
   options.master_port = info.master_port;
   options.host_store = info.HostsStore();
+  options.job_id = info.job_id;
+  options.attempt = info.attempt;
   return options;
 }
 
@@ -48,16 +67,38 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclO
     return absl::InvalidArgumentError(
         absl::StrCat("nccl: master_port ", options.master_port, " is not a usable port"));
   }
-  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
-                   internal_collectives::ConnectTcpStore(
-                       absl::StrCat("nccl: rank ", options.rank), options.master_addr,
-                       options.master_port, options.host_store, options.rendezvous_timeout));
-  return CreateNcclCommunicator(std::move(store), options);
+  const std::string what = absl::StrCat("nccl: rank ", options.rank);
+  const std::string address = absl::StrCat(options.master_addr, ":", options.master_port);
+  ASSIGN_OR_RETURN(
+      c10::intrusive_ptr<c10d::Store> store,
+      internal_collectives::RunWithDeadline<c10::intrusive_ptr<c10d::Store>>(
+          options.rendezvous_timeout + absl::Seconds(5),
+          absl::StrCat(what, ": no answer from the TCPStore at ", address, " within ",
+                       absl::FormatDuration(options.rendezvous_timeout + absl::Seconds(5)),
+                       ": something that is not this job's store (another program, or a stalled "
+                       "process) may be listening there; check MASTER_ADDR and MASTER_PORT"),
+          [what, address, options]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
+            ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                             internal_collectives::ConnectTcpStore(
+                                 what, options.master_addr, options.master_port,
+                                 options.host_store, options.rendezvous_timeout));
+            return JoinJob(std::move(store), options, address);
+          }));
+  return ConnectRanks(std::move(store), options);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const NcclOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> job_store,
+                   JoinJob(std::move(store), options, "the given store"));
+  return ConnectRanks(std::move(job_store), options);
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c10d::Store> prefixed,
+                                                          const NcclOptions& options) {
   IgnoreSigpipe();
   const int devices = c10::cuda::device_count();
   if (options.device >= devices) {
@@ -66,8 +107,6 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
                                                       ", this machine has ", devices));
   }
   const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.device));
-  c10::intrusive_ptr<c10d::Store> prefixed =
-      c10::make_intrusive<c10d::PrefixStore>("orthoshard", std::move(store));
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
     c10::cuda::set_device(device.index());
@@ -99,5 +138,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
                                                     options.size, options.timeout,
                                                     std::move(traits));
 }
+
+}  // namespace
 
 }  // namespace orthoshard::collectives

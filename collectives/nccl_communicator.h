@@ -38,6 +38,9 @@ struct NcclOptions {
   absl::Duration timeout = absl::Seconds(60);
   // Bound on connecting to the store and on creating the NCCL communicator.
   absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // The job and attempt this rank belongs to (as GlooOptions).
+  std::string job_id;
+  int attempt = 0;
 };
 
 // Options for this process from the rendezvous environment; `device` is the local rank.
@@ -48,7 +51,8 @@ NcclOptions NcclOptionsFromRendezvous(const RendezvousInfo& info);
 // arrived). Errors: kInvalidArgument for rank/size/device/timeout/port out of range;
 // kFailedPrecondition when `device` is not a CUDA device of this machine (naming the device count);
 // kDeadlineExceeded or kUnavailable, naming the store address or NCCL's message, when the
-// rendezvous fails.
+// rendezvous fails (bounded as for Gloo); kFailedPrecondition when the store belongs to another
+// job.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options);
 
 // As above over an existing store; `options`' master_addr, master_port and host_store are ignored.

@@ -78,6 +78,13 @@ absl::StatusOr<RendezvousInfo> FromTorchrun(const Environment& env) {
     const std::string value = absl::AsciiStrToLower(*agent);
     info.agent_hosts_store = value == "true" || value == "1";
   }
+  if (const std::string* run = Lookup(env, "TORCHELASTIC_RUN_ID"); run != nullptr && *run != "none") {
+    info.job_id = *run;
+  }
+  ASSIGN_OR_RETURN(const int64_t attempt,
+                   IntVar(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxRanks));
+  info.attempt = static_cast<int>(attempt);
+  if (const std::string* job = Lookup(env, "ORTHOSHARD_JOB_ID")) info.job_id = *job;
   RETURN_IF_ERROR(CheckRanks(info, "RANK", "WORLD_SIZE"));
   return info;
 }
@@ -111,6 +118,13 @@ absl::StatusOr<RendezvousInfo> FromSlurm(const Environment& env) {
     ASSIGN_OR_RETURN(int64_t job, IntVar(env, "SLURM_JOB_ID", 0, 0, INT64_MAX));
     info.master_port = static_cast<int>(20000 + job % 10000);
   }
+  if (const std::string* job = Lookup(env, "SLURM_JOB_ID")) {
+    const std::string* step = Lookup(env, "SLURM_STEP_ID");
+    info.job_id = absl::StrCat(*job, ".", step != nullptr ? *step : "0");
+  }
+  ASSIGN_OR_RETURN(const int64_t attempt, IntVar(env, "SLURM_RESTART_COUNT", 0, 0, kMaxRanks));
+  info.attempt = static_cast<int>(attempt);
+  if (const std::string* job = Lookup(env, "ORTHOSHARD_JOB_ID")) info.job_id = *job;
   RETURN_IF_ERROR(CheckRanks(info, "SLURM_PROCID", "SLURM_NTASKS"));
   return info;
 }

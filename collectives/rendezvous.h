@@ -26,6 +26,12 @@ struct RendezvousInfo {
   // otherwise rank 0 hosts it.
   bool agent_hosts_store = false;
   std::string source;  // "torchrun" or "slurm"
+  // Which job and which attempt of it this rank belongs to. The ranks check the job against the
+  // store they joined (a store of another job fails the rendezvous at once, naming both), and each
+  // attempt of an elastic restart rendezvouses under its own key prefix, so it never reads the
+  // keys of the attempt before it. Empty job_id: only the world size is checked.
+  std::string job_id;
+  int attempt = 0;
 
   // Whether this process runs the TCPStore server.
   bool HostsStore() const { return !agent_hosts_store && rank == 0; }
@@ -33,12 +39,16 @@ struct RendezvousInfo {
 
 // Reads torchrun's variables when RANK and WORLD_SIZE are set: RANK, WORLD_SIZE, LOCAL_RANK
 // (default 0), LOCAL_WORLD_SIZE (default 1), MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default
-// 29500), TORCHELASTIC_USE_AGENT_STORE ("True"/"1" means the agent hosts the store).
+// 29500), TORCHELASTIC_USE_AGENT_STORE ("True"/"1" means the agent hosts the store), job_id
+// from TORCHELASTIC_RUN_ID (unless "none", torchrun's default without --rdzv-id) and attempt from
+// TORCHELASTIC_RESTART_COUNT (default 0). ORTHOSHARD_JOB_ID, when set, is the job_id under any
+// launcher (LaunchLocal sets it).
 // Otherwise SLURM's when SLURM_PROCID and SLURM_NTASKS are set: rank SLURM_PROCID, world
 // SLURM_NTASKS, local rank SLURM_LOCALID, local world SLURM_NTASKS_PER_NODE (its first number) or
 // 1; MASTER_ADDR if set, else the first host of SLURM_JOB_NODELIST (e.g. "node[03-05,9]" gives
 // "node03"), else 127.0.0.1; MASTER_PORT if set, else 20000 + SLURM_JOB_ID % 10000 (so concurrent
-// jobs on shared nodes differ), else 29500.
+// jobs on shared nodes differ), else 29500; job_id "SLURM_JOB_ID.SLURM_STEP_ID"; attempt
+// SLURM_RESTART_COUNT (default 0).
 // Errors: kNotFound if neither set of variables is present; kInvalidArgument naming the variable
 // for a non-integer, out-of-range or inconsistent value (rank >= world size, port outside
 // [1, 65535]).

@@ -42,6 +42,40 @@ TEST(RendezvousTest, TorchrunDefaultsAndAgentStore) {
   EXPECT_FALSE(info.HostsStore());
 }
 
+// The job a rank belongs to, and which attempt of it, for the store check and the key prefix.
+TEST(RendezvousTest, JobAndAttempt) {
+  ASSERT_OK_AND_ASSIGN(RendezvousInfo info, ParseRendezvous({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  EXPECT_EQ(info.job_id, "");
+  EXPECT_EQ(info.attempt, 0);
+  ASSERT_OK_AND_ASSIGN(info, ParseRendezvous({{"RANK", "0"},
+                                              {"WORLD_SIZE", "1"},
+                                              {"TORCHELASTIC_RUN_ID", "none"}}));
+  EXPECT_EQ(info.job_id, "");  // torchrun's default without --rdzv-id names no job
+  ASSERT_OK_AND_ASSIGN(info, ParseRendezvous({{"RANK", "0"},
+                                              {"WORLD_SIZE", "1"},
+                                              {"TORCHELASTIC_RUN_ID", "4f1c"},
+                                              {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  EXPECT_EQ(info.job_id, "4f1c");
+  EXPECT_EQ(info.attempt, 2);
+  ASSERT_OK_AND_ASSIGN(info, ParseRendezvous({{"RANK", "0"},
+                                              {"WORLD_SIZE", "1"},
+                                              {"TORCHELASTIC_RUN_ID", "4f1c"},
+                                              {"ORTHOSHARD_JOB_ID", "local-7-ab"}}));
+  EXPECT_EQ(info.job_id, "local-7-ab");
+  ASSERT_OK_AND_ASSIGN(info, ParseRendezvous({{"SLURM_PROCID", "0"},
+                                              {"SLURM_NTASKS", "1"},
+                                              {"SLURM_JOB_ID", "99"},
+                                              {"SLURM_STEP_ID", "3"},
+                                              {"SLURM_RESTART_COUNT", "1"}}));
+  EXPECT_EQ(info.job_id, "99.3");
+  EXPECT_EQ(info.attempt, 1);
+  EXPECT_THAT(ParseRendezvous({{"RANK", "0"},
+                               {"WORLD_SIZE", "1"},
+                               {"TORCHELASTIC_RESTART_COUNT", "x"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("TORCHELASTIC_RESTART_COUNT='x' is not an integer")));
+}
+
 TEST(RendezvousTest, FallsBackToSlurm) {
   ASSERT_OK_AND_ASSIGN(RendezvousInfo info,
                        ParseRendezvous({{"SLURM_PROCID", "6"},

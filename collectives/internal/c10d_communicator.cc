@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <memory>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
@@ -267,13 +269,19 @@ class C10dCommunicator : public Communicator {
     return absl::OkStatus();
   }
 
-  // Lets peers name this rank when it falls behind. Best effort: the store may be gone at exit.
+  // Lets peers name this rank when it falls behind. Best effort: once a write fails the store is
+  // gone (its host, the launcher or rank 0, died), and this rank stops writing to it: each failed
+  // write costs c10d retries and a warning with a backtrace, which slowed orphaned ranks 16-fold.
+  // The job is then stopped by its launcher's death (pretrain: a SIGTERM) or by the next failed
+  // collective, whose error says the store is unreachable.
   void PublishProgress(int64_t seq) {
+    if (store_lost_) return;
     try {
       const std::string value = absl::StrCat(seq);
       shared_->store->set(ProgressKey(shared_->rank),
                           std::vector<uint8_t>(value.begin(), value.end()));
     } catch (const std::exception&) {
+      store_lost_ = true;
     }
   }
 
@@ -459,6 +467,7 @@ class C10dCommunicator : public Communicator {
   std::shared_ptr<Shared> shared_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   absl::Duration timeout_;
+  bool store_lost_ = false;  // a progress write failed; no more are tried
   EngineTraits traits_;
   int64_t next_seq_ = 1;
   mutable absl::Mutex mu_;
@@ -506,6 +515,34 @@ std::unique_ptr<Communicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Stor
                                                    EngineTraits traits) {
   return std::make_unique<C10dCommunicator>(std::move(store), std::move(backend), rank, size,
                                             timeout, std::move(traits));
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<c10d::Store> store,
+                                                            const JobIdentity& job,
+                                                            const std::string& what,
+                                                            const std::string& address,
+                                                            absl::Duration timeout) {
+  c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>(
+      absl::StrCat("orthoshard/attempt", job.attempt), std::move(store));
+  const std::string mine = absl::StrCat("job ", job.job_id.empty() ? "(unnamed)" : job.job_id,
+                                        ", world size ", job.world_size);
+  std::string theirs;
+  try {
+    prefixed->setTimeout(ToChrono(timeout));
+    const std::vector<uint8_t> held =
+        prefixed->compareSet("job", {}, std::vector<uint8_t>(mine.begin(), mine.end()));
+    theirs.assign(held.begin(), held.end());
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": the TCPStore at ", address, " cannot be used: ", WhatOf(e)));
+  }
+  if (theirs != mine) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the TCPStore at ", address, " belongs to another job (it holds '", theirs,
+        "'; this rank is '", mine, "'): MASTER_PORT is probably taken by another job, or the "
+        "ranks were started with different WORLD_SIZE"));
+  }
+  return prefixed;
 }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::string& what,

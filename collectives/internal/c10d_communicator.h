@@ -8,12 +8,16 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
 
@@ -41,6 +45,53 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::strin
                                                                 const std::string& addr, int port,
                                                                 bool host_store,
                                                                 absl::Duration timeout);
+
+// What a rank joins: its job and attempt (RendezvousInfo), for JoinJobStore.
+struct JobIdentity {
+  std::string job_id;  // may be empty: then only the world size is checked
+  int attempt = 0;
+  int world_size = 1;
+};
+
+// The store the engine rendezvouses on: `store` under the prefix "orthoshard/attempt<N>" (an
+// elastic restart never reads the keys of the attempt before it), after checking that the store
+// belongs to this job: the first rank to arrive records "job <id>, world size <n>", every rank
+// compares (one compareSet). Errors: kFailedPrecondition starting with `what` when the store holds
+// another job's identity ("... the TCPStore at ADDR belongs to another job (it holds 'job a,
+// world size 4'; this rank is 'job b, world size 2'): MASTER_PORT is probably taken by another
+// job"); kUnavailable when the store cannot be used.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<c10d::Store> store,
+                                                            const JobIdentity& job,
+                                                            const std::string& what,
+                                                            const std::string& address,
+                                                            absl::Duration timeout);
+
+// Runs `fn` on a thread of its own and waits at most `deadline` for it. c10d's TCPStore client
+// blocks without bound when whatever listens at the address accepts the connection but never
+// answers (measured: over 100 s with a 5 s store timeout), so a rendezvous cannot rely on the
+// engine's timeouts alone. On expiry the thread is detached (whatever it returns later is dropped)
+// and the result is kDeadlineExceeded with `on_timeout`.
+template <typename T>
+absl::StatusOr<T> RunWithDeadline(absl::Duration deadline, std::string on_timeout,
+                                  std::function<absl::StatusOr<T>()> fn) {
+  struct Result {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<T> value ABSL_GUARDED_BY(mu) = absl::UnknownError("not run");
+  };
+  auto result = std::make_shared<Result>();
+  std::thread([result, fn = std::move(fn)] {
+    absl::StatusOr<T> value = fn();
+    absl::MutexLock lock(&result->mu);
+    result->value = std::move(value);
+    result->done = true;
+  }).detach();
+  absl::MutexLock lock(&result->mu);
+  if (!result->mu.AwaitWithTimeout(absl::Condition(&result->done), deadline)) {
+    return absl::DeadlineExceededError(std::move(on_timeout));
+  }
+  return std::move(result->value);
+}
 
 // The exception's message, without the C++ backtrace of a c10::Error.
 std::string WhatOf(const std::exception& e);
