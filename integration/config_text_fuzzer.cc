@@ -36,7 +36,7 @@ using ::orthoshard::integration::ValidateTrainerConfig;
   X(warmup_steps) X(min_lr_ratio) X(decay_steps) X(eval_every) X(eval_batches) X(eval_fraction) \
   X(bucket_elems) X(check_every) X(log_every) X(log_dir) X(save_dir) X(save_every) X(resume)    \
   X(stop_after) X(keep_checkpoints) X(max_consecutive_skips) X(seed) X(num_threads)             \
-  X(on_save_failure) X(max_consecutive_failed_saves)
+  X(on_save_failure) X(max_consecutive_failed_saves) X(distributed_timeout_s)
 
 #define ORTHOSHARD_COUNT(field) +1
 constexpr int kNumFields = 0 ORTHOSHARD_CONFIG_FIELDS(ORTHOSHARD_COUNT);
@@ -92,6 +92,7 @@ TrainerConfig Distinctive() {
   c.num_threads = -116;
   c.on_save_failure = "f?";
   c.max_consecutive_failed_saves = -117;
+  c.distributed_timeout_s = -118;
   return c;
 }
 
@@ -123,7 +124,7 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   const absl::StatusOr<GptConfig> preset = GptPreset(c.model);
   Check(preset.ok());
   Check(c.steps >= 1 && c.global_batch >= 1 && c.micro_batches >= 1 && c.eval_batches >= 1 &&
-        c.bucket_elems >= 1 && c.log_every >= 1);
+        c.bucket_elems >= 1 && c.log_every >= 1 && c.distributed_timeout_s >= 1);
   Check(c.seq_len >= 0 && c.seq_len <= preset->max_seq_len);
   Check(c.warmup_steps >= 0 && c.decay_steps >= 0 && c.eval_every >= 0 && c.check_every >= 0 &&
         c.num_threads >= 0);

@@ -126,6 +126,9 @@ ABSL_FLAG(int64_t, max_consecutive_failed_saves, kDefaults.max_consecutive_faile
 ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of model init, data order and synthetic corpus");
 ABSL_FLAG(int, num_threads, kDefaults.num_threads,
           "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default");
+ABSL_FLAG(int64_t, distributed_timeout_s, kDefaults.distributed_timeout_s,
+          "seconds any wait on another rank may take (a collective, the rendezvous) before the "
+          "job fails naming the rank");
 
 namespace orthoshard::integration {
 namespace {
@@ -244,6 +247,7 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   ORTHOSHARD_FLAG(max_consecutive_failed_saves);
   ORTHOSHARD_FLAG(seed);
   ORTHOSHARD_FLAG(num_threads);
+  ORTHOSHARD_FLAG(distributed_timeout_s);
 #undef ORTHOSHARD_FLAG
   return c;
 }
@@ -271,12 +275,17 @@ absl::Status CheckDevice(const TrainerConfig& config, int local_ranks) {
 // The communicator of `config.device`: Gloo on the CPU, or NCCL on GPU LOCAL_RANK.
 absl::StatusOr<std::unique_ptr<collectives::Communicator>> CreateCommunicator(
     const TrainerConfig& config, const collectives::RendezvousInfo& info) {
+  const absl::Duration timeout = absl::Seconds(config.distributed_timeout_s);
 #ifdef ORTHOSHARD_CUDA
   if (config.device == "cuda") {
-    return collectives::CreateNcclCommunicator(collectives::NcclOptionsFromRendezvous(info));
+    collectives::NcclOptions options = collectives::NcclOptionsFromRendezvous(info);
+    options.timeout = options.rendezvous_timeout = timeout;
+    return collectives::CreateNcclCommunicator(options);
   }
 #endif
-  return collectives::CreateGlooCommunicator(collectives::GlooOptionsFromRendezvous(info));
+  collectives::GlooOptions options = collectives::GlooOptionsFromRendezvous(info);
+  options.timeout = options.rendezvous_timeout = timeout;
+  return collectives::CreateGlooCommunicator(options);
 }
 
 // The first SIGINT, SIGTERM or SIGHUP a rank receives; Train stops gracefully when it is set.
@@ -363,9 +372,9 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
   options.nprocs = nprocs;
   // When a rank dies, the others notice within seconds (a broken connection) or, when it hangs
-  // without dying (SIGSTOP, a stuck device), within the collective timeout (60 s); either way they
-  // fail naming it and exit. The grace period covers the time a rank needs after that (its error
-  // path and exit), not the timeout again: a hung rank ends the job in about 60 + 15 s.
+  // without dying (SIGSTOP, a stuck device), within --distributed_timeout_s; either way they fail
+  // naming it and exit. The grace period covers the time a rank needs after that (its error path
+  // and exit), not the timeout again: a hung rank ends the job in about the timeout + 15 s.
   options.grace_period = absl::Seconds(15);
   if (IsTerminal(stdout)) options.env.push_back({kTtyEnv, "1"});
   std::string json;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A rank of a 3-rank `pretrain` is SIGKILLed mid-training. Every other rank must fail on its own
 # (not just be killed by the launcher) with an error naming the lost rank, the launcher must exit
-# non-zero, and no rank process may be left behind.
+# non-zero, and no rank process may be left behind. Then a rank hangs (SIGSTOP) instead: the job
+# ends within the distributed timeout plus the launcher's grace.
 #   $1: the pretrain binary
 set -uo pipefail
 pretrain="$(readlink -f "$1")"
@@ -52,4 +53,38 @@ for r in 0 2; do
 done
 echo "PASS: launcher exit $rc ${elapsed}s after SIGKILL of rank 1; ranks 0 and 2 named it:"
 grep -m4 "^\[rank [02]\]" "$work/err"
+
+# A rank that hangs without dying (SIGSTOP: no broken connection to notice) ends the job within
+# --distributed_timeout_s plus the launcher's grace (15 s), the others naming it; the stopped rank
+# is then killed by the launcher.
+"$pretrain" --nproc_per_node=3 --steps=100000 --eval_every=0 --check_every=0 --global_batch=24 \
+    --log_every=1 --distributed_timeout_s=5 >"$work/out2" 2>"$work/err2" &
+launcher=$!
+for _ in $(seq 1 300); do
+  [[ $(grep -c "step " "$work/out2") -ge 3 ]] && break
+  kill -0 "$launcher" 2>/dev/null || fail "pretrain ended before the SIGSTOP"
+  sleep 0.1
+done
+ranks=$(pgrep -P "$launcher")
+victim=""
+for pid in $ranks; do
+  if grep -qxz "RANK=1" "/proc/$pid/environ" 2>/dev/null; then victim=$pid; fi
+done
+[[ -n "$victim" ]] || fail "no rank 1 among the launcher's children"
+kill -STOP "$victim"
+stopped_at=$SECONDS
+while kill -0 "$launcher" 2>/dev/null && (( SECONDS - stopped_at < 60 )); do sleep 0.2; done
+kill -0 "$launcher" 2>/dev/null && fail "launcher still running 60 s after rank 1 was stopped"
+wait "$launcher"
+rc=$?
+elapsed=$(( SECONDS - stopped_at ))
+[[ $rc -ne 0 ]] || fail "launcher exited 0 after a rank hung"
+for pid in $ranks; do
+  kill -0 "$pid" 2>/dev/null && fail "rank process $pid left behind after the hang"
+done
+for r in 0 2; do
+  grep -q "^\[rank $r\].*\(timed out\|did not complete within 5s\).*rank 1" "$work/err2" \
+      || fail "rank $r printed no timeout naming rank 1: $(grep "^\[rank $r\]" "$work/err2" | head -3)"
+done
+echo "PASS: launcher exit $rc ${elapsed}s after SIGSTOP of rank 1 (timeout 5 s + grace 15 s)"
 exit 0

@@ -110,6 +110,7 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
   ORTHOSHARD_APPLY(max_consecutive_failed_saves);
   ORTHOSHARD_APPLY(seed);
   ORTHOSHARD_APPLY(num_threads);
+  ORTHOSHARD_APPLY(distributed_timeout_s);
 #undef ORTHOSHARD_APPLY
   return absl::OkStatus();
 }
@@ -179,7 +180,8 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
                               {"micro_batches", c.micro_batches},
                               {"eval_batches", c.eval_batches},
                               {"bucket_elems", c.bucket_elems},
-                              {"log_every", c.log_every}}) {
+                              {"log_every", c.log_every},
+                              {"distributed_timeout_s", c.distributed_timeout_s}}) {
     if (absl::Status s = Positive(field, value); !s.ok()) return s;
   }
   for (auto [field, value] : {std::pair<const char*, int64_t>{"seq_len", c.seq_len},

@@ -63,6 +63,9 @@ struct TrainerConfig {
   int64_t max_consecutive_failed_saves = 3;
   uint64_t seed = 1234;              // model init, data permutation and synthetic corpus
   int num_threads = 1;               // at::set_num_threads per rank (ranks share the cores); 0 = leave
+  // Bound, in seconds, on every wait on another rank (each collective, and the rendezvous): a rank
+  // that does not take part within it (dead, hung, stopped) fails the job on every rank, naming it.
+  int64_t distributed_timeout_s = 60;
 };
 
 // Fills `config` from a text-format orthoshard.integration.PretrainConfig: only fields present in

@@ -33,6 +33,9 @@ struct Shared {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0;
   int size = 1;
+  // How long DescribeSilent waits after a timeout: the survivors of a hang time out at different
+  // moments (each on its own collective's clock), so the wait grows with the collective timeout.
+  absl::Duration report_wait = absl::Seconds(3);
   std::atomic<bool> failed{false};
 
   // Best effort: " ranks that have not launched it: [..]" from the published progress.
@@ -61,12 +64,13 @@ struct Shared {
     return absl::StrCat("; not launched by ", absl::StrJoin(missing, ", "));
   }
 
-  // Best effort, after the engine failed collective #seq on this rank: reports the failure in the
-  // store, then waits up to kReportWait for every other rank to report one too. A peer that dies
-  // mid-collective has usually launched it already, so the launch progress cannot name it; the
-  // ranks that stay silent can: "; rank 1 reported no failure within 3s (lost?)".
-  std::string DescribeSilent(int64_t seq) const {
-    constexpr absl::Duration kReportWait = absl::Seconds(3);
+  // Best effort, after collective #seq failed or timed out on this rank: reports the failure in
+  // the store, then waits up to `wait` for every other rank to report one too. A peer that dies
+  // or hangs (SIGSTOP) mid-collective has usually launched it already, so the launch progress
+  // cannot name it; the ranks that stay silent can: "; rank 1 reported no failure within 5s
+  // (lost?)".
+  std::string DescribeSilent(int64_t seq, absl::Duration wait) const {
+    const absl::Duration kReportWait = wait;
     std::vector<std::string> silent;
     try {
       store->setTimeout(std::chrono::milliseconds(2000));
@@ -112,17 +116,26 @@ class C10dWork : public Work {
       try {
         op.work->wait(ToChrono(deadline - absl::Now()));
       } catch (const std::exception& e) {
+        const std::string what = WhatOf(e);
+        const std::string missing = shared_->DescribeMissing(op.seq);
+        // When every rank launched it, the one that is gone or hung is the one that does not
+        // report a failure of its own (a SIGSTOPped rank launched it, then stopped). A broken
+        // connection reaches every survivor within moments; a timeout reaches each when its own
+        // collective's clock runs out, so the others get longer to report one.
+        const bool timed_out = !op.work->isCompleted() || absl::StrContains(what, "timed out") ||
+                               absl::StrContains(what, "Timed out");
+        const std::string silent =
+            absl::StrContains(missing, "every rank launched it")
+                ? shared_->DescribeSilent(op.seq,
+                                          timed_out ? shared_->report_wait : absl::Seconds(3))
+                : "";
         if (!op.work->isCompleted()) {
           return absl::DeadlineExceededError(
               absl::StrCat(op.name, " did not complete within ", absl::FormatDuration(timeout),
-                           " on rank ", shared_->rank, shared_->DescribeMissing(op.seq)));
+                           " on rank ", shared_->rank, missing, silent));
         }
-        const std::string missing = shared_->DescribeMissing(op.seq);
-        const std::string silent = absl::StrContains(missing, "every rank launched it")
-                                       ? shared_->DescribeSilent(op.seq)
-                                       : "";
         return Fail(absl::UnavailableError(absl::StrCat(op.name, " failed on rank ", shared_->rank,
-                                                        ": ", WhatOf(e), missing, silent)));
+                                                        ": ", what, missing, silent)));
       }
     }
     for (PendingOp& op : ops_) {
@@ -196,6 +209,8 @@ class C10dCommunicator : public Communicator {
     shared_->store = std::move(store);
     shared_->rank = rank;
     shared_->size = size;
+    // At most 10 s: a launcher's grace after the first failure (pretrain's: 15 s) must outlast it.
+    shared_->report_wait = std::clamp(timeout, absl::Seconds(3), absl::Seconds(10));
   }
 
   int rank() const override { return shared_->rank; }
