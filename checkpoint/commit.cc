@@ -194,37 +194,22 @@ absl::StatusOr<std::string> ResolveLatest(const std::string& root) {
   return dir;
 }
 
-RootLock& RootLock::operator=(RootLock&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.fd_;
-    path_ = std::move(other.path_);
-    other.fd_ = -1;
-  }
-  return *this;
-}
-
-RootLock::~RootLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
-}
-
 absl::StatusOr<RootLock> LockRoot(const std::string& root, absl::string_view holder) {
   RETURN_IF_ERROR(MakeDir(root));
   const std::string path = JoinPath(root, kLockFileName);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
+  File file(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644), path);
+  if (file.fd() < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("open(", path, "): ", std::strerror(errno)));
   }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(file.fd(), LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
-    std::string who(512, '\0');
-    const ssize_t n = ::pread(fd, who.data(), who.size(), 0);
-    ::close(fd);
     if (error != EWOULDBLOCK) {
       return absl::FailedPreconditionError(
           absl::StrCat("flock(", path, "): ", std::strerror(error)));
     }
+    std::string who(512, '\0');
+    const ssize_t n = ::pread(file.fd(), who.data(), who.size(), 0);
     who.resize(n > 0 ? static_cast<size_t>(n) : 0);
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint root ", root, " is in use by another run (",
@@ -237,13 +222,12 @@ absl::StatusOr<RootLock> LockRoot(const std::string& root, absl::string_view hol
       absl::StrCat("pid ", ::getpid(), " on host ", host, " since ",
                    absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone()),
                    ": ", holder, "\n");
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) < 0) {
-    const int error = errno;
-    ::close(fd);
+  if (::ftruncate(file.fd(), 0) != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("write(", path, "): ", std::strerror(error)));
+        absl::StrCat("ftruncate(", path, "): ", std::strerror(errno)));
   }
-  return RootLock(fd, path);
+  RETURN_IF_ERROR(file.WriteAll(who.data(), who.size()));
+  return RootLock(std::move(file));
 }
 
 absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/file_util.h"
 
 namespace orthoshard::checkpoint {
 
@@ -90,22 +91,13 @@ absl::StatusOr<std::string> ResolveLatest(const std::string& root);
 // processes on one machine and on NFSv4 and Lustre mounts with locking enabled.
 class RootLock {
  public:
-  RootLock(RootLock&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
-    other.fd_ = -1;
-  }
-  RootLock& operator=(RootLock&& other) noexcept;
-  RootLock(const RootLock&) = delete;
-  RootLock& operator=(const RootLock&) = delete;
-  ~RootLock();
-
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
 
  private:
-  RootLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  explicit RootLock(File file) : file_(std::move(file)) {}
   friend absl::StatusOr<RootLock> LockRoot(const std::string&, absl::string_view);
 
-  int fd_ = -1;
-  std::string path_;
+  File file_;  // closing it releases the flock
 };
 
 // Creates `root` if needed and takes its lock without waiting; `holder` describes the caller for

@@ -29,17 +29,19 @@ absl::Status CheckOptions(const GlooOptions& options) {
   return absl::OkStatus();
 }
 
-// The job's store under its attempt prefix (internal_collectives::JoinJobStore).
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJob(c10::intrusive_ptr<c10d::Store> store,
-                                                       const GlooOptions& options,
-                                                       const std::string& address) {
-  internal_collectives::JobIdentity job;
-  job.job_id = options.job_id;
-  job.attempt = options.attempt;
-  job.world_size = options.size;
-  return internal_collectives::JoinJobStore(std::move(store), job,
-                                            absl::StrCat("gloo: rank ", options.rank), address,
-                                            options.rendezvous_timeout);
+// Where this rank meets the others (internal_collectives::ConnectJobStore).
+internal_collectives::StoreRendezvous Rendezvous(const GlooOptions& options) {
+  internal_collectives::StoreRendezvous where;
+  where.engine = "gloo";
+  where.rank = options.rank;
+  where.master_addr = options.master_addr;
+  where.master_port = options.master_port;
+  where.host_store = options.host_store;
+  where.timeout = options.rendezvous_timeout;
+  where.job.job_id = options.job_id;
+  where.job.attempt = options.attempt;
+  where.job.world_size = options.size;
+  return where;
 }
 
 // Connects every rank with Gloo over the job's store and wraps the backend.
@@ -91,33 +93,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
     return absl::InvalidArgumentError(
         absl::StrCat("gloo: master_port ", options.master_port, " is not a usable port"));
   }
-  const std::string what = absl::StrCat("gloo: rank ", options.rank);
-  const std::string address = absl::StrCat(options.master_addr, ":", options.master_port);
-  // Connect (and check the job) under a deadline: c10d's client may never return (see
-  // RunWithDeadline). The 5 s beyond the store's own timeout let its own error come first.
-  ASSIGN_OR_RETURN(
-      c10::intrusive_ptr<c10d::Store> store,
-      internal_collectives::RunWithDeadline<c10::intrusive_ptr<c10d::Store>>(
-          options.rendezvous_timeout + absl::Seconds(5),
-          absl::StrCat(what, ": no answer from the TCPStore at ", address, " within ",
-                       absl::FormatDuration(options.rendezvous_timeout + absl::Seconds(5)),
-                       ": something that is not this job's store (another program, or a stalled "
-                       "process) may be listening there; check MASTER_ADDR and MASTER_PORT"),
-          [what, address, options]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
-            ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
-                             internal_collectives::ConnectTcpStore(
-                                 what, options.master_addr, options.master_port,
-                                 options.host_store, options.rendezvous_timeout));
-            return JoinJob(std::move(store), options, address);
-          }));
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                   internal_collectives::ConnectJobStore(Rendezvous(options)));
   return ConnectRanks(std::move(store), options);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const GlooOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
+  const internal_collectives::StoreRendezvous where = Rendezvous(options);
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> job_store,
-                   JoinJob(std::move(store), options, "the given store"));
+                   internal_collectives::JoinJobStore(
+                       std::move(store), where.job, absl::StrCat("gloo: rank ", options.rank),
+                       "the given store", options.rendezvous_timeout));
   return ConnectRanks(std::move(job_store), options);
 }
 

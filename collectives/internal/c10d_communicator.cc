@@ -560,6 +560,24 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<
   return prefixed;
 }
 
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectJobStore(const StoreRendezvous& where) {
+  const std::string what = absl::StrCat(where.engine, ": rank ", where.rank);
+  const std::string address = absl::StrCat(where.master_addr, ":", where.master_port);
+  const absl::Duration deadline = where.timeout + absl::Seconds(5);
+  return RunWithDeadline<c10::intrusive_ptr<c10d::Store>>(
+      deadline,
+      absl::StrCat(what, ": no answer from the TCPStore at ", address, " within ",
+                   absl::FormatDuration(deadline),
+                   ": something that is not this job's store (another program, or a stalled "
+                   "process) may be listening there; check MASTER_ADDR and MASTER_PORT"),
+      [what, address, where]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
+        ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                         ConnectTcpStore(what, where.master_addr, where.master_port,
+                                         where.host_store, where.timeout));
+        return JoinJobStore(std::move(store), where.job, what, address, where.timeout);
+      });
+}
+
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::string& what,
                                                                 const std::string& addr, int port,
                                                                 bool host_store,

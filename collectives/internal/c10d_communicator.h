@@ -66,6 +66,25 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<
                                                             const std::string& address,
                                                             absl::Duration timeout);
 
+// Where an engine's ranks meet: the store's address (and whether this rank hosts it), who this rank
+// is, and the job it belongs to.
+struct StoreRendezvous {
+  const char* engine = "gloo";  // prefixes messages: "gloo: rank 1: ..."
+  int rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool host_store = false;
+  absl::Duration timeout = absl::Seconds(60);
+  JobIdentity job;
+};
+
+// Connects to (or hosts) the TCPStore and joins the job's part of it (JoinJobStore), the whole
+// under RunWithDeadline(timeout + 5 s): the store's own errors come first when it answers at all.
+// Errors: as ConnectTcpStore and JoinJobStore; kDeadlineExceeded "gloo: rank 1: no answer from the
+// TCPStore at A:P within 6s: something that is not this job's store ... check MASTER_ADDR and
+// MASTER_PORT".
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectJobStore(const StoreRendezvous& where);
+
 // Runs `fn` on a thread of its own and waits at most `deadline` for it. c10d's TCPStore client
 // blocks without bound when whatever listens at the address accepts the connection but never
 // answers (measured: over 100 s with a 5 s store timeout), so a rendezvous cannot rely on the
