@@ -2,7 +2,7 @@
 # SIGTERM to a 2-rank `pretrain` (what SLURM or Kubernetes sends before preempting a job), twice: the
 # launcher forwards it, both ranks finish the same step, save it as a checkpoint and exit 143 (128 + SIGTERM);
 # rank 0's JSON line says "stop_signal":15. `--resume` then finishes the run, ending at the same loss
-# and params, bitwise, as a run that was never interrupted.
+# and params, bitwise, as a run that was never interrupted. Then SIGHUP, which must stop the same way.
 #   $1: the pretrain binary   $2: the ckpt tool
 set -uo pipefail
 pretrain="$(readlink -f "$1")"
@@ -59,3 +59,29 @@ for field in steps stop_signal final_loss param_checksum; do
 done
 echo "PASS: SIGTERM after step $steps: exit 143, $step_dir saved and verified; the resumed run ends" \
      "as the straight one (param_checksum $(json_field "$straight" param_checksum))"
+
+# SIGHUP (the terminal or ssh session that started the job closed) is a stop request too: exit 129
+# (128 + SIGHUP) with the step saved.
+dir="$work/ckpt_hup"
+"$pretrain" "${common[@]}" --save_dir="$dir" >"$work/out" 2>"$work/err" &
+launcher=$!
+for _ in $(seq 1 300); do
+  [[ $(grep -c "step " "$work/out") -ge 3 ]] && break
+  kill -0 "$launcher" 2>/dev/null || fail "pretrain ended before SIGHUP"
+  sleep 0.1
+done
+kill -HUP "$launcher"
+signalled_at=$SECONDS
+while kill -0 "$launcher" 2>/dev/null && (( SECONDS - signalled_at < 60 )); do sleep 0.1; done
+kill -0 "$launcher" 2>/dev/null && fail "pretrain still running 60 s after SIGHUP"
+wait "$launcher"
+rc=$?
+launcher=""
+[[ $rc -eq 129 ]] || fail "exit $rc after SIGHUP, expected 129"
+json="$(tail -1 "$work/out")"
+[[ "$(json_field "$json" stop_signal)" == "1" ]] || fail "no \"stop_signal\":1 in the last line: $json"
+steps="$(json_field "$json" steps)"
+grep -q "pretrain: stopped after step $steps of 60 on SIGHUP; checkpoint of step $steps saved" \
+  "$work/out" || fail "no SIGHUP stop message naming step $steps"
+"$ckpt" verify "$dir" >/dev/null || fail "the checkpoint of the SIGHUP stop does not verify"
+echo "PASS: SIGHUP after step $steps: exit 129, the step saved and verified"
