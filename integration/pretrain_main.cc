@@ -47,6 +47,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/manifest.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/launcher.h"
 #include "collectives/nccl_communicator.h"
@@ -454,18 +455,18 @@ int Main(int argc, char** argv) {
   if (absl::Status s = CheckMachine(*config, nprocs, nprocs, machine); !s.ok()) return Fail(s);
   if (absl::Status s = CheckLogDir(*config); !s.ok()) return Fail(s);
   if (absl::Status s = CheckSaveDir(*config); !s.ok()) return Fail(s);
-  if (!config->save_dir.empty()) {
-    // Fail before launching when another run holds --save_dir (rank 0 takes the lock for real).
-    absl::StatusOr<checkpoint::RootLock> lock =
-        checkpoint::LockRoot(config->save_dir, "pretrain, checking before it launches");
-    if (!lock.ok()) {
-      return Fail(absl::FailedPreconditionError(
-          absl::StrCat("--save_dir: ", lock.status().message())));
+  if (config->resume) {
+    // The checkpoint's pointer and manifest (its CRC), once here rather than on every rank.
+    if (!std::filesystem::exists(config->save_dir + "/latest")) {
+      return Fail(absl::NotFoundError(absl::StrCat("--resume: no checkpoint in --save_dir: '",
+                                                   config->save_dir, "/latest' does not exist")));
     }
-  }
-  if (config->resume && !std::filesystem::exists(config->save_dir + "/latest")) {
-    return Fail(absl::NotFoundError(absl::StrCat("--resume: no checkpoint in --save_dir: '",
-                                                 config->save_dir, "/latest' does not exist")));
+    absl::StatusOr<std::string> latest = checkpoint::ResolveLatest(config->save_dir);
+    absl::Status readable = latest.status();
+    if (latest.ok()) readable = checkpoint::ReadManifest(*latest).status();
+    if (!readable.ok()) {
+      return Fail(absl::Status(readable.code(), absl::StrCat("--resume: ", readable.message())));
+    }
   }
   absl::StatusOr<GptConfig> preset = GptPreset(config->model);
   if (!preset.ok()) return Fail(preset.status());
@@ -475,6 +476,16 @@ int Main(int argc, char** argv) {
   const int64_t seq_len = config->seq_len > 0 ? config->seq_len : preset->max_seq_len;
   if (absl::Status s = SplitTrainEval(*data, config->eval_fraction, seq_len + 1).status(); !s.ok()) {
     return Fail(s);
+  }
+  if (!config->save_dir.empty()) {
+    // Last, as it creates --save_dir: fail before launching when another run holds it (rank 0
+    // takes the lock for the run).
+    absl::StatusOr<checkpoint::RootLock> lock =
+        checkpoint::LockRoot(config->save_dir, "pretrain, checking before it launches");
+    if (!lock.ok()) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("--save_dir: ", lock.status().message())));
+    }
   }
   return LaunchSelf(argc, argv, nprocs);
 }
