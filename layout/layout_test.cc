@@ -370,13 +370,16 @@ TEST(MetricsTest, CountsPaddingImbalanceAndOwnership) {
   const BufferMetrics m = ComputeBufferMetrics(b, params);
   EXPECT_EQ(m.buckets, 1);
   EXPECT_EQ(m.padded_numel, 1024);
-  EXPECT_DOUBLE_EQ(m.padding_fraction, (1024.0 - 768) / 768);
+  // Equal bits: each side is one correctly rounded division with the same exact quotient; what
+  // comes before it is exact (integer numel sums; NsCost 16^3, shares cost * 256 / 256, and their
+  // sums are integers far below 2^53).
+  EXPECT_EQ(m.padding_fraction, (1024.0 - 768) / 768);
   std::multiset<int64_t> numel(m.rank_numel.begin(), m.rank_numel.end());
   EXPECT_EQ(numel, std::multiset<int64_t>({256, 512}));
-  EXPECT_DOUBLE_EQ(m.numel_imbalance, 512.0 / 384);
-  EXPECT_DOUBLE_EQ(m.ns_cost_imbalance, 2.0 / 1.5);
+  EXPECT_EQ(m.numel_imbalance, 512.0 / 384);
+  EXPECT_EQ(m.ns_cost_imbalance, 2.0 / 1.5);
   ASSERT_EQ(m.bucket_ns_cost_imbalance.size(), 1u);
-  EXPECT_DOUBLE_EQ(m.bucket_ns_cost_imbalance[0], 2.0 / 1.5);
+  EXPECT_EQ(m.bucket_ns_cost_imbalance[0], 2.0 / 1.5);
 }
 
 }  // namespace

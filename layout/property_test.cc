@@ -16,6 +16,16 @@ using ::orthoshard::testing::IsOk;
 
 constexpr int kModels = 5000;
 
+// Slack for ns_cost_imbalance comparisons, relative to `imbalance`. A rank's cost sums its
+// params' shares cost * overlap / numel (2 roundings each, at most num_params - 1 additions of
+// positive terms): within (num_params + 1) u of exact, u = 2^-53. MaxOverMean's dp - 1 additions
+// and 2 divisions add (dp + 1) u. So a computed imbalance is within (num_params + dp + 2) u of its
+// exact value to first order, and two of them (two layouts, or one against the exact bound 1)
+// within twice that; doubled again for the higher-order terms.
+double ImbalanceSlack(double imbalance, size_t num_params, int dp) {
+  return 4.0 * static_cast<double>(num_params + dp + 2) * 0x1p-53 * imbalance;
+}
+
 class PropertyTest : public ::testing::TestWithParam<Strategy> {};
 
 TEST_P(PropertyTest, RandomModelsSatisfyEveryInvariant) {
@@ -52,7 +62,8 @@ TEST_P(PropertyTest, RandomModelsSatisfyEveryInvariant) {
       for (int64_t n : m.rank_numel) owned += n;
       ASSERT_EQ(owned, buffer.unpadded_numel);
       ASSERT_GE(m.padding_fraction, 0);
-      ASSERT_GE(m.ns_cost_imbalance, 1 - 1e-9);
+      // max >= mean exactly; the computed ratio may fall below 1 by its roundings only.
+      ASSERT_GE(m.ns_cost_imbalance, 1 - ImbalanceSlack(1.0, params.size(), buffer.dp));
     }
   }
 }

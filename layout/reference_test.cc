@@ -16,6 +16,16 @@ namespace {
 
 constexpr int64_t kBucketSize = 40000000;
 
+// Slack for ns_cost_imbalance comparisons, relative to `imbalance`. A rank's cost sums its
+// params' shares cost * overlap / numel (2 roundings each, at most num_params - 1 additions of
+// positive terms): within (num_params + 1) u of exact, u = 2^-53. MaxOverMean's dp - 1 additions
+// and 2 divisions add (dp + 1) u. So a computed imbalance is within (num_params + dp + 2) u of its
+// exact value to first order, and two of them (two layouts, or one against the exact bound 1)
+// within twice that; doubled again for the higher-order terms.
+double ImbalanceSlack(double imbalance, size_t num_params, int dp) {
+  return 4.0 * static_cast<double>(num_params + dp + 2) * 0x1p-53 * imbalance;
+}
+
 // Metrics of every layer-wise buffer of `params`.
 std::vector<BufferMetrics> LayerwiseBufferMetrics(const std::vector<ParamSpec>& params,
                                                   Strategy strategy, int dp) {
@@ -60,7 +70,8 @@ TEST(ReferenceModelTest, MegatronLptReproducesMegatronPadding) {
     SCOPED_TRACE(c.dp);
     const BufferMetrics m = MuonMetrics(Strategy::kMegatronLpt, c.dp);
     EXPECT_EQ(m.buckets, c.buckets);
-    EXPECT_DOUBLE_EQ(m.padding_fraction, c.padding_fraction);
+    // One correctly rounded division of integers whose exact quotient is the dyadic expectation.
+    EXPECT_EQ(m.padding_fraction, c.padding_fraction);
   }
 }
 
@@ -85,12 +96,16 @@ TEST(ReferenceModelTest, LayerwiseNsCostImbalanceNoWorseThanMegatron) {
     SCOPED_TRACE(dp);
     const BufferMetrics ours = MuonMetrics(Strategy::kLayerwise, dp);
     const BufferMetrics megatron = MuonMetrics(Strategy::kMegatronLpt, dp);
-    EXPECT_LE(ours.ns_cost_imbalance, megatron.ns_cost_imbalance);
+    // Equal at several dp (1 at dp 2, 8, 16, 32; 1.001953125 at dp 3), so the slack matters.
+    const size_t n = Gpt8bParams().size();
+    EXPECT_LE(ours.ns_cost_imbalance,
+              megatron.ns_cost_imbalance + ImbalanceSlack(megatron.ns_cost_imbalance, n, dp));
     // Worst bucket against worst bucket (bucket counts may differ).
+    const double megatron_worst = *std::max_element(megatron.bucket_ns_cost_imbalance.begin(),
+                                                    megatron.bucket_ns_cost_imbalance.end());
     EXPECT_LE(*std::max_element(ours.bucket_ns_cost_imbalance.begin(),
                                 ours.bucket_ns_cost_imbalance.end()),
-              *std::max_element(megatron.bucket_ns_cost_imbalance.begin(),
-                                megatron.bucket_ns_cost_imbalance.end()));
+              megatron_worst + ImbalanceSlack(megatron_worst, n, dp));
   }
 }
 
@@ -107,7 +122,9 @@ TEST(GeneralisationTest, LayerwiseNoWorseThanMegatronOnGqaAndMoe) {
       ASSERT_EQ(ours.size(), megatron.size());
       for (size_t i = 0; i < ours.size(); ++i) {
         EXPECT_LE(ours[i].padding_fraction, megatron[i].padding_fraction);
-        EXPECT_LE(ours[i].ns_cost_imbalance, megatron[i].ns_cost_imbalance + 1e-9);
+        EXPECT_LE(ours[i].ns_cost_imbalance,
+                  megatron[i].ns_cost_imbalance +
+                      ImbalanceSlack(megatron[i].ns_cost_imbalance, params.size(), dp));
       }
     }
   }

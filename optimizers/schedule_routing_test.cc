@@ -16,6 +16,12 @@ namespace {
 using ::orthoshard::testing::StatusIs;
 using ::testing::HasSubstr;
 
+// LrMultiplier is compared with EXPECT_DOUBLE_EQ (within 4 ulps): each expectation is the
+// schedule's formula written another way (0.9 for 1 - 0.1, 0.1 + 0.9 * 0.5 for the halfway
+// cosine, 1.0 / 3 for (0 + 1) / 3), so the two sides place at most 3 roundings differently, each
+// of an intermediate no larger than ~2x the result in [0, 1] (<= 1 ulp of it); the cosine is the
+// same std::cos of the same argument on both sides (pi * 0.25 is exact in both).
+
 TEST(ScheduleTest, WarmupThenCosine) {
   ScheduleConfig c{ScheduleKind::kWarmupCosine, /*warmup_steps=*/4, /*total_steps=*/12,
                    /*decay_steps=*/0, /*min_lr_ratio=*/0.1};

@@ -2,6 +2,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
 #include <signal.h>
 #include <unistd.h>
@@ -47,19 +48,55 @@ absl::Status Check(bool ok, const std::string& what) {
   return ok ? absl::OkStatus() : absl::InternalError(what);
 }
 
-absl::Status ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
-  const at::Tensor g = got.reshape({-1}).to(at::kFloat).cpu();
-  const at::Tensor w = want.reshape({-1}).to(at::kFloat).cpu();
+// `got` against `want` (computed in fp32 on the CPU) rounded to got's dtype, elementwise with
+// |got - want| <= rtol * |want|; rtol 0 asks for equal bits. Rounding `want` once to bf16 is what
+// every engine's bf16 result is when its arithmetic is exact, as it is for the small integers of
+// Input: their sums stay below 2^8 (exact in bf16's 8-bit significand) and come out the same in any
+// order, and a copy (all_gather, broadcast) is exact.
+absl::Status ExpectMatches(const at::Tensor& got, const at::Tensor& want, double rtol,
+                           const std::string& what) {
+  const at::Tensor g = got.reshape({-1}).cpu();
+  const at::Tensor w = want.reshape({-1}).to(got.scalar_type());
   if (g.numel() != w.numel()) {
     return absl::InternalError(
         absl::StrCat(what, ": ", g.numel(), " elements, expected ", w.numel()));
   }
-  const bool low = got.scalar_type() == at::kBFloat16;
-  if (g.numel() > 0 && !g.allclose(w, low ? 1e-2 : 1e-6, low ? 1e-2 : 1e-6)) {
-    const double diff = g.sub(w).abs().max().item<double>();
-    return absl::InternalError(absl::StrCat(what, ": max abs difference ", diff));
+  // The tolerance check runs in fp32, where the difference of two bf16 values is exact.
+  const at::Tensor gf = g.to(at::kFloat), wf = w.to(at::kFloat);
+  const bool ok = rtol == 0.0 ? at::equal(g, w) : gf.allclose(wf, rtol, /*atol=*/0.0);
+  if (!ok) {
+    const double diff = gf.sub(wf).abs().max().item<double>();
+    return absl::InternalError(
+        absl::StrCat(what, ": max abs difference ", diff, " (rtol ", rtol, ")"));
   }
   return absl::OkStatus();
+}
+
+// Copies: equal bits on every backend.
+absl::Status ExpectEqual(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  return ExpectMatches(got, want, /*rtol=*/0.0, what);
+}
+
+// A SUM or AVG over `comm`'s ranks. SUM is exact (see ExpectMatches), and so is Gloo's AVG: the
+// exact sum divided once by the size (c10d_communicator's div_), the same float division as the
+// reference's, then the same cast. NCCL's ncclAvg on floating types pre-multiplies each input by
+// 1/n in the dtype (ncclDevPreMulSum); for n not a power of two that is 1 rounding of 1/n, n of the
+// products and n - 1 of the additions, plus up to 2 in the reference (the fp32 division, the cast
+// to bf16): at most n + 3 roundings of positive terms, so a relative error within
+// gamma_{n+3} = (n + 3) u / (1 - (n + 3) u) (Higham, "Accuracy and Stability of Numerical
+// Algorithms", lemma 3.1), u = 2^-24 for fp32, 2^-8 for bf16; atol 0 as no term cancels. For n a
+// power of two, 1/n and every product are exact and so is the sum.
+absl::Status ExpectReduced(const Communicator& comm, const at::Tensor& got, const at::Tensor& want,
+                           ReduceOp op, const std::string& what) {
+  const int n = comm.size();
+  const bool premultiplied =
+      op == ReduceOp::kAvg && comm.backend_name() != "gloo" && (n & (n - 1)) != 0;
+  double rtol = 0.0;
+  if (premultiplied) {
+    const double u = got.scalar_type() == at::kBFloat16 ? 0x1p-8 : 0x1p-24;
+    rtol = (n + 3) * u / (1 - (n + 3) * u);
+  }
+  return ExpectMatches(got, want, rtol, what);
 }
 
 absl::Status WaitOk(absl::StatusOr<std::unique_ptr<Work>> work, Communicator& comm,
@@ -89,7 +126,7 @@ absl::Status AllReduceCases(Communicator& comm) {
         const std::string what =
             Name("all_reduce", dtype, absl::StrCat(ReduceOpName(op), " n=", n));
         RETURN_IF_ERROR(WaitOk(comm.AllReduce(t, {op}), comm, what));
-        RETURN_IF_ERROR(ExpectClose(t, Reduced(comm.size(), n, op), what));
+        RETURN_IF_ERROR(ExpectReduced(comm, t, Reduced(comm.size(), n, op), op, what));
       }
     }
   }
@@ -125,8 +162,9 @@ absl::Status ReduceScatterCases(Communicator& comm) {
           options.op = op;
           options.shard_sizes = sizes;
           RETURN_IF_ERROR(WaitOk(comm.ReduceScatter(input, output, options), comm, what));
-          RETURN_IF_ERROR(ExpectClose(
-              output, Reduced(comm.size(), total, op).narrow(0, offsets[rank], sizes[rank]), what));
+          RETURN_IF_ERROR(ExpectReduced(
+              comm, output, Reduced(comm.size(), total, op).narrow(0, offsets[rank], sizes[rank]),
+              op, what));
         }
       }
     }
@@ -151,7 +189,7 @@ absl::Status AllGatherCases(Communicator& comm) {
         options.shard_sizes = sizes;
         RETURN_IF_ERROR(WaitOk(comm.AllGather(input, output, options), comm, what));
         for (int r = 0; r < comm.size(); ++r) {
-          RETURN_IF_ERROR(ExpectClose(output.narrow(0, offsets[r], sizes[r]),
+          RETURN_IF_ERROR(ExpectEqual(output.narrow(0, offsets[r], sizes[r]),
                                       Input(r, sizes[r], dtype), absl::StrCat(what, " shard ", r)));
         }
       }
@@ -166,7 +204,7 @@ absl::Status BroadcastAndBarrier(Communicator& comm) {
     at::Tensor t = Input(comm.rank(), 100, dtype);
     const std::string what = Name("broadcast", dtype, absl::StrCat("root ", root));
     RETURN_IF_ERROR(WaitOk(comm.Broadcast(t, {root}), comm, what));
-    RETURN_IF_ERROR(ExpectClose(t, Input(root, 100, dtype), what));
+    RETURN_IF_ERROR(ExpectEqual(t, Input(root, 100, dtype), what));
   }
   return WaitOk(comm.Barrier(), comm, "barrier");
 }
@@ -188,16 +226,18 @@ absl::Status GroupedLaunch(Communicator& comm) {
   ops.push_back(BroadcastOp{d, {0}});
   ops.push_back(AllReduceOp{e, {ReduceOp::kSum}});
   RETURN_IF_ERROR(WaitOk(comm.LaunchGroup(std::move(ops)), comm, "grouped launch"));
-  RETURN_IF_ERROR(ExpectClose(a, Reduced(size, 64, ReduceOp::kAvg, 1), "group all_reduce avg"));
-  RETURN_IF_ERROR(ExpectClose(b_out,
-                              Reduced(size, 8 * size, ReduceOp::kSum, 2).narrow(0, 8 * rank, 8),
-                              "group reduce_scatter"));
+  RETURN_IF_ERROR(ExpectReduced(comm, a, Reduced(size, 64, ReduceOp::kAvg, 1), ReduceOp::kAvg,
+                                "group all_reduce avg"));
+  RETURN_IF_ERROR(ExpectReduced(comm, b_out,
+                                Reduced(size, 8 * size, ReduceOp::kSum, 2).narrow(0, 8 * rank, 8),
+                                ReduceOp::kSum, "group reduce_scatter"));
   for (int r = 0; r < size; ++r) {
-    RETURN_IF_ERROR(ExpectClose(c_out.narrow(0, 3 * r, 3), Input(r, 3, at::kFloat, 3),
+    RETURN_IF_ERROR(ExpectEqual(c_out.narrow(0, 3 * r, 3), Input(r, 3, at::kFloat, 3),
                                 absl::StrCat("group all_gather shard ", r)));
   }
-  RETURN_IF_ERROR(ExpectClose(d, Input(0, 10, at::kFloat, 4), "group broadcast"));
-  return ExpectClose(e, Reduced(size, 50, ReduceOp::kSum, 5), "group all_reduce sum");
+  RETURN_IF_ERROR(ExpectEqual(d, Input(0, 10, at::kFloat, 4), "group broadcast"));
+  return ExpectReduced(comm, e, Reduced(size, 50, ReduceOp::kSum, 5), ReduceOp::kSum,
+                       "group all_reduce sum");
 }
 
 absl::Status TrafficAndValidation(Communicator& comm) {
