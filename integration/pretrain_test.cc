@@ -3,7 +3,6 @@
 // back), a config file with a flag override on 1 rank, and bad input (exit code 2, one message on
 // stderr, nothing on stdout, nothing written), and checkpoints: save + --resume continue bitwise
 // at the same rank count, finish at another, and a corrupt shard or missing checkpoint is exit 2.
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,75 +11,29 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "integration/tensorboard.h"
+#include "integration/testing/pretrain_runner.h"
 
 namespace orthoshard::integration {
 namespace {
 
+using ::orthoshard::integration::testing::JsonField;
+using ::orthoshard::integration::testing::JsonNumber;
+using ::orthoshard::integration::testing::LastLine;
+using ::orthoshard::integration::testing::ReadFile;
+using ::orthoshard::integration::testing::RunPretrain;
+using ::orthoshard::integration::testing::RunResult;
+using ::orthoshard::integration::testing::TempDir;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string TempDir() { return std::getenv("TEST_TMPDIR"); }
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs integration/pretrain (a data dependency, found from the runfiles cwd) with `args`.
-RunResult RunPretrain(const std::vector<std::string>& args) {
-  static int counter = 0;
-  const std::string base = absl::StrCat(TempDir(), "/run", counter++);
-  const std::string command = absl::StrCat("integration/pretrain ", absl::StrJoin(args, " "),
-                                           " >", base, ".out 2>", base, ".err");
-  const int status = std::system(command.c_str());
-  RunResult run;
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  run.out = ReadFile(base + ".out");
-  run.err = ReadFile(base + ".err");
-  return run;
-}
-
-std::string LastLine(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines.empty() ? "" : lines.back();
-}
-
-// The value of a number or string key of a flat JSON object.
-std::string JsonField(const std::string& json, const std::string& key) {
-  const std::string needle = absl::StrCat("\"", key, "\":");
-  const size_t at = json.find(needle);
-  if (at == std::string::npos) return "";
-  size_t begin = at + needle.size();
-  size_t end = json.find_first_of(",}", begin);
-  std::string value = json.substr(begin, end - begin);
-  if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
-  return value;
-}
-
-double JsonNumber(const std::string& json, const std::string& key) {
-  const std::string value = JsonField(json, key);
-  EXPECT_FALSE(value.empty()) << "no key " << key << " in " << json;
-  return std::strtod(value.c_str(), nullptr);
-}
 
 TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
   const std::string tb = TempDir() + "/tb";
@@ -98,7 +51,10 @@ TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
   const double final_loss = JsonNumber(json, "final_loss");
   const double initial_eval = JsonNumber(json, "initial_eval_loss");
   const double eval = JsonNumber(json, "eval_loss");
-  EXPECT_NEAR(initial, std::log(256.0), 0.5);  // an untrained model guesses bytes uniformly
+  // Learning thresholds, not tolerances. An untrained model guesses bytes uniformly: measured
+  // initial 5.5528 vs log 256 = 5.5452. After 30 steps the train and eval losses measured 3.092
+  // and 3.086, 1.46 below the bounds; avx2, avx512 and SSE4.1/default kernels moved them by < 3e-4.
+  EXPECT_NEAR(initial, std::log(256.0), 0.5);
   EXPECT_LT(final_loss, initial - 1.0);
   EXPECT_LT(eval, initial_eval - 1.0);
   EXPECT_GT(JsonNumber(json, "tokens_per_s"), 0);
@@ -125,13 +81,17 @@ TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
     EXPECT_EQ(scalars[tag].front().first, 1) << tag;
     EXPECT_EQ(scalars[tag].back().first, 30) << tag;
   }
-  EXPECT_NEAR(scalars["train/loss"].front().second, initial, 1e-4);
-  EXPECT_NEAR(scalars["train/loss"].back().second, final_loss, 1e-4);
+  // TensorBoard stores float(v) (within 2^-24 |v|), the JSON prints v with %.6f (within 5e-7):
+  // the two readings of one double v differ by at most 5e-7 + 2^-24 |v|. Taking 2^-23 |json|
+  // instead of 2^-24 |v| also covers strtod's rounding and |v| - |json| <= 5e-7.
+  auto tb_vs_json = [](double json_value) { return 5e-7 + 0x1p-23 * std::abs(json_value); };
+  EXPECT_NEAR(scalars["train/loss"].front().second, initial, tb_vs_json(initial));
+  EXPECT_NEAR(scalars["train/loss"].back().second, final_loss, tb_vs_json(final_loss));
   EXPECT_GT(scalars["comm/bytes"].back().second, scalars["comm/bytes"].front().second);
   ASSERT_EQ(scalars["eval/loss"].size(), 3u);  // before training, step 15, step 30
   EXPECT_EQ(scalars["eval/loss"][0].first, 0);
   EXPECT_EQ(scalars["eval/loss"][2].first, 30);
-  EXPECT_NEAR(scalars["eval/loss"][2].second, eval, 1e-4);
+  EXPECT_NEAR(scalars["eval/loss"][2].second, eval, tb_vs_json(eval));
 }
 
 // The other modes (the default layerwise is above): loss falls and params agree on both ranks at
@@ -149,6 +109,9 @@ TEST(Pretrain, ReplicatedAndDistOptLearnAndAgree) {
     EXPECT_EQ(JsonField(json, "dist"), mode[0].substr(7));
     EXPECT_EQ(JsonField(json, "steps"), "20");
     EXPECT_EQ(JsonField(json, "checksum_checks"), "4");  // steps 5, 10, 15, 20
+    // Learning thresholds: from 5.553, train and eval losses measured 3.41 (replicated) and 3.50
+    // (distopt), over 1.0 below the bounds; avx2, avx512 and SSE4.1/default kernels moved them by
+    // < 2e-4.
     EXPECT_LT(JsonNumber(json, "final_loss"), JsonNumber(json, "initial_loss") - 1.0) << json;
     EXPECT_LT(JsonNumber(json, "eval_loss"), JsonNumber(json, "initial_eval_loss") - 1.0) << json;
   }
