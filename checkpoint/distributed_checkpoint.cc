@@ -377,8 +377,8 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
   }
-  ASSIGN_OR_RETURN(auto works, optimizers::distributed::LaunchParamAllGather(comm, buffers));
-  RETURN_IF_ERROR(optimizers::distributed::WaitAll(works, comm.timeout()));
+  ASSIGN_OR_RETURN(auto works, buffers::LaunchParamSync(comm, buffers));
+  RETURN_IF_ERROR(buffers::WaitAll(works, comm.timeout()));
   return shared;
 }
 

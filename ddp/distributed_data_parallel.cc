@@ -296,21 +296,21 @@ absl::Status DistributedDataParallel::LaunchGradReduce(Sequence& seq, int pos) {
   Group& group = *groups_[b][g];
   const int size = seq.comm->size();
   const int rank = seq.comm->rank();
-  std::vector<collectives::CollectiveOp> ops;
+  const std::vector<int>& buckets = buf.bucket_groups()[g].buckets;
   try {
     c10::NoGradGuard no_grad;
-    for (int bucket : buf.bucket_groups()[g].buckets) {
-      at::Tensor grads = buf.GradBucket(bucket);
-      // Pre-scale so that the SUM is the mean (Megatron's gradient_scaling_factor).
-      if (config_.average_gradients && size > 1) grads.mul_(1.0 / size);
-      ops.push_back(collectives::ReduceScatterOp{grads, buf.GradShard(bucket, rank), {}});
+    // Pre-scale so that the SUM is the mean (Megatron's gradient_scaling_factor).
+    if (config_.average_gradients && size > 1) {
+      for (int bucket : buckets) buf.GradBucket(bucket).mul_(1.0 / size);
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("ddp: scaling the gradients of buffer ", b,
                                             " bucket group ", g,
                                             " failed: ", e.what_without_backtrace()));
   }
-  ASSIGN_OR_RETURN(group.work, seq.comm->LaunchGroup(std::move(ops)));
+  ASSIGN_OR_RETURN(group.work, seq.comm->LaunchGroup(buffers::GradSyncOps(
+                                   buf, buckets, config_.grad_sync, collectives::ReduceOp::kSum,
+                                   rank)));
   seq.next_grad_launch = pos + 1;
   Emit(SyncEvent::Kind::kGradReduceLaunched, b, g, -1);
   return absl::OkStatus();
@@ -371,13 +371,10 @@ void DistributedDataParallel::ZeroGradBuffers() {
 absl::Status DistributedDataParallel::LaunchParamGather(Sequence& seq, int f, int layer) {
   const int pos = static_cast<int>(seq.order.size()) - 1 - f;
   const auto [b, g] = seq.order[pos];
-  buffers::ParamAndGradBuffer& buf = *buffers_[b];
-  std::vector<collectives::CollectiveOp> ops;
-  for (int bucket : buf.bucket_groups()[g].buckets) {
-    ops.push_back(collectives::AllGatherOp{
-        buf.ParamShard(bucket, seq.comm->rank()), buf.ParamBucket(bucket), {}});
-  }
-  ASSIGN_OR_RETURN(groups_[b][g]->work, seq.comm->LaunchGroup(std::move(ops)));
+  const buffers::ParamAndGradBuffer& buf = *buffers_[b];
+  ASSIGN_OR_RETURN(groups_[b][g]->work,
+                   seq.comm->LaunchGroup(buffers::ParamSyncOps(
+                       buf, buf.bucket_groups()[g].buckets, seq.comm->rank())));
   seq.next_gather_launch = f + 1;
   Emit(SyncEvent::Kind::kParamGatherLaunched, b, g, layer);
   return absl::OkStatus();
@@ -385,6 +382,8 @@ absl::Status DistributedDataParallel::LaunchParamGather(Sequence& seq, int f, in
 
 absl::Status DistributedDataParallel::StartParamSync() {
   RETURN_IF_ERROR(TakeError());
+  // Replicated optimizers updated every param on every rank: nothing to gather.
+  if (config_.grad_sync == buffers::GradSync::kAllReduce) return absl::OkStatus();
   if (param_sync_in_flight_) RETURN_IF_ERROR(FinishParamSync());
   for (Sequence& seq : sequences_) {
     seq.next_gather_launch = 0;

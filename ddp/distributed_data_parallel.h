@@ -1,8 +1,9 @@
 // Data-parallel training over contiguous buffers (Megatron-LM's DistributedDataParallel): the
 // model's params become views of one ParamAndGradBuffer per PerBufferParamLayout; backward
 // accumulates gradients straight into the grad buffers; grad sync reduce-scatters every bucket so
-// each rank holds the mean gradient of its shard; param sync all-gathers every bucket straight into
-// param_data after the optimizer updated each rank's shard.
+// each rank holds the mean gradient of its shard (or all-reduces it, for replicated optimizers);
+// param sync all-gathers every bucket straight into param_data after the optimizer updated each
+// rank's shard. The collectives are buffers/bucket_sync.h's.
 //
 // One training step, as the caller drives it:
 //   ddp.ZeroGradBuffers();
@@ -37,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "buffers/bucket_sync.h"
 #include "buffers/param_and_grad_buffer.h"
 #include "collectives/communicator.h"
 #include "layout/layout.h"
@@ -70,6 +72,12 @@ struct DdpConfig {
   // pre-forward hook waits on each group just before the first layer that needs it and launches the
   // next one. Off: StartParamSync launches every all-gather and waits for all of them.
   bool overlap_param_gather = false;
+  // How gradients reach the optimizer (buffers/bucket_sync.h): kReduceScatter for the sharded
+  // optimizers (each rank ends with the mean of its own shards; params return by the param sync),
+  // kAllReduce for replicated ones (every rank ends with the whole mean and updates every param
+  // itself, so there is no param sync: StartParamSync, FinishParamSync and the pre-forward hook do
+  // nothing).
+  buffers::GradSync grad_sync = buffers::GradSync::kReduceScatter;
   // Consecutive buckets communicated as one group (one LaunchGroup, one Work); >= 1.
   int buckets_per_group = 1;
   // Require fp32 gradient buffers, so gradients are accumulated and reduced in fp32 (plan the
@@ -125,19 +133,19 @@ class DistributedDataParallel {
   // Call at the start of each step. Precondition: no grad sync in flight (FinishGradSync returned).
   void ZeroGradBuffers();
 
-  // Launches the reduce-scatter of every bucket group not launched yet (in GradReduceOrder()) and
+  // Launches the grad sync of every bucket group not launched yet (in GradReduceOrder()) and
   // waits for all of them. Afterwards, on each rank, GradShard(bucket, rank) of every bucket of
   // every buffer holds the mean (or, without average_gradients, the sum) over the ranks of that
-  // buffer's communicator of their accumulated gradients. The rest of grad_data is unspecified
-  // (partial sums, pre-scaled local gradients or the engine's scratch): read only this rank's
-  // shards. Errors: an error a gradient hook recorded during backward (kFailedPrecondition for a
+  // buffer's communicator of their accumulated gradients. With kReduceScatter the rest of
+  // grad_data is unspecified (partial sums, pre-scaled local gradients or the engine's scratch):
+  // read only this rank's shards; with kAllReduce every bucket holds it whole. Errors: an error a gradient hook recorded during backward (kFailedPrecondition for a
   // gradient ready twice in one step; a launch error); from Wait, kDeadlineExceeded or kUnavailable
   // naming the buffer, bucket group, its buckets and the collective. After an error the
   // communicator is unusable (see communicator.h).
   absl::Status FinishGradSync();
 
   // All-gathers every bucket: each rank's ParamShard(bucket, rank) becomes that shard on every
-  // rank, in place in param_data. Without overlap_param_gather, launches everything and waits
+  // rank, in place in param_data (nothing with kAllReduce). Without overlap_param_gather, launches everything and waits
   // before returning. With it, launches the first bucket group in forward order and returns; the
   // pre-forward hook waits on the rest (FinishParamSync waits on whatever is left). A param sync
   // still in flight is finished first. Errors: as FinishGradSync, for the all-gathers.

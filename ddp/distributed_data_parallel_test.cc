@@ -1,7 +1,8 @@
 // DistributedDataParallel with real Gloo ranks: 1, 2, 3 and 4 processes of ddp_test_worker, each
 // checking grad sync and grad accumulation over micro-batches against mean gradients recomputed
 // locally as the ranks compute them (bitwise at 1 and 2 ranks, within the bound of another
-// cross-rank summation order at 3 and 4), overlap on vs off (bitwise), param sync with and without overlap (and the order of the
+// cross-rank summation order at 3 and 4), overlap on vs off (bitwise), the all-reduce grad sync of
+// replicated optimizers (the whole mean on every rank, no param sync), param sync with and without overlap (and the order of the
 // pre-forward hook's waits and launches), dp larger than the number of params, and the timeout
 // error. See ddp/testing/ddp_test_worker.cc for the phases.
 #include <string>

@@ -120,7 +120,6 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
         c.schedule == "wsd");
   Check(!(c.dist == "distopt" && c.optimizer == "muon"));
   Check(!((c.resume || c.save_every > 0) && c.save_dir.empty()));
-  Check(!(!c.save_dir.empty() && c.dist == "replicated"));
   const absl::StatusOr<GptConfig> preset = GptPreset(c.model);
   Check(preset.ok());
   Check(c.steps >= 1 && c.global_batch >= 1 && c.micro_batches >= 1 && c.eval_batches >= 1 &&

@@ -175,7 +175,6 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--device=tpu", "--device 'tpu': expected cpu or cuda"},
       {"--resume", "--resume needs --save_dir"},
       {"--resume --save_dir=" + dir + "/no_ckpt", "no_ckpt/latest' does not exist"},
-      {"--save_dir=" + dir + "/ckpt --dist=replicated", "need --dist=layerwise or --dist=distopt"},
       {"--save_dir=" + dir + "/bad.bin/ckpt", "bad.bin' is not a directory"},
       {"--save_dir=" + dir + "/held", "already holds checkpoints (a `latest` pointer): pass --resume"},
       {"--model=huge", "huge"},
@@ -329,6 +328,44 @@ TEST(Pretrain, DistOptResumeIsBitwise) {
   EXPECT_EQ(JsonField(a, "final_loss"), JsonField(b, "final_loss"));
   ASSERT_FALSE(JsonField(a, "param_checksum").empty()) << a;
   EXPECT_EQ(JsonField(a, "param_checksum"), JsonField(b, "param_checksum"));
+}
+
+// The replicated baseline saves and resumes like the sharded modes (its DDP all-reduces the grads
+// and every rank steps every param; each rank writes the state of the elements its shards cover):
+// bitwise at the same rank count, and, with 2 micro-batches on 1 rank, at another (clipping off,
+// as in the dp 2 -> 1 resume above); the checkpoint holds the state once, not once per rank.
+TEST(Pretrain, ReplicatedSavesAndResumesAtTheSameAndAnotherDp) {
+  const std::string dir = TempDir() + "/replicated";
+  const std::vector<std::string> common = {"--steps=4", "--eval_every=0", "--check_every=0",
+                                           "--global_batch=16", "--warmup_steps=1",
+                                           "--dist=replicated", "--max_grad_norm=0"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunPretrain(args);
+  };
+  RunResult straight = with({});
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  RunResult first = with({"--stop_after=2", "--save_dir=" + dir});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  std::filesystem::copy(dir, dir + "_dp1", std::filesystem::copy_options::recursive);
+  RunResult resumed = with({"--resume", "--save_dir=" + dir});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  RunResult one =
+      with({"--resume", "--save_dir=" + dir + "_dp1", "--nproc_per_node=1", "--micro_batches=2"});
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  const std::string a = LastLine(straight.out);
+  ASSERT_FALSE(JsonField(a, "param_checksum").empty()) << a;
+  for (const RunResult* run : {&resumed, &one}) {
+    const std::string b = LastLine(run->out);
+    EXPECT_EQ(JsonField(a, "final_loss"), JsonField(b, "final_loss")) << b;
+    EXPECT_EQ(JsonField(a, "param_checksum"), JsonField(b, "param_checksum")) << b;
+  }
+  // The state is written once: the two ranks' shards of step 2 are about the same size (each
+  // holds half of every bucket's state), not each the whole.
+  const auto size0 = std::filesystem::file_size(dir + "_dp1/step_000002/rank0.safetensors");
+  const auto size1 = std::filesystem::file_size(dir + "_dp1/step_000002/rank1.safetensors");
+  EXPECT_LT(std::max(size0, size1), 2 * std::min(size0, size1)) << size0 << " vs " << size1;
 }
 
 }  // namespace

@@ -182,13 +182,11 @@ struct Setup {
   DistMode mode = DistMode::kReplicated;
   std::unique_ptr<Gpt> model;
   layout::FullParamLayout layout;
-  // kReplicated: buffers owned here and a ChainedOptimizer stepping every param.
-  std::vector<std::unique_ptr<buffers::ParamAndGradBuffer>> owned_buffers;
-  std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
-  // kLayerwise / kDistOpt: DDP owns the buffers; the sharded optimizer steps this rank's part.
+  // DDP owns the buffers (grads reduce-scattered, or all-reduced for kReplicated); the distributed
+  // optimizer steps this rank's part (every param, in kReplicated).
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
-  std::unique_ptr<optimizers::distributed::DistributedChainedOptimizer> sharded;
-  std::vector<buffers::ParamAndGradBuffer*> buffers;  // either way, parallel to layout.buffers
+  std::unique_ptr<optimizers::distributed::DistributedChainedOptimizer> optimizer;
+  std::vector<buffers::ParamAndGradBuffer*> buffers;  // parallel to layout.buffers
   std::unique_ptr<DataLoader> train, eval;
 };
 
@@ -267,53 +265,31 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   cc.schedule = MakeSchedule(c);
   cc.max_grad_norm = c.max_grad_norm;
 
-  if (s.mode != DistMode::kReplicated) {
-    ddp::DdpConfig ddp_config;
-    ddp_config.overlap_grad_reduce = true;
-    ddp_config.overlap_param_gather = true;
-    ASSIGN_OR_RETURN(s.ddp, ddp::DistributedDataParallel::Create(s.layout, tensors, &comm,
-                                                                 nullptr, ddp_config));
-    std::vector<int> param_layers;
-    for (const ModelParam& p : params) param_layers.push_back(p.layer);
-    ASSIGN_OR_RETURN(std::function<void(int)> hook, s.ddp->PreForwardHook(param_layers));
-    s.model->set_pre_forward_hook(std::move(hook));
-    for (int i = 0; i < s.ddp->num_buffers(); ++i) s.buffers.push_back(&s.ddp->buffer(i));
-    // Each fused weight's split (QKV, SwiGLU fc1), as the replicated ChainedOptimizer gets it.
-    std::map<std::string, optimizers::FusedSplit> splits;
-    for (const ModelParam& p : params) {
-      if (p.split.block_rows.empty()) continue;
-      splits[p.name] = {p.split.num_groups, p.split.block_rows};
-    }
-    ASSIGN_OR_RETURN(s.sharded, optimizers::distributed::DistributedChainedOptimizer::Create(
-                                    s.buffers, &comm, cc,
-                                    optimizers::distributed::DistributedMode::kSharded, splits));
-    return s;
+  const bool replicated = s.mode == DistMode::kReplicated;
+  ddp::DdpConfig ddp_config;
+  ddp_config.overlap_grad_reduce = true;
+  ddp_config.overlap_param_gather = !replicated;
+  ddp_config.grad_sync =
+      replicated ? buffers::GradSync::kAllReduce : buffers::GradSync::kReduceScatter;
+  ASSIGN_OR_RETURN(s.ddp, ddp::DistributedDataParallel::Create(s.layout, tensors, &comm, nullptr,
+                                                               ddp_config));
+  std::vector<int> param_layers;
+  for (const ModelParam& p : params) param_layers.push_back(p.layer);
+  ASSIGN_OR_RETURN(std::function<void(int)> hook, s.ddp->PreForwardHook(param_layers));
+  s.model->set_pre_forward_hook(std::move(hook));
+  for (int i = 0; i < s.ddp->num_buffers(); ++i) s.buffers.push_back(&s.ddp->buffer(i));
+  // Each fused weight's split (QKV, SwiGLU fc1): Muon orthogonalises it per block in every mode.
+  std::map<std::string, optimizers::FusedSplit> splits;
+  for (const ModelParam& p : params) {
+    if (p.split.block_rows.empty()) continue;
+    splits[p.name] = {p.split.num_groups, p.split.block_rows};
   }
-
-  std::vector<at::Tensor> grads(params.size());
-  buffers::BufferOptions buffer_options;
-  buffer_options.device = comm.device();
-  for (const layout::PerBufferParamLayout& b : s.layout.buffers) {
-    ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
-                     buffers::ParamAndGradBuffer::Create(b, tensors, buffer_options));
-    for (size_t i = 0; i < b.params.size(); ++i) {
-      grads[b.params[i].param_index] = buffer->GradView(static_cast<int>(i));
-    }
-    s.buffers.push_back(buffer.get());
-    s.owned_buffers.push_back(std::move(buffer));
-  }
-
-  std::vector<optimizers::Param> opt_params;
-  for (size_t i = 0; i < params.size(); ++i) {
-    optimizers::Param p;
-    p.name = params[i].name;
-    p.param = params[i].tensor;
-    p.grad = grads[i];
-    p.split.num_groups = params[i].split.num_groups;
-    p.split.block_rows = params[i].split.block_rows;
-    opt_params.push_back(std::move(p));
-  }
-  ASSIGN_OR_RETURN(s.optimizer, optimizers::ChainedOptimizer::Create(std::move(opt_params), cc));
+  ASSIGN_OR_RETURN(s.optimizer,
+                   optimizers::distributed::DistributedChainedOptimizer::Create(
+                       s.buffers, &comm, cc,
+                       replicated ? optimizers::distributed::DistributedMode::kReplicated
+                                  : optimizers::distributed::DistributedMode::kSharded,
+                       splits));
   return s;
 }
 
@@ -337,7 +313,7 @@ absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
 // rank learns whether any rank differs. Returns the sum.
 absl::StatusOr<double> CheckParamsIdentical(Setup& s, Communicator& comm, int64_t step) {
   at::NoGradGuard no_grad;
-  if (s.ddp) RETURN_IF_ERROR(s.ddp->FinishParamSync());
+  RETURN_IF_ERROR(s.ddp->FinishParamSync());
   double sum = 0, sum_squares = 0;
   for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
     const at::Tensor data = buffer->param_data().to(at::kDouble);
@@ -374,7 +350,7 @@ absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& c
                                int64_t last_step, std::FILE* out) {
   at::NoGradGuard no_grad;
   absl::StatusOr<checkpoint::SharedState> loaded =
-      checkpoint::LoadDistributedCheckpoint(c.save_dir, s.buffers, *s.sharded, comm);
+      checkpoint::LoadDistributedCheckpoint(c.save_dir, s.buffers, *s.optimizer, comm);
   if (!loaded.ok()) {
     const absl::Status& e = loaded.status();
     // kAborted is "another rank failed to load": still the checkpoint's fault, i.e. bad input.
@@ -490,10 +466,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
                  static_cast<long long>(c.global_batch), comm.size(),
                  static_cast<long long>(c.micro_batches),
                  static_cast<long long>(s.micro_batch_size), static_cast<long long>(s.seq_len));
-    std::fputs((s.ddp ? s.sharded->routing_report() : s.optimizer->routing_report())
-                   .ToString()
-                   .c_str(),
-               options.out);
+    std::fputs(s.optimizer->routing_report().ToString().c_str(), options.out);
     std::fputs(LayoutSummary(s.layout).c_str(), options.out);
     std::fflush(options.out);
     if (!c.log_dir.empty()) {
@@ -533,16 +506,12 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     int64_t consecutive_skips = 0;
     for (int64_t step = first_step; step <= last_step; ++step) {
       const absl::Time start = absl::Now();
-      if (s.ddp) {
-        s.ddp->ZeroGradBuffers();
-      } else {
-        for (buffers::ParamAndGradBuffer* buffer : s.buffers) buffer->ZeroGrads();
-      }
+      s.ddp->ZeroGradBuffers();
       double loss_sum = 0;
       const std::vector<MicroBatch> batches = s.train->Next();
       for (size_t m = 0; m < batches.size(); ++m) {
         const MicroBatch& b = batches[m];
-        if (s.ddp) s.ddp->set_is_last_microbatch(m + 1 == batches.size());
+        s.ddp->set_is_last_microbatch(m + 1 == batches.size());
         ASSIGN_OR_RETURN(at::Tensor loss,
                          s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
                                        ToTensor(b.targets, b.rows, b.cols, comm.device())));
@@ -553,28 +522,17 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
           loss_sum / static_cast<double>(batches.size()),
           options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0,
           saver && saver->in_flight_written());
+      // DDP synced the grads during backward (reduce-scatter, or all-reduce for replicated);
+      // finish them, step this rank's part, then start the all-gathers that the next forward's
+      // pre-forward hooks wait on layer by layer (nothing to gather for replicated).
+      RETURN_IF_ERROR(s.ddp->FinishGradSync());
+      RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
       optimizers::StepResult result;
-      if (s.ddp) {
-        // DDP reduce-scattered buckets during backward; finish them, step this rank's shards, then
-        // start the all-gathers that the next forward's pre-forward hooks wait on layer by layer.
-        RETURN_IF_ERROR(s.ddp->FinishGradSync());
-        RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
-        at::NoGradGuard no_grad;
-        ASSIGN_OR_RETURN(result, s.sharded->Step());
-        RETURN_IF_ERROR(s.ddp->StartParamSync());
-      } else {
-        // Every grad bucket of every buffer, averaged over ranks, plus the agreement: one group.
-        std::vector<collectives::CollectiveOp> ops;
-        for (buffers::ParamAndGradBuffer* buffer : s.buffers) {
-          for (int b = 0; b < buffer->num_buckets(); ++b) {
-            ops.push_back(AllReduceOp{buffer->GradBucket(b), {ReduceOp::kAvg}});
-          }
-        }
-        ops.push_back(AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}});
-        RETURN_IF_ERROR(RunGroup(comm, std::move(ops)));
+      {
         at::NoGradGuard no_grad;  // the optimizers update leaf params in place
         ASSIGN_OR_RETURN(result, s.optimizer->Step());
       }
+      RETURN_IF_ERROR(s.ddp->StartParamSync());
       const absl::Duration step_time = absl::Now() - start;
       train_time += step_time;
 
@@ -638,7 +596,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
         shared.rng_seed = c.seed;
         shared.model_config = ModelConfigString(c, s);
         shared.optimizer_config = OptimizerConfigString(c);
-        RETURN_IF_ERROR(saver->Save(shared, s.buffers, *s.sharded, last));
+        RETURN_IF_ERROR(saver->Save(shared, s.buffers, *s.optimizer, last));
       }
       if (give_up) {
         if (saver) RETURN_IF_ERROR(saver->Finish());
@@ -669,8 +627,8 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
                                                        (summary.steps - first_step + 1) /
                                                        summary.elapsed_s
                                                  : 0;
-    if (s.ddp) RETURN_IF_ERROR(s.ddp->FinishParamSync());
-    summary.skipped_steps = s.ddp ? s.sharded->skipped_steps() : s.optimizer->skipped_steps();
+    RETURN_IF_ERROR(s.ddp->FinishParamSync());
+    summary.skipped_steps = s.optimizer->skipped_steps();
     summary.comm_bytes = TotalBytes(comm);
     if (tb) RETURN_IF_ERROR(tb->Flush());
     return absl::OkStatus();

@@ -129,13 +129,6 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(c.resume ? "--resume needs --save_dir (the checkpoint root)"
                                                : "--save_every needs --save_dir");
   }
-  if (!c.save_dir.empty() && *dist == DistMode::kReplicated) {
-    // The distributed checkpoint API saves a DistributedChainedOptimizer's exported state; the
-    // replicated mode steps a plain ChainedOptimizer over its own buffers, which it cannot take.
-    return absl::InvalidArgumentError(
-        "--save_dir/--resume need --dist=layerwise or --dist=distopt: the distributed checkpoint "
-        "saves the sharded optimizer's state, which --dist=replicated does not use");
-  }
   if (c.max_consecutive_skips < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_consecutive_skips must be >= 0 (0 = never stop), got ", c.max_consecutive_skips));

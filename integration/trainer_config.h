@@ -76,8 +76,7 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 // Checks values that need no files or ranks. Errors: kInvalidArgument naming the field and its
 // bound (steps >= 1, known preset/optimizer/schedule, batch divisibility by world_size x
 // micro_batches, seq_len <= the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm
-// NaN, distopt with muon, --resume or --save_every without --save_dir, --save_dir with
-// --dist=replicated, stop_after > steps, on_save_failure other than stop or continue, device
+// NaN, distopt with muon, --resume or --save_every without --save_dir, stop_after > steps, on_save_failure other than stop or continue, device
 // other than cpu or cuda, ...). Whether this build and machine can run cuda is the caller's check.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 

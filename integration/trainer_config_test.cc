@@ -107,10 +107,8 @@ TEST(TrainerConfig, CheckpointFlagsAreChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--resume needs --save_dir")));
   config.save_dir = "/tmp/x";
   EXPECT_OK(ValidateTrainerConfig(config, 2));
-  config.dist = "replicated";
-  EXPECT_THAT(ValidateTrainerConfig(config, 2),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("need --dist=layerwise or --dist=distopt")));
+  config.dist = "replicated";  // every mode saves and resumes
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
   config = TrainerConfig();
   config.save_every = 5;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),

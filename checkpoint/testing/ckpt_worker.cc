@@ -71,8 +71,10 @@ absl::Status TrainStep(collectives::Communicator& comm, const std::vector<layout
                        odt::DistributedModel& model, od::DistributedChainedOptimizer& opt,
                        int step) {
   odt::FillRankGrads(specs, model, comm.rank(), step);
-  ASSIGN_OR_RETURN(auto works, od::LaunchGradReduceScatter(comm, model.buffers));
-  RETURN_IF_ERROR(od::WaitAll(works, comm.timeout()));
+  ASSIGN_OR_RETURN(auto works, buffers::LaunchGradSync(comm, model.buffers,
+                                                      buffers::GradSync::kReduceScatter,
+                                                      collectives::ReduceOp::kAvg));
+  RETURN_IF_ERROR(buffers::WaitAll(works, comm.timeout()));
   return opt.StepAndSync().status();
 }
 

@@ -217,8 +217,21 @@ absl::Status Step(const Model& model, Run& run, int rank, int micro) {
 // Numerical Algorithms", 4.2; gamma(k) = k u / (1 - k u), u = 2^-24), so at world >= 3 two orders
 // differ by at most 2 gamma(world - 1) sum_r |x_r| per element. A dropped micro-batch, a missing
 // rank or a wrong scale is off by a whole addend.
+absl::Status CheckGradShard(const DistributedDataParallel& ddp, const ReferenceGrads& ref,
+                            int rank, int world);
+
+// With the reduce-scatter grad sync each rank checks its own shards; with the all-reduce one, every
+// shard of every bucket on every rank.
 absl::Status CheckGradShards(const DistributedDataParallel& ddp, const ReferenceGrads& ref,
-                             int rank, int world) {
+                             int rank, int world, bool whole = false) {
+  for (int r = whole ? 0 : rank; r < (whole ? world : rank + 1); ++r) {
+    RETURN_IF_ERROR(CheckGradShard(ddp, ref, r, world));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGradShard(const DistributedDataParallel& ddp, const ReferenceGrads& ref,
+                            int rank, int world) {
   const double u = std::ldexp(1.0, -24);
   const double bound_factor = world <= 2 ? 0.0 : 2.0 * (world - 1) * u / (1.0 - (world - 1) * u);
   for (int b = 0; b < ddp.num_buffers(); ++b) {
@@ -321,6 +334,38 @@ absl::Status GradSyncPhase(const Model& model, int world, int rank, Communicator
   }
   RETURN_IF_ERROR(CheckShardsBitwise(*runs[0]->ddp, *runs[1]->ddp, rank));
   return CheckShardsBitwise(*runs[0]->ddp, *runs[2]->ddp, rank);
+}
+
+// The all-reduce grad sync (replicated optimizers): every rank ends with the whole mean in every
+// bucket, and there is no param sync (StartParamSync launches nothing, params stay as they are).
+absl::Status AllReduceGradSyncPhase(const Model& model, int world, int rank, Communicator* comm,
+                                    Communicator* expert_comm) {
+  const ReferenceGrads ref = ReferenceMeanGrads(model, world, 1);
+  for (bool overlap : {false, true}) {
+    DdpConfig config;
+    config.overlap_grad_reduce = overlap;
+    config.grad_sync = buffers::GradSync::kAllReduce;
+    ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(model, world, config, comm, expert_comm));
+    RETURN_IF_ERROR(Step(model, *run, rank, 1));
+    RETURN_IF_ERROR(CheckGradEvents(*run, overlap));
+    RETURN_IF_ERROR(CheckGradShards(*run->ddp, ref, rank, world, /*whole=*/true));
+    std::vector<at::Tensor> before;
+    for (int b = 0; b < run->ddp->num_buffers(); ++b) {
+      before.push_back(run->ddp->buffer(b).param_data().clone());
+    }
+    run->events.clear();
+    RETURN_IF_ERROR(run->ddp->StartParamSync());
+    RETURN_IF_ERROR(run->ddp->FinishParamSync());
+    if (Count(run->events, SyncEvent::Kind::kParamGatherLaunched) != 0) {
+      return absl::InternalError("all-reduce grad sync: a param gather was launched");
+    }
+    for (int b = 0; b < run->ddp->num_buffers(); ++b) {
+      if (!at::equal(before[b], run->ddp->buffer(b).param_data())) {
+        return absl::InternalError("all-reduce grad sync: the param sync changed params");
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Three micro-batches accumulated in the grad buffer (fp32 grads for the bf16 params too), against
@@ -526,6 +571,8 @@ int Main() {
   const std::vector<std::pair<std::string, std::function<absl::Status()>>> phases = {
       {"errors", [&] { return ErrorsPhase(world, dense); }},
       {"grad_sync", [&] { return GradSyncPhase(main_model, world, rank, dense, expert); }},
+      {"all_reduce_grad_sync",
+       [&] { return AllReduceGradSyncPhase(main_model, world, rank, dense, expert); }},
       {"accumulation", [&] { return AccumulationPhase(main_model, world, rank, dense, expert); }},
       {"param_sync", [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, false); }},
       {"param_sync_overlap",

@@ -314,7 +314,7 @@ struct RunConfig {
 
 // The mean gradient of every param as the ranks hold it after FinishGradSync: each rank's reduced
 // shards, all-gathered into scratch memory (the grad buffers are left as the optimizer will read
-// them). In replicated mode every rank's grad buffer already holds it whole.
+// them; in replicated mode they already hold it whole on every rank, and the gather is a copy).
 absl::StatusOr<std::vector<at::Tensor>> GatherMeanGradient(const Model& model, Communicator& comm,
                                                            ddp::DistributedDataParallel& ddp) {
   std::vector<at::Tensor> grads(model.specs.size());
@@ -345,27 +345,6 @@ absl::StatusOr<std::vector<at::Tensor>> GatherMeanGradient(const Model& model, C
     }
   }
   return grads;
-}
-
-// Replicated mode needs the whole mean gradient on every rank: DDP reduce-scatters each bucket,
-// then every rank's shard is all-gathered back (reduce-scatter + all-gather = all-reduce, and every
-// rank ends with the same bits).
-absl::Status AllGatherGrads(Communicator& comm, ddp::DistributedDataParallel& ddp) {
-  std::vector<collectives::CollectiveOp> ops;
-  for (int b = 0; b < ddp.num_buffers(); ++b) {
-    buffers::ParamAndGradBuffer& buf = ddp.buffer(b);
-    for (int k = 0; k < buf.num_buckets(); ++k) {
-      collectives::AllGatherOptions options;
-      for (int r = 0; r < comm.size(); ++r) {
-        const auto [s, e] = buf.layout().ShardRange(k, r);
-        options.shard_sizes.push_back(e - s);
-      }
-      ops.push_back(collectives::AllGatherOp{buf.GradShard(k, comm.rank()), buf.GradBucket(k),
-                                             std::move(options)});
-    }
-  }
-  ASSIGN_OR_RETURN(auto work, comm.LaunchGroup(std::move(ops)));
-  return work->Wait(comm.timeout());
 }
 
 // (A): the distributed mean gradient against the simulated ranks', elementwise within
@@ -452,6 +431,9 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
   ddp::DdpConfig dc;
   dc.overlap_grad_reduce = rc.overlap_grad;
   dc.overlap_param_gather = rc.overlap_param;
+  // Replicated optimizers need the whole mean gradient on every rank, and update every param.
+  dc.grad_sync = rc.mode == DistributedMode::kSharded ? buffers::GradSync::kReduceScatter
+                                                      : buffers::GradSync::kAllReduce;
   dc.timeout = absl::Seconds(120);
   // Counts what DDP overlapped: reduce-scatters launched before backward ended (last micro-batch)
   // and all-gathers waited on by the pre-forward hook of a layer.
@@ -492,7 +474,6 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
     ASSIGN_OR_RETURN(const double grad_diff,
                      CheckGradient(model, dp, mean, sim.Gradient(step), where));
     result.max_grad_diff = std::max(result.max_grad_diff, grad_diff);
-    if (rc.mode == DistributedMode::kReplicated) RETURN_IF_ERROR(AllGatherGrads(comm, *ddp));
     {
       c10::NoGradGuard no_grad;
       ASSIGN_OR_RETURN(optimizers::StepResult stepped, opt->Step());
@@ -510,19 +491,21 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
       RETURN_IF_ERROR(CheckStats(model, stepped.stats, own, where));
     }
     // Sharded: only this rank's shards are new; DDP owns the all-gathers (waited per layer by the
-    // next forward's hook with overlap_param_gather). Replicated: the gather is a no-op in value.
+    // next forward's hook with overlap_param_gather). Replicated: nothing to gather.
     RETURN_IF_ERROR(ddp->StartParamSync());
   }
   RETURN_IF_ERROR(ddp->FinishParamSync());
   result.params = Detached(params);
   RETURN_IF_ERROR(ExpectBitwise(model, result.params, sim.params(),
                                 rc.Name() + " after the last step: params vs the reference's"));
-  // The overlap paths really ran (every step launches all reduce-scatters during backward; steps
-  // 1.. have their gathers waited on by the hooks), and never without the flag.
+  // The overlap paths really ran (every step launches all grad syncs during backward; steps 1..
+  // have their gathers waited on by the hooks), and never without the flag. Replicated runs have
+  // no param sync to overlap.
+  const bool gathers_expected = rc.overlap_param && rc.mode == DistributedMode::kSharded;
   if ((grad_launches_in_backward > 0) != rc.overlap_grad ||
-      (gathers_waited_by_hook > 0) != rc.overlap_param) {
+      (gathers_waited_by_hook > 0) != gathers_expected) {
     return absl::InternalError(absl::StrCat(rc.Name(), ": ", grad_launches_in_backward,
-                                            " reduce-scatters launched during backward, ",
+                                            " grad syncs launched during backward, ",
                                             gathers_waited_by_hook,
                                             " all-gathers waited on by the pre-forward hook"));
   }

@@ -77,10 +77,12 @@ absl::StatusOr<ModeResult> RunMode(Communicator& comm, const std::string& name, 
     ASSIGN_OR_RETURN(auto barrier, comm.Barrier());
     RETURN_IF_ERROR(barrier->Wait(comm.timeout()));
     const absl::Time t0 = absl::Now();
-    ASSIGN_OR_RETURN(auto works, mode == DistributedMode::kSharded
-                                     ? LaunchGradReduceScatter(comm, model.buffers)
-                                     : LaunchGradAllReduce(comm, model.buffers));
-    RETURN_IF_ERROR(WaitAll(works, comm.timeout()));
+    const buffers::GradSync sync = mode == DistributedMode::kSharded
+                                       ? buffers::GradSync::kReduceScatter
+                                       : buffers::GradSync::kAllReduce;
+    ASSIGN_OR_RETURN(auto works, buffers::LaunchGradSync(comm, model.buffers, sync,
+                                                         collectives::ReduceOp::kAvg));
+    RETURN_IF_ERROR(buffers::WaitAll(works, comm.timeout()));
     const absl::Time t1 = absl::Now();
     RETURN_IF_ERROR(opt->StepAndSync().status());
     const absl::Time t2 = absl::Now();

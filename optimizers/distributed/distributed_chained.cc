@@ -1,4 +1,5 @@
 // DistributedChainedOptimizer (see distributed_optimizer.h).
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -132,12 +133,12 @@ absl::Status DistributedChainedOptimizer::LaunchParamSync() {
   if (!pending_sync_.empty()) {
     return absl::FailedPreconditionError("param sync launched twice without WaitParamSync");
   }
-  ASSIGN_OR_RETURN(pending_sync_, LaunchParamAllGather(*comm_, buffers_));
+  ASSIGN_OR_RETURN(pending_sync_, buffers::LaunchParamSync(*comm_, buffers_));
   return absl::OkStatus();
 }
 
 absl::Status DistributedChainedOptimizer::WaitParamSync() {
-  return WaitAll(pending_sync_, comm_->timeout());
+  return buffers::WaitAll(pending_sync_, comm_->timeout());
 }
 
 absl::StatusOr<StepResult> DistributedChainedOptimizer::StepAndSync() {
@@ -167,14 +168,37 @@ std::vector<std::string> DistributedChainedOptimizer::OwnedMuonParams() const {
 std::vector<ShardedTensor> DistributedChainedOptimizer::ExportState() const {
   std::vector<ShardedTensor> out;
   if (replicated_) {
+    // Every rank holds the whole state; each exports only the elements its shards of the buffers
+    // cover (a param's scalars: the rank holding its first element), so that the ranks' exports
+    // together describe the state once, as in kSharded, and a checkpoint is not dp times larger.
+    const int rank = comm_->rank();
     for (const NamedTensor& t : replicated_->ExportState()) {
       std::string name = t.name;
       if (absl::StartsWith(name, "adamw/")) name = name.substr(6);
       if (absl::StartsWith(name, "muon/")) name = name.substr(5);
-      if (t.tensor.dim() == 0) {
+      if (absl::StartsWith(name, "chained/")) {
         out.push_back({name, {}, 0, t.tensor.clone()});
-      } else {
-        out.push_back({name, t.tensor.sizes().vec(), 0, t.tensor.reshape({-1}).clone()});
+        continue;
+      }
+      const std::string param = name.substr(0, name.rfind('/'));
+      for (const buffers::ParamAndGradBuffer* buffer : buffers_) {
+        const layout::PerBufferParamLayout& lay = buffer->layout();
+        for (const layout::ParamPlacement& p : lay.params) {
+          if (p.name != param) continue;
+          if (t.tensor.dim() == 0) {
+            const auto [s, e] = lay.ShardRange(p.bucket, rank);
+            if (p.start >= s && p.start < e) out.push_back({name, {}, 0, t.tensor.clone()});
+            continue;
+          }
+          const at::Tensor flat = t.tensor.reshape({-1});
+          for (size_t b = 0; b < lay.buckets.size(); ++b) {
+            const auto [s, e] = lay.ShardRange(static_cast<int>(b), rank);
+            const int64_t lo = std::max(s, p.start), hi = std::min(e, p.end);
+            if (lo >= hi) continue;
+            out.push_back({name, t.tensor.sizes().vec(), lo - p.start,
+                           flat.narrow(0, lo - p.start, hi - lo).clone()});
+          }
+        }
       }
     }
     return out;

@@ -16,9 +16,9 @@
 //                                  of global statistics, and the skip / clip / schedule decisions.
 //
 // Gradient contract. Before Step, grad_data must hold the data-parallel MEAN of the gradients:
-//   kSharded:    at least this rank's shard of every bucket (a reduce-scatter with AVG, as ddp/
-//                does; LaunchGradReduceScatter below does the same for tests and benchmarks);
-//   kReplicated: the whole buffer (an all-reduce with AVG; LaunchGradAllReduce).
+//   kSharded:    at least this rank's shard of every bucket (the reduce-scatter grad sync of
+//                buffers/bucket_sync.h, as ddp/ runs it);
+//   kReplicated: the whole buffer (the all-reduce grad sync).
 //
 // Param sync. After a sharded Step, only this rank's shards of param_data are new. Either call
 // LaunchParamSync() + WaitParamSync() (or StepAndSync(), which does all three), or, when a DDP with
@@ -36,7 +36,8 @@
 // ExportState returns ShardedTensor records named "<param>/<field>" (fields as in adamw.h and
 // muon.h: exp_avg, exp_avg_sq, step, momentum_buffer, main_param) plus "chained/step" and
 // "chained/skipped_steps". Each record is the part this rank owns, flattened, with its element
-// offset in the whole tensor; concatenating every rank's records describes the whole state.
+// offset in the whole tensor (kReplicated, where every rank holds everything: the elements its
+// shards of the buffers cover); concatenating every rank's records describes the whole state.
 // ImportState takes any such collection (e.g. every rank's export of a run at another dp) and
 // picks out what this rank now owns.
 #ifndef ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_DISTRIBUTED_OPTIMIZER_H_
@@ -54,6 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "buffers/bucket_sync.h"
 #include "buffers/param_and_grad_buffer.h"
 #include "collectives/communicator.h"
 #include "optimizers/adamw.h"
@@ -92,21 +94,6 @@ struct DistOptParam {
   BufferParamRef ref;
   AdamWHyper hp;
 };
-
-// Launches, per bucket group of every buffer, one grouped collective: reduce-scatter (AVG) of each
-// bucket of grad_data into this rank's shard, in place. Errors: kInvalidArgument when a buffer's
-// dp differs from comm.size(); those of Communicator::LaunchGroup.
-absl::StatusOr<std::vector<std::unique_ptr<collectives::Work>>> LaunchGradReduceScatter(
-    collectives::Communicator& comm, absl::Span<buffers::ParamAndGradBuffer* const> buffers);
-// As above with an all-reduce (AVG) of every bucket (replicated mode).
-absl::StatusOr<std::vector<std::unique_ptr<collectives::Work>>> LaunchGradAllReduce(
-    collectives::Communicator& comm, absl::Span<buffers::ParamAndGradBuffer* const> buffers);
-// As above: all-gather of this rank's shard of every bucket of param_data into the bucket, in place.
-absl::StatusOr<std::vector<std::unique_ptr<collectives::Work>>> LaunchParamAllGather(
-    collectives::Communicator& comm, absl::Span<buffers::ParamAndGradBuffer* const> buffers);
-// Waits for every work, in order, each with `timeout`. Errors: the first Wait error.
-absl::Status WaitAll(std::vector<std::unique_ptr<collectives::Work>>& works,
-                     absl::Duration timeout);
 
 // Muon on the whole matrices this rank owns.
 class LayerWiseDistributedOptimizer {

@@ -20,7 +20,6 @@ namespace orthoshard::optimizers::distributed {
 namespace {
 
 using buffers::ParamAndGradBuffer;
-using collectives::Work;
 
 absl::Status CheckDp(const ParamAndGradBuffer& buffer, int dp) {
   if (buffer.layout().dp != dp) {
@@ -29,40 +28,6 @@ absl::Status CheckDp(const ParamAndGradBuffer& buffer, int dp) {
                                                    ", the communicator has ", dp, " ranks"));
   }
   return absl::OkStatus();
-}
-
-enum class BucketOp { kReduceScatter, kAllReduce, kAllGather };
-
-absl::StatusOr<std::vector<std::unique_ptr<Work>>> LaunchPerBucketGroup(
-    collectives::Communicator& comm, absl::Span<ParamAndGradBuffer* const> buffers, BucketOp kind) {
-  std::vector<std::unique_ptr<Work>> works;
-  for (ParamAndGradBuffer* buffer : buffers) {
-    RETURN_IF_ERROR(CheckDp(*buffer, comm.size()));
-    for (const buffers::BucketGroup& group : buffer->bucket_groups()) {
-      std::vector<collectives::CollectiveOp> ops;
-      for (int b : group.buckets) {
-        switch (kind) {
-          case BucketOp::kReduceScatter:
-            ops.push_back(collectives::ReduceScatterOp{buffer->GradBucket(b),
-                                                       buffer->GradShard(b, comm.rank()),
-                                                       {collectives::ReduceOp::kAvg, {}}});
-            break;
-          case BucketOp::kAllReduce:
-            ops.push_back(collectives::AllReduceOp{buffer->GradBucket(b),
-                                                   {collectives::ReduceOp::kAvg}});
-            break;
-          case BucketOp::kAllGather:
-            ops.push_back(collectives::AllGatherOp{buffer->ParamShard(b, comm.rank()),
-                                                   buffer->ParamBucket(b), {}});
-            break;
-        }
-      }
-      if (ops.empty()) continue;
-      ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.LaunchGroup(std::move(ops)));
-      works.push_back(std::move(work));
-    }
-  }
-  return works;
 }
 
 const layout::ParamPlacement& Placement(const BufferParamRef& ref) {
@@ -103,33 +68,6 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
-
-// ---- collectives ----
-
-absl::StatusOr<std::vector<std::unique_ptr<Work>>> LaunchGradReduceScatter(
-    collectives::Communicator& comm, absl::Span<ParamAndGradBuffer* const> buffers) {
-  return LaunchPerBucketGroup(comm, buffers, BucketOp::kReduceScatter);
-}
-
-absl::StatusOr<std::vector<std::unique_ptr<Work>>> LaunchGradAllReduce(
-    collectives::Communicator& comm, absl::Span<ParamAndGradBuffer* const> buffers) {
-  return LaunchPerBucketGroup(comm, buffers, BucketOp::kAllReduce);
-}
-
-absl::StatusOr<std::vector<std::unique_ptr<Work>>> LaunchParamAllGather(
-    collectives::Communicator& comm, absl::Span<ParamAndGradBuffer* const> buffers) {
-  return LaunchPerBucketGroup(comm, buffers, BucketOp::kAllGather);
-}
-
-absl::Status WaitAll(std::vector<std::unique_ptr<Work>>& works, absl::Duration timeout) {
-  absl::Status first;
-  for (std::unique_ptr<Work>& w : works) {
-    absl::Status s = w->Wait(timeout);
-    if (first.ok() && !s.ok()) first = s;
-  }
-  works.clear();
-  return first;
-}
 
 // ---- model-space state ----
 

@@ -73,10 +73,12 @@ absl::Status CompareAcrossRanks(Communicator& comm, const std::vector<at::Tensor
 }
 
 absl::Status ReduceGrads(Communicator& comm, DistributedModel& model, DistributedMode mode) {
-  ASSIGN_OR_RETURN(auto works, mode == DistributedMode::kSharded
-                                   ? LaunchGradReduceScatter(comm, model.buffers)
-                                   : LaunchGradAllReduce(comm, model.buffers));
-  return WaitAll(works, comm.timeout());
+  const buffers::GradSync sync = mode == DistributedMode::kSharded
+                                     ? buffers::GradSync::kReduceScatter
+                                     : buffers::GradSync::kAllReduce;
+  ASSIGN_OR_RETURN(auto works, buffers::LaunchGradSync(comm, model.buffers, sync,
+                                                       collectives::ReduceOp::kAvg));
+  return buffers::WaitAll(works, comm.timeout());
 }
 
 // ---- record files for the export/import scenario ----
