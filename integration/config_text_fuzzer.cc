@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -29,17 +30,8 @@ using ::orthoshard::integration::PretrainConfig;
 using ::orthoshard::integration::TrainerConfig;
 using ::orthoshard::integration::ValidateTrainerConfig;
 
-// Every TrainerConfig field that PretrainConfig carries (the same names in both).
-#define ORTHOSHARD_CONFIG_FIELDS(X)                                                              \
-  X(model) X(data) X(optimizer) X(dist) X(device) X(steps) X(global_batch) X(micro_batches)     \
-  X(seq_len) X(lr) X(muon_lr) X(weight_decay) X(muon_weight_decay) X(max_grad_norm) X(schedule) \
-  X(warmup_steps) X(min_lr_ratio) X(decay_steps) X(eval_every) X(eval_batches) X(eval_fraction) \
-  X(bucket_elems) X(check_every) X(log_every) X(log_dir) X(save_dir) X(save_every) X(resume)    \
-  X(stop_after) X(keep_checkpoints) X(max_consecutive_skips) X(seed) X(num_threads)             \
-  X(on_save_failure) X(max_consecutive_failed_saves) X(distributed_timeout_s)
-
-#define ORTHOSHARD_COUNT(field) +1
-constexpr int kNumFields = 0 ORTHOSHARD_CONFIG_FIELDS(ORTHOSHARD_COUNT);
+#define ORTHOSHARD_COUNT(type, name, default_value, help) +1
+constexpr int kNumFields = 0 ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_COUNT);
 #undef ORTHOSHARD_COUNT
 
 void Check(bool ok) {
@@ -53,46 +45,22 @@ bool Same(const T& a, const T& b) {
 }
 bool Same(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
+// A value of field number `i` that differs from every default (TrainerConfig's and the proto's).
+void SetDistinct(std::string& v, int i) { v = absl::StrCat("v", i, "?"); }
+void SetDistinct(int64_t& v, int i) { v = -101 - i; }
+void SetDistinct(int& v, int i) { v = -101 - i; }
+void SetDistinct(uint64_t& v, int i) { v = 0xfeedfacecafe0000ULL + i; }
+void SetDistinct(double& v, int i) { v = -1.5 - i; }
+void SetDistinct(bool& v, int) { v = !TrainerConfig().resume; }
+
 // A config whose every field differs from both TrainerConfig's and the proto's defaults, so a field
 // the parser writes without the text naming it shows up.
 TrainerConfig Distinctive() {
   TrainerConfig c;
-  c.model = "m?";
-  c.data = "d?";
-  c.optimizer = "o?";
-  c.dist = "x?";
-  c.device = "v?";
-  c.steps = -101;
-  c.global_batch = -102;
-  c.micro_batches = -103;
-  c.seq_len = -104;
-  c.lr = -1.5;
-  c.muon_lr = -2.5;
-  c.weight_decay = -3.5;
-  c.muon_weight_decay = -4.5;
-  c.max_grad_norm = -5.5;
-  c.schedule = "s?";
-  c.warmup_steps = -105;
-  c.min_lr_ratio = -6.5;
-  c.decay_steps = -106;
-  c.eval_every = -107;
-  c.eval_batches = -108;
-  c.eval_fraction = -7.5;
-  c.bucket_elems = -109;
-  c.check_every = -110;
-  c.log_every = -111;
-  c.log_dir = "l?";
-  c.save_dir = "c?";
-  c.save_every = -112;
-  c.resume = true;
-  c.stop_after = -113;
-  c.keep_checkpoints = -114;
-  c.max_consecutive_skips = -115;
-  c.seed = 0xfeedfacecafebeefULL;
-  c.num_threads = -116;
-  c.on_save_failure = "f?";
-  c.max_consecutive_failed_saves = -117;
-  c.distributed_timeout_s = -118;
+  int i = 0;
+#define ORTHOSHARD_DISTINCT(type, name, default_value, help) SetDistinct(c.name, i++);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_DISTINCT)
+#undef ORTHOSHARD_DISTINCT
   return c;
 }
 
@@ -105,8 +73,8 @@ class SilentErrors : public google::protobuf::io::ErrorCollector {
 
 bool SameConfig(const TrainerConfig& a, const TrainerConfig& b) {
   bool same = true;
-#define ORTHOSHARD_SAME(field) same = same && Same(a.field, b.field);
-  ORTHOSHARD_CONFIG_FIELDS(ORTHOSHARD_SAME)
+#define ORTHOSHARD_SAME(type, name, default_value, help) same = same && Same(a.name, b.name);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_SAME)
 #undef ORTHOSHARD_SAME
   return same;
 }
@@ -166,11 +134,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   Check(parses);
-#define ORTHOSHARD_APPLIED(field) \
-  Check(proto.has_##field()                                                           \
-            ? Same(applied.field, static_cast<decltype(base.field)>(proto.field())) \
-            : Same(applied.field, base.field));
-  ORTHOSHARD_CONFIG_FIELDS(ORTHOSHARD_APPLIED)
+#define ORTHOSHARD_APPLIED(type, name, default_value, help)                     \
+  Check(proto.has_##name() ? Same(applied.name, static_cast<type>(proto.name())) \
+                           : Same(applied.name, base.name));
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLIED)
 #undef ORTHOSHARD_APPLIED
 
   // On top of the defaults, as pretrain does, then the checks that need no files or ranks.

@@ -67,69 +67,11 @@ ABSL_FLAG(std::string, config, "",
           "command line override its fields");
 ABSL_FLAG(int, nproc_per_node, 2,
           "local ranks to launch when not already under a launcher (torchrun/SLURM environment)");
-ABSL_FLAG(std::string, model, kDefaults.model, "model preset: tiny, small, gpt2-124m");
-ABSL_FLAG(std::string, data, kDefaults.data,
-          "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX");
-ABSL_FLAG(std::string, optimizer, kDefaults.optimizer,
-          "muon (Muon for hidden matrices, AdamW for the rest) or adamw (AdamW for all)");
-ABSL_FLAG(std::string, dist, kDefaults.dist,
-          "distribution: replicated (grads all-reduced, every rank steps every param), layerwise "
-          "(DDP reduce-scatter + layer-wise Muon + ZeRO-1 AdamW, params all-gathered per layer "
-          "before forward) or distopt (ZeRO-1 for every param; needs --optimizer=adamw)");
-ABSL_FLAG(std::string, device, kDefaults.device,
-          "cpu (Gloo) or cuda (NCCL, one GPU per rank: cuda:LOCAL_RANK; needs a build with "
-          "bazel build --config=cuda)");
-ABSL_FLAG(int64_t, steps, kDefaults.steps, "optimizer steps");
-ABSL_FLAG(int64_t, global_batch, kDefaults.global_batch,
-          "samples per step over all ranks (divisible by ranks x micro_batches)");
-ABSL_FLAG(int64_t, micro_batches, kDefaults.micro_batches,
-          "gradient-accumulation micro-batches per step on each rank");
-ABSL_FLAG(int64_t, seq_len, kDefaults.seq_len, "tokens per sample; 0 = the model's max_seq_len");
-ABSL_FLAG(double, lr, kDefaults.lr, "AdamW base learning rate (all params with --optimizer=adamw)");
-ABSL_FLAG(double, muon_lr, kDefaults.muon_lr, "Muon base learning rate");
-ABSL_FLAG(double, weight_decay, kDefaults.weight_decay, "AdamW weight decay of 2-D params");
-ABSL_FLAG(double, muon_weight_decay, kDefaults.muon_weight_decay, "Muon weight decay");
-ABSL_FLAG(double, max_grad_norm, kDefaults.max_grad_norm, "global-norm clip; <= 0 disables");
-ABSL_FLAG(std::string, schedule, kDefaults.schedule, "lr schedule: constant, cosine, linear, wsd");
-ABSL_FLAG(int64_t, warmup_steps, kDefaults.warmup_steps, "linear warmup steps (capped at --steps)");
-ABSL_FLAG(double, min_lr_ratio, kDefaults.min_lr_ratio, "floor of the lr decay, fraction of lr");
-ABSL_FLAG(int64_t, decay_steps, kDefaults.decay_steps, "wsd: final decay steps; 0 = steps / 5");
-ABSL_FLAG(int64_t, eval_every, kDefaults.eval_every,
-          "eval every N steps (always before the first and after the last); 0 = end only");
-ABSL_FLAG(int64_t, eval_batches, kDefaults.eval_batches, "eval micro-batches per rank");
-ABSL_FLAG(double, eval_fraction, kDefaults.eval_fraction, "tail of the data held out for eval");
-ABSL_FLAG(int64_t, bucket_elems, kDefaults.bucket_elems, "soft minimum grad bucket size (elements)");
-ABSL_FLAG(int64_t, check_every, kDefaults.check_every,
-          "compare a param checksum across ranks every N steps (and at the end); 0 = end only");
-ABSL_FLAG(int64_t, log_every, kDefaults.log_every, "without a terminal: a progress line every N steps");
-ABSL_FLAG(std::string, log_dir, kDefaults.log_dir, "TensorBoard event files (rank 0); empty = none");
-ABSL_FLAG(std::string, save_dir, kDefaults.save_dir,
-          "checkpoint root (layerwise/distopt): step_NNNNNN/ dirs + `latest`; saved at the end");
-ABSL_FLAG(int64_t, save_every, kDefaults.save_every,
-          "also save a checkpoint every N steps (needs --save_dir); 0 = at the end only");
-ABSL_FLAG(bool, resume, kDefaults.resume,
-          "continue from --save_dir's latest checkpoint (any saved rank count); exit 2 if it is "
-          "missing, corrupt or from another model/optimizer/data setup");
-ABSL_FLAG(int64_t, stop_after, kDefaults.stop_after,
-          "stop after this step; the lr schedule still spans --steps (for a later --resume); "
-          "0 = run to --steps");
-ABSL_FLAG(int, keep_checkpoints, kDefaults.keep_checkpoints,
-          "complete checkpoints kept in --save_dir; 0 = all");
-ABSL_FLAG(int64_t, max_consecutive_skips, kDefaults.max_consecutive_skips,
-          "stop (exit 1) after this many consecutive steps skipped for non-finite gradients, "
-          "saving a final checkpoint when --save_dir is set; 0 = never");
-ABSL_FLAG(std::string, on_save_failure, kDefaults.on_save_failure,
-          "a checkpoint save that fails (disk full, I/O error): stop (exit non-zero naming the file) "
-          "or continue (report it on every rank, count it in the JSON's failed_saves, save again at "
-          "the next --save_every; a failed final save still exits non-zero)");
-ABSL_FLAG(int64_t, max_consecutive_failed_saves, kDefaults.max_consecutive_failed_saves,
-          "with --on_save_failure=continue: stop after this many saves in a row failed; 0 = never");
-ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of model init, data order and synthetic corpus");
-ABSL_FLAG(int, num_threads, kDefaults.num_threads,
-          "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default");
-ABSL_FLAG(int64_t, distributed_timeout_s, kDefaults.distributed_timeout_s,
-          "seconds any wait on another rank may take (a collective, the rendezvous) before the "
-          "job fails naming the rank");
+// Every TrainerConfig field is a flag of the same name (trainer_config_fields.h).
+#define ORTHOSHARD_DEFINE_FLAG(type, name, default_value, help) \
+  ABSL_FLAG(type, name, kDefaults.name, help);
+ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_DEFINE_FLAG)
+#undef ORTHOSHARD_DEFINE_FLAG
 
 namespace orthoshard::integration {
 namespace {
@@ -211,44 +153,9 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
     absl::Status s = ApplyConfigText(text.str(), config_path, &c);
     if (!s.ok()) return s;
   }
-#define ORTHOSHARD_FLAG(field) \
-  if (given.count(#field)) c.field = absl::GetFlag(FLAGS_##field)
-  ORTHOSHARD_FLAG(model);
-  ORTHOSHARD_FLAG(data);
-  ORTHOSHARD_FLAG(optimizer);
-  ORTHOSHARD_FLAG(dist);
-  ORTHOSHARD_FLAG(device);
-  ORTHOSHARD_FLAG(steps);
-  ORTHOSHARD_FLAG(global_batch);
-  ORTHOSHARD_FLAG(micro_batches);
-  ORTHOSHARD_FLAG(seq_len);
-  ORTHOSHARD_FLAG(lr);
-  ORTHOSHARD_FLAG(muon_lr);
-  ORTHOSHARD_FLAG(weight_decay);
-  ORTHOSHARD_FLAG(muon_weight_decay);
-  ORTHOSHARD_FLAG(max_grad_norm);
-  ORTHOSHARD_FLAG(schedule);
-  ORTHOSHARD_FLAG(warmup_steps);
-  ORTHOSHARD_FLAG(min_lr_ratio);
-  ORTHOSHARD_FLAG(decay_steps);
-  ORTHOSHARD_FLAG(eval_every);
-  ORTHOSHARD_FLAG(eval_batches);
-  ORTHOSHARD_FLAG(eval_fraction);
-  ORTHOSHARD_FLAG(bucket_elems);
-  ORTHOSHARD_FLAG(check_every);
-  ORTHOSHARD_FLAG(log_every);
-  ORTHOSHARD_FLAG(log_dir);
-  ORTHOSHARD_FLAG(save_dir);
-  ORTHOSHARD_FLAG(save_every);
-  ORTHOSHARD_FLAG(resume);
-  ORTHOSHARD_FLAG(stop_after);
-  ORTHOSHARD_FLAG(keep_checkpoints);
-  ORTHOSHARD_FLAG(max_consecutive_skips);
-  ORTHOSHARD_FLAG(on_save_failure);
-  ORTHOSHARD_FLAG(max_consecutive_failed_saves);
-  ORTHOSHARD_FLAG(seed);
-  ORTHOSHARD_FLAG(num_threads);
-  ORTHOSHARD_FLAG(distributed_timeout_s);
+#define ORTHOSHARD_FLAG(type, name, default_value, help) \
+  if (given.count(#name)) c.name = absl::GetFlag(FLAGS_##name);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_FLAG)
 #undef ORTHOSHARD_FLAG
   return c;
 }

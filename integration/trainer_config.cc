@@ -73,44 +73,9 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
                                                                     : errors.first()));
   }
   TrainerConfig& c = *config;
-#define ORTHOSHARD_APPLY(field) \
-  if (proto.has_##field()) c.field = proto.field()
-  ORTHOSHARD_APPLY(model);
-  ORTHOSHARD_APPLY(data);
-  ORTHOSHARD_APPLY(optimizer);
-  ORTHOSHARD_APPLY(dist);
-  ORTHOSHARD_APPLY(device);
-  ORTHOSHARD_APPLY(steps);
-  ORTHOSHARD_APPLY(global_batch);
-  ORTHOSHARD_APPLY(micro_batches);
-  ORTHOSHARD_APPLY(seq_len);
-  ORTHOSHARD_APPLY(lr);
-  ORTHOSHARD_APPLY(muon_lr);
-  ORTHOSHARD_APPLY(weight_decay);
-  ORTHOSHARD_APPLY(muon_weight_decay);
-  ORTHOSHARD_APPLY(max_grad_norm);
-  ORTHOSHARD_APPLY(schedule);
-  ORTHOSHARD_APPLY(warmup_steps);
-  ORTHOSHARD_APPLY(min_lr_ratio);
-  ORTHOSHARD_APPLY(decay_steps);
-  ORTHOSHARD_APPLY(eval_every);
-  ORTHOSHARD_APPLY(eval_batches);
-  ORTHOSHARD_APPLY(eval_fraction);
-  ORTHOSHARD_APPLY(bucket_elems);
-  ORTHOSHARD_APPLY(check_every);
-  ORTHOSHARD_APPLY(log_every);
-  ORTHOSHARD_APPLY(log_dir);
-  ORTHOSHARD_APPLY(save_dir);
-  ORTHOSHARD_APPLY(save_every);
-  ORTHOSHARD_APPLY(resume);
-  ORTHOSHARD_APPLY(stop_after);
-  ORTHOSHARD_APPLY(keep_checkpoints);
-  ORTHOSHARD_APPLY(max_consecutive_skips);
-  ORTHOSHARD_APPLY(on_save_failure);
-  ORTHOSHARD_APPLY(max_consecutive_failed_saves);
-  ORTHOSHARD_APPLY(seed);
-  ORTHOSHARD_APPLY(num_threads);
-  ORTHOSHARD_APPLY(distributed_timeout_s);
+#define ORTHOSHARD_APPLY(type, name, default_value, help) \
+  if (proto.has_##name()) c.name = proto.name();
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLY)
 #undef ORTHOSHARD_APPLY
   return absl::OkStatus();
 }

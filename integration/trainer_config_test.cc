@@ -2,10 +2,27 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "integration/pretrain_config.pb.h"
 #include "integration/trainer_config.h"
 
 namespace orthoshard::integration {
 namespace {
+
+// protobuf's cpp_type_name() of the field type that holds a C++ `T`.
+template <typename T>
+std::string CppTypeName();
+template <>
+std::string CppTypeName<std::string>() { return "string"; }
+template <>
+std::string CppTypeName<int64_t>() { return "int64"; }
+template <>
+std::string CppTypeName<int>() { return "int32"; }
+template <>
+std::string CppTypeName<uint64_t>() { return "uint64"; }
+template <>
+std::string CppTypeName<double>() { return "double"; }
+template <>
+std::string CppTypeName<bool>() { return "bool"; }
 
 using ::orthoshard::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -162,6 +179,23 @@ TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
   }
   EXPECT_EQ(json.front(), '{');
   EXPECT_EQ(json.back(), '}');
+}
+
+// The field table (trainer_config_fields.h) and PretrainConfig name the same fields with matching
+// types, so the text-format config can set every field and nothing else.
+TEST(TrainerConfig, TheFieldTableMatchesTheProto) {
+  const google::protobuf::Descriptor* d = PretrainConfig::descriptor();
+  int fields = 0;
+#define ORTHOSHARD_CHECK_FIELD(type, name, default_value, help)                                 \
+  {                                                                                             \
+    ++fields;                                                                                   \
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(#name);                     \
+    ASSERT_NE(f, nullptr) << "PretrainConfig has no field " #name;                              \
+    EXPECT_EQ(std::string(f->cpp_type_name()), CppTypeName<type>()) << #name;                   \
+  }
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_FIELD)
+#undef ORTHOSHARD_CHECK_FIELD
+  EXPECT_EQ(d->field_count(), fields) << "PretrainConfig has fields the table does not list";
 }
 
 }  // namespace

@@ -1,0 +1,93 @@
+// Every TrainerConfig field, defined once: X(type, name, default, help). Expanded into the struct
+// (trainer_config.h), the text-format config (ApplyConfigText: PretrainConfig's fields of the same
+// names, which trainer_config_test checks against this list), pretrain's command-line flags and
+// their --help, and the config fuzzer. A new field is one entry here plus its proto field.
+#ifndef ORTHOSHARD_INTEGRATION_TRAINER_CONFIG_FIELDS_H_
+#define ORTHOSHARD_INTEGRATION_TRAINER_CONFIG_FIELDS_H_
+
+// clang-format off
+#define ORTHOSHARD_TRAINER_CONFIG_FIELDS(X) \
+  X(std::string, model, "tiny", \
+    "model preset: tiny, small, gpt2-124m") \
+  X(std::string, data, "synthetic", \
+    "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX") \
+  X(std::string, optimizer, "muon", \
+    "muon (Muon for hidden matrices, AdamW for the rest) or adamw (AdamW for all)") \
+  X(std::string, dist, "layerwise", \
+    "distribution: replicated (grads all-reduced, every rank steps every param), layerwise " \
+    "(DDP reduce-scatter + layer-wise Muon + ZeRO-1 AdamW, params all-gathered per layer " \
+    "before forward) or distopt (ZeRO-1 for every param; needs --optimizer=adamw)") \
+  X(std::string, device, "cpu", \
+    "cpu (Gloo) or cuda (NCCL, one GPU per rank: cuda:LOCAL_RANK; needs a build with bazel " \
+    "build --config=cuda)") \
+  X(int64_t, steps, 300, \
+    "optimizer steps") \
+  X(int64_t, global_batch, 32, \
+    "samples per step over all ranks (divisible by ranks x micro_batches)") \
+  X(int64_t, micro_batches, 1, \
+    "gradient-accumulation micro-batches per step on each rank") \
+  X(int64_t, seq_len, 0, \
+    "tokens per sample; 0 = the model's max_seq_len") \
+  X(double, lr, 3e-3, \
+    "AdamW base learning rate (all params with --optimizer=adamw)") \
+  X(double, muon_lr, 0.02, \
+    "Muon base learning rate") \
+  X(double, weight_decay, 0.01, \
+    "AdamW weight decay of 2-D params") \
+  X(double, muon_weight_decay, 0.01, \
+    "Muon weight decay") \
+  X(double, max_grad_norm, 1.0, \
+    "global-norm clip; <= 0 disables") \
+  X(std::string, schedule, "cosine", \
+    "lr schedule: constant, cosine, linear, wsd") \
+  X(int64_t, warmup_steps, 20, \
+    "linear warmup steps (capped at --steps)") \
+  X(double, min_lr_ratio, 0.1, \
+    "floor of the lr decay, fraction of lr") \
+  X(int64_t, decay_steps, 0, \
+    "wsd: final decay steps; 0 = steps / 5") \
+  X(int64_t, eval_every, 100, \
+    "eval every N steps (always before the first and after the last); 0 = end only") \
+  X(int64_t, eval_batches, 4, \
+    "eval micro-batches per rank") \
+  X(double, eval_fraction, 0.05, \
+    "tail of the data held out for eval") \
+  X(int64_t, bucket_elems, 1 << 16, \
+    "soft minimum grad bucket size (elements)") \
+  X(int64_t, check_every, 100, \
+    "compare a param checksum across ranks every N steps (and at the end); 0 = end only") \
+  X(int64_t, log_every, 10, \
+    "without a terminal: a progress line every N steps") \
+  X(std::string, log_dir, "", \
+    "TensorBoard event files (rank 0); empty = none") \
+  X(std::string, save_dir, "", \
+    "checkpoint root (layerwise/distopt): step_NNNNNN/ dirs + `latest`; saved at the end") \
+  X(int64_t, save_every, 0, \
+    "also save a checkpoint every N steps (needs --save_dir); 0 = at the end only") \
+  X(bool, resume, false, \
+    "continue from --save_dir's latest checkpoint (any saved rank count); exit 2 if it is " \
+    "missing, corrupt or from another model/optimizer/data setup") \
+  X(int64_t, stop_after, 0, \
+    "stop after this step; the lr schedule still spans --steps (for a later --resume); 0 = " \
+    "run to --steps") \
+  X(int, keep_checkpoints, 3, \
+    "complete checkpoints kept in --save_dir; 0 = all") \
+  X(int64_t, max_consecutive_skips, 10, \
+    "stop (exit 1) after this many consecutive steps skipped for non-finite gradients, saving" \
+    " a final checkpoint when --save_dir is set; 0 = never") \
+  X(std::string, on_save_failure, "stop", \
+    "a checkpoint save that fails (disk full, I/O error): stop (exit non-zero naming the " \
+    "file) or continue (report it on every rank, count it in the JSON's failed_saves, save " \
+    "again at the next --save_every; a failed final save still exits non-zero)") \
+  X(int64_t, max_consecutive_failed_saves, 3, \
+    "with --on_save_failure=continue: stop after this many saves in a row failed; 0 = never") \
+  X(uint64_t, seed, 1234, \
+    "seed of model init, data order and synthetic corpus") \
+  X(int, num_threads, 1, \
+    "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default") \
+  X(int64_t, distributed_timeout_s, 60, \
+    "seconds any wait on another rank may take (a collective, the rendezvous) before the job " \
+    "fails naming the rank")
+// clang-format on
+
+#endif  // ORTHOSHARD_INTEGRATION_TRAINER_CONFIG_FIELDS_H_
