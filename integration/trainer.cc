@@ -6,13 +6,11 @@
 #include <atomic>
 #include <csignal>
 #include <cmath>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
 #include <memory>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -41,7 +39,8 @@
 #include "integration/loader.h"
 #include "integration/model.h"
 #include "integration/progress.h"
-#include "integration/tensorboard.h"
+#include "integration/run_metrics.h"
+#include "integration/run_policy.h"
 #include "layout/layout.h"
 #include "optimizers/chained.h"
 #include "optimizers/distributed/distributed_optimizer.h"
@@ -136,12 +135,6 @@ absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp>
   return work->Wait(comm.timeout());
 }
 
-int64_t TotalBytes(const Communicator& comm) {
-  const collectives::TrafficCounters t = comm.traffic();
-  int64_t total = 0;
-  for (int64_t b : t.bytes) total += b;
-  return total;
-}
 
 optimizers::ScheduleConfig MakeSchedule(const TrainerConfig& c) {
   optimizers::ScheduleConfig s;
@@ -402,6 +395,101 @@ absl::Status MarkFailedWhileTraining(absl::Status status) {
   return status;
 }
 
+// One run per --save_dir: rank 0, which commits, takes the root's lock for the whole run. Every
+// rank learns the outcome, so none waits on a rank 0 that gave up. Returns rank 0's lock.
+absl::StatusOr<std::optional<checkpoint::RootLock>> LockSaveDir(const TrainerConfig& c,
+                                                                Communicator& comm) {
+  std::optional<checkpoint::RootLock> root_lock;
+  if (c.save_dir.empty()) return root_lock;
+  absl::Status locked = absl::OkStatus();
+  if (comm.rank() == 0) {
+    absl::StatusOr<checkpoint::RootLock> lock =
+        checkpoint::LockRoot(c.save_dir, absl::StrCat("pretrain rank 0 of ", comm.size()));
+    if (lock.ok()) {
+      root_lock.emplace(*std::move(lock));
+    } else {
+      locked = absl::FailedPreconditionError(absl::StrCat("--save_dir: ", lock.status().message()));
+    }
+  }
+  ASSIGN_OR_RETURN(const bool all_ok, collectives::AllRanksOk(comm, locked.ok()));
+  if (!locked.ok()) return locked;
+  if (!all_ok) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--save_dir '", c.save_dir, "': rank 0 could not lock it (see rank 0's error)"));
+  }
+  return root_lock;
+}
+
+// Rank 0's start-up report: model, data, ranks, batch shape, routing and layout.
+void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& comm,
+                    std::FILE* out) {
+  std::fprintf(out,
+               "pretrain: model %s (%lld params), data %s (%lld train / %lld eval tokens, "
+               "unigram entropy %.3f nats), %d ranks, dist %s, optimizer %s\n"
+               "pretrain: global batch %lld = %d ranks x %lld micro-batches x %lld samples x "
+               "%lld tokens\n",
+               c.model.c_str(), static_cast<long long>(s.model->num_params()), c.data.c_str(),
+               static_cast<long long>(s.train_tokens), static_cast<long long>(s.eval_tokens),
+               s.unigram_entropy, comm.size(), c.dist.c_str(), c.optimizer.c_str(),
+               static_cast<long long>(c.global_batch), comm.size(),
+               static_cast<long long>(c.micro_batches), static_cast<long long>(s.micro_batch_size),
+               static_cast<long long>(s.seq_len));
+  std::fputs(s.optimizer->routing_report().ToString().c_str(), out);
+  std::fputs(LayoutSummary(s.layout).c_str(), out);
+  std::fflush(out);
+}
+
+// What one step produced.
+struct StepOutcome {
+  optimizers::StepResult result;
+  StepAgreement::Agreed agreed;  // the same on every rank
+  absl::Duration time;
+};
+
+// One optimizer step: the micro-batches' forward and backward (DDP syncs grads as backward goes:
+// reduce-scatter, or all-reduce for replicated), the step agreement folded into one all-reduce,
+// this rank's part of the update, and the start of the param all-gathers that the next forward's
+// pre-forward hooks wait on layer by layer (nothing to gather for replicated).
+absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement& agreement,
+                                    int stop_signal, bool save_written) {
+  const absl::Time start = absl::Now();
+  s.ddp->ZeroGradBuffers();
+  double loss_sum = 0;
+  const std::vector<MicroBatch> batches = s.train->Next();
+  for (size_t m = 0; m < batches.size(); ++m) {
+    const MicroBatch& b = batches[m];
+    s.ddp->set_is_last_microbatch(m + 1 == batches.size());
+    ASSIGN_OR_RETURN(at::Tensor loss,
+                     s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
+                                   ToTensor(b.targets, b.rows, b.cols, comm.device())));
+    loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+    loss_sum += loss.item<double>();
+  }
+  agreement.Set(loss_sum / static_cast<double>(batches.size()), stop_signal, save_written);
+  RETURN_IF_ERROR(s.ddp->FinishGradSync());
+  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
+  StepOutcome out;
+  {
+    at::NoGradGuard no_grad;  // the optimizers update leaf params in place
+    ASSIGN_OR_RETURN(out.result, s.optimizer->Step());
+  }
+  RETURN_IF_ERROR(s.ddp->StartParamSync());
+  out.time = absl::Now() - start;
+  out.agreed = agreement.Read();
+  return out;
+}
+
+// The shared state a checkpoint of `step` records.
+checkpoint::SharedState SharedStateAt(const TrainerConfig& c, const Setup& s, int64_t step) {
+  checkpoint::SharedState shared;
+  shared.step = step;
+  shared.data_position = s.train->state().Serialize();
+  shared.rng_seed = c.seed;
+  shared.model_config = ModelConfigString(c, s);
+  shared.optimizer_config = OptimizerConfigString(c);
+  return shared;
+}
+
 absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& comm,
                                        const TrainOptions& options) {
   RETURN_IF_ERROR(ValidateTrainerConfig(c, comm.size()));
@@ -415,31 +503,9 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   }
   if (c.num_threads > 0) at::set_num_threads(c.num_threads);
   const bool lead = comm.rank() == 0;
-  // One run per --save_dir: rank 0, which commits, holds the root's lock for the whole run. Every
-  // rank learns the outcome, so none waits on a rank 0 that gave up.
-  std::optional<checkpoint::RootLock> root_lock;
-  if (!c.save_dir.empty()) {
-    absl::Status locked = absl::OkStatus();
-    if (lead) {
-      absl::StatusOr<checkpoint::RootLock> lock = checkpoint::LockRoot(
-          c.save_dir, absl::StrCat("pretrain rank 0 of ", comm.size()));
-      if (lock.ok()) {
-        root_lock.emplace(*std::move(lock));
-      } else {
-        locked = absl::FailedPreconditionError(
-            absl::StrCat("--save_dir: ", lock.status().message()));
-      }
-    }
-    ASSIGN_OR_RETURN(const bool all_ok, collectives::AllRanksOk(comm, locked.ok()));
-    if (!locked.ok()) return locked;
-    if (!all_ok) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--save_dir '", c.save_dir, "': rank 0 could not lock it (see rank 0's error)"));
-    }
-  }
+  ASSIGN_OR_RETURN(const std::optional<checkpoint::RootLock> root_lock, LockSaveDir(c, comm));
   ASSIGN_OR_RETURN(Setup s, Build(c, comm));
-
-  const int64_t last_step = c.stop_after > 0 ? c.stop_after : c.steps;
+  const int64_t last_step = LastStep(c);
   int64_t first_step = 1;
   if (c.resume) {
     ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, last_step, options.out));
@@ -452,166 +518,66 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   summary.optimizer = c.optimizer;
   summary.num_params = s.model->num_params();
   summary.unigram_entropy = s.unigram_entropy;
-
-  std::unique_ptr<EventWriter> tb;
-  if (lead) {
-    std::fprintf(options.out,
-                 "pretrain: model %s (%lld params), data %s (%lld train / %lld eval tokens, "
-                 "unigram entropy %.3f nats), %d ranks, dist %s, optimizer %s\n"
-                 "pretrain: global batch %lld = %d ranks x %lld micro-batches x %lld samples x "
-                 "%lld tokens\n",
-                 c.model.c_str(), static_cast<long long>(summary.num_params), c.data.c_str(),
-                 static_cast<long long>(s.train_tokens), static_cast<long long>(s.eval_tokens),
-                 s.unigram_entropy, comm.size(), c.dist.c_str(), c.optimizer.c_str(),
-                 static_cast<long long>(c.global_batch), comm.size(),
-                 static_cast<long long>(c.micro_batches),
-                 static_cast<long long>(s.micro_batch_size), static_cast<long long>(s.seq_len));
-    std::fputs(s.optimizer->routing_report().ToString().c_str(), options.out);
-    std::fputs(LayoutSummary(s.layout).c_str(), options.out);
-    std::fflush(options.out);
-    if (!c.log_dir.empty()) {
-      std::error_code ec;
-      std::filesystem::create_directories(c.log_dir, ec);
-      if (ec) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("--log_dir '", c.log_dir, "': cannot create: ", ec.message()));
-      }
-      ASSIGN_OR_RETURN(tb, EventWriter::Create(c.log_dir, absl::ToUnixMicros(absl::Now()) / 1e6));
-    }
-  }
-  auto scalar = [&](absl::string_view tag, int64_t step, double value) -> absl::Status {
-    if (!tb) return absl::OkStatus();
-    return tb->AddScalar(tag, step, static_cast<float>(value),
-                         absl::ToUnixMicros(absl::Now()) / 1e6);
-  };
+  if (lead) PrintRunHeader(c, s, comm, options.out);
+  RunMetrics metrics(c, comm, options, summary, first_step,
+                     static_cast<double>(c.global_batch) * s.seq_len);
+  RETURN_IF_ERROR(metrics.OpenTensorBoard(c.log_dir));
 
   // From here on a failure is the run's, not its input's: MarkFailedWhileTraining.
   absl::Status trained = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(summary.initial_eval_loss, Evaluate(s, comm));
-    RETURN_IF_ERROR(scalar("eval/loss", 0, summary.initial_eval_loss));
-    summary.eval_loss = summary.initial_eval_loss;
-
-    ProgressOptions po;
-    po.total_steps = c.steps;
-    po.log_every = c.log_every;
-    po.terminal = options.terminal;
-    ProgressPrinter progress(options.out, po);
+    ASSIGN_OR_RETURN(const double initial_eval, Evaluate(s, comm));
+    RETURN_IF_ERROR(metrics.Eval(0, initial_eval));
     std::unique_ptr<Checkpointer> saver;
     if (!c.save_dir.empty()) {
-      saver = std::make_unique<Checkpointer>(c, comm, progress, options, summary);
+      saver = std::make_unique<Checkpointer>(c, comm, metrics.progress(), options, summary);
     }
-    const double tokens_per_step = static_cast<double>(c.global_batch) * s.seq_len;
-    absl::Duration train_time;
+    RunPolicy policy(c, first_step);
     StepAgreement agreement(comm);
-    int64_t consecutive_skips = 0;
+    bool gave_up = false;
     for (int64_t step = first_step; step <= last_step; ++step) {
-      const absl::Time start = absl::Now();
-      s.ddp->ZeroGradBuffers();
-      double loss_sum = 0;
-      const std::vector<MicroBatch> batches = s.train->Next();
-      for (size_t m = 0; m < batches.size(); ++m) {
-        const MicroBatch& b = batches[m];
-        s.ddp->set_is_last_microbatch(m + 1 == batches.size());
-        ASSIGN_OR_RETURN(at::Tensor loss,
-                         s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
-                                       ToTensor(b.targets, b.rows, b.cols, comm.device())));
-        loss.mul(1.0 / static_cast<double>(batches.size())).backward();
-        loss_sum += loss.item<double>();
-      }
-      agreement.Set(
-          loss_sum / static_cast<double>(batches.size()),
-          options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0,
-          saver && saver->in_flight_written());
-      // DDP synced the grads during backward (reduce-scatter, or all-reduce for replicated);
-      // finish them, step this rank's part, then start the all-gathers that the next forward's
-      // pre-forward hooks wait on layer by layer (nothing to gather for replicated).
-      RETURN_IF_ERROR(s.ddp->FinishGradSync());
-      RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
-      optimizers::StepResult result;
-      {
-        at::NoGradGuard no_grad;  // the optimizers update leaf params in place
-        ASSIGN_OR_RETURN(result, s.optimizer->Step());
-      }
-      RETURN_IF_ERROR(s.ddp->StartParamSync());
-      const absl::Duration step_time = absl::Now() - start;
-      train_time += step_time;
-
-      // Every rank reads the same agreement, so every rank takes the same branches below.
-      const StepAgreement::Agreed agreed = agreement.Read();
-      const double loss = agreed.loss;
-      const bool stop_early = agreed.stop_signal != 0 && step < last_step;
-      if (stop_early) summary.stop_signal = agreed.stop_signal;
+      const int signal =
+          options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0;
+      ASSIGN_OR_RETURN(const StepOutcome outcome,
+                       RunStep(s, comm, agreement, signal, saver && saver->in_flight_written()));
+      const StepPlan plan = policy.After(step, outcome.result.skipped, outcome.agreed.stop_signal);
+      if (plan.stop_early) summary.stop_signal = outcome.agreed.stop_signal;
+      gave_up = plan.give_up;
       // Commit the background save as soon as every rank has written its part: `latest` moves (and
-      // a failure shows) within a step of the slowest write, not at the next save.
-      // (Its collectives run after this step's param all-gathers, which are waited for first.)
-      if (saver && saver->in_flight() && agreed.save_written_everywhere) {
+      // a failure shows) within a step of the slowest write, not at the next save. (Its
+      // collectives run after this step's param all-gathers, which are waited for first.)
+      if (saver && saver->in_flight() && outcome.agreed.save_written_everywhere) {
         RETURN_IF_ERROR(s.ddp->FinishParamSync());
         RETURN_IF_ERROR(saver->CommitInFlight());
       }
-      if (step == first_step) summary.initial_loss = loss;
-      summary.final_loss = loss;
-      summary.steps = step;
-      const double elapsed = absl::ToDoubleSeconds(train_time);
-      const double tokens_per_s =
-          elapsed > 0 ? tokens_per_step * (step - first_step + 1) / elapsed : 0;
-      const double lr = c.lr * result.lr_multiplier;
-      if (lead) {
-        progress.Update({step, loss, tokens_per_s, lr, elapsed});
-        RETURN_IF_ERROR(scalar("train/loss", step, loss));
-        RETURN_IF_ERROR(scalar("train/lr", step, lr));
-        RETURN_IF_ERROR(scalar("train/grad_norm", step, result.grad_norm));
-        RETURN_IF_ERROR(scalar("train/tokens_per_s", step, tokens_per_s));
-        RETURN_IF_ERROR(scalar("train/step_time_s", step, absl::ToDoubleSeconds(step_time)));
-        RETURN_IF_ERROR(scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm))));
+      RETURN_IF_ERROR(metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.time));
+      if (plan.eval) {
+        ASSIGN_OR_RETURN(const double eval, Evaluate(s, comm));
+        RETURN_IF_ERROR(metrics.Eval(step, eval));
       }
-      // Every rank sees the same StepResult (the optimizers reduce the non-finite check
-      // globally), so every rank gives up at the same step.
-      consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
-      const bool give_up =
-          c.max_consecutive_skips > 0 && consecutive_skips >= c.max_consecutive_skips;
-      const bool last = step == last_step || give_up || stop_early;
-      // A stop request skips the eval: a preempted job has seconds, not minutes.
-      if (!give_up && !stop_early && (last || (c.eval_every > 0 && step % c.eval_every == 0))) {
-        ASSIGN_OR_RETURN(summary.eval_loss, Evaluate(s, comm));
-        RETURN_IF_ERROR(scalar("eval/loss", step, summary.eval_loss));
-        if (lead) {
-          progress.Finish();
-          std::fprintf(options.out, "eval step %lld: loss %.4f\n", static_cast<long long>(step),
-                       summary.eval_loss);
-          std::fflush(options.out);
-        }
-        if (tb) RETURN_IF_ERROR(tb->Flush());
-      }
-      if (last || (c.check_every > 0 && step % c.check_every == 0)) {
+      if (plan.check) {
         ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
         ++summary.checksum_checks;
       }
-      if (saver && (last || (c.save_every > 0 && step % c.save_every == 0))) {
-        // Save after the param sync (the library's precondition); the snapshot is taken here and
+      if (plan.save) {
+        // After the param sync (the library's precondition); the snapshot is taken here and
         // written in the background while the next steps run.
         RETURN_IF_ERROR(s.ddp->FinishParamSync());
-        checkpoint::SharedState shared;
-        shared.step = step;
-        shared.data_position = s.train->state().Serialize();
-        shared.rng_seed = c.seed;
-        shared.model_config = ModelConfigString(c, s);
-        shared.optimizer_config = OptimizerConfigString(c);
-        RETURN_IF_ERROR(saver->Save(shared, s.buffers, *s.optimizer, last));
+        RETURN_IF_ERROR(saver->Save(SharedStateAt(c, s, step), s.buffers, *s.optimizer, plan.last));
       }
-      if (give_up) {
-        if (saver) RETURN_IF_ERROR(saver->Finish());
-        if (lead) progress.Finish();
-        return absl::AbortedError(absl::StrCat(
-            "stopping at step ", step, ": ", consecutive_skips,
-            " consecutive steps had non-finite gradients (--max_consecutive_skips=",
-            c.max_consecutive_skips, ")",
-            saver ? absl::StrCat("; final checkpoint of step ", step, " saved in ", c.save_dir)
-                  : std::string("; no --save_dir, nothing saved")));
-      }
-      if (stop_early) break;
+      if (plan.last) break;
     }
     if (saver) RETURN_IF_ERROR(saver->Finish());
-    if (lead) progress.Finish();
+    RETURN_IF_ERROR(s.ddp->FinishParamSync());
+    RETURN_IF_ERROR(metrics.Finish(s.optimizer->skipped_steps()));
+    if (gave_up) {
+      return absl::AbortedError(absl::StrCat(
+          "stopping at step ", summary.steps, ": ", policy.consecutive_skips(),
+          " consecutive steps had non-finite gradients (--max_consecutive_skips=",
+          c.max_consecutive_skips, ")",
+          saver ? absl::StrCat("; final checkpoint of step ", summary.steps, " saved in ",
+                               c.save_dir)
+                : std::string("; no --save_dir, nothing saved")));
+    }
     if (lead && summary.stop_signal != 0) {
       std::fprintf(options.out, "pretrain: stopped after step %lld of %lld on %s; %s\n",
                    static_cast<long long>(summary.steps), static_cast<long long>(last_step),
@@ -622,15 +588,6 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
                          : "no --save_dir, nothing saved");
       std::fflush(options.out);
     }
-    summary.elapsed_s = absl::ToDoubleSeconds(train_time);
-    summary.tokens_per_s = summary.elapsed_s > 0 ? tokens_per_step *
-                                                       (summary.steps - first_step + 1) /
-                                                       summary.elapsed_s
-                                                 : 0;
-    RETURN_IF_ERROR(s.ddp->FinishParamSync());
-    summary.skipped_steps = s.optimizer->skipped_steps();
-    summary.comm_bytes = TotalBytes(comm);
-    if (tb) RETURN_IF_ERROR(tb->Flush());
     return absl::OkStatus();
   }();
   if (!trained.ok()) return MarkFailedWhileTraining(std::move(trained));

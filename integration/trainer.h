@@ -3,11 +3,11 @@
 // scalars and a JSON-able summary. One call of Train runs on every rank of a Communicator.
 //
 // Distribution modes (DistMode):
-//   kReplicated  every rank holds and steps every param. Grads live in ParamAndGradBuffers (the
-//                layer-wise layout of layout/); after backward each bucket is all-reduced (AVG) in
-//                one grouped launch, then every rank steps the same ChainedOptimizer on the same
-//                grads, so params stay bit-identical (checked by a cheap checksum every
-//                `check_every` steps and at the end).
+//   kReplicated  every rank holds and steps every param: DDP all-reduces the grad buckets during
+//                backward (DdpConfig::grad_sync = kAllReduce), then every rank steps the same
+//                ChainedOptimizer (DistributedChainedOptimizer in kReplicated) on the same grads, so
+//                params stay bit-identical (checked by a cheap checksum every `check_every` steps
+//                and at the end); there is no param sync.
 //   kLayerwise   ddp::DistributedDataParallel reduce-scatters grad buckets during backward
 //                (overlapped) and all-gathers params through the model's pre-forward hook (each
 //                layer waits for its own bucket group); optimizers::distributed's
@@ -53,7 +53,7 @@ struct TrainOptions {
 // TensorBoard scalars to config.log_dir (created if missing): train/loss, train/lr,
 // train/grad_norm, train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss.
 //
-// Checkpoints (config.save_dir, layerwise and distopt): after every save_every-th step and after
+// Checkpoints (config.save_dir, every mode): after every save_every-th step and after
 // the last step run (stop_after or steps), each rank snapshots what it owns (params, sharded
 // optimizer state) and writes it on a background thread (checkpoint::AsyncCheckpointSaver);
 // rank 0 adds the shared state: step, the train loader's LoaderState, seed, and the configs

@@ -1,0 +1,92 @@
+#include "integration/run_metrics.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::integration {
+namespace {
+
+double NowSeconds() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
+
+}  // namespace
+
+int64_t TotalBytes(const collectives::Communicator& comm) {
+  const collectives::TrafficCounters t = comm.traffic();
+  int64_t total = 0;
+  for (int64_t b : t.bytes) total += b;
+  return total;
+}
+
+RunMetrics::RunMetrics(const TrainerConfig& config, const collectives::Communicator& comm,
+                       const TrainOptions& options, TrainSummary& summary, int64_t first_step,
+                       double tokens_per_step)
+    : comm_(comm),
+      out_(options.out),
+      summary_(summary),
+      lr_(config.lr),
+      first_step_(first_step),
+      tokens_per_step_(tokens_per_step),
+      progress_(options.out, ProgressOptions{config.steps, config.log_every, options.terminal}) {}
+
+absl::Status RunMetrics::OpenTensorBoard(const std::string& log_dir) {
+  if (comm_.rank() != 0 || log_dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(log_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--log_dir '", log_dir, "': cannot create: ", ec.message()));
+  }
+  ASSIGN_OR_RETURN(tb_, EventWriter::Create(log_dir, NowSeconds()));
+  return absl::OkStatus();
+}
+
+absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepResult& result,
+                              absl::Duration time) {
+  train_time_ += time;
+  if (step == first_step_) summary_.initial_loss = loss;
+  summary_.final_loss = loss;
+  summary_.steps = step;
+  if (comm_.rank() != 0) return absl::OkStatus();
+  const double elapsed = absl::ToDoubleSeconds(train_time_);
+  const double tokens_per_s = elapsed > 0 ? tokens_per_step_ * StepsRun() / elapsed : 0;
+  const double lr = lr_ * result.lr_multiplier;
+  progress_.Update({step, loss, tokens_per_s, lr, elapsed});
+  RETURN_IF_ERROR(Scalar("train/loss", step, loss));
+  RETURN_IF_ERROR(Scalar("train/lr", step, lr));
+  RETURN_IF_ERROR(Scalar("train/grad_norm", step, result.grad_norm));
+  RETURN_IF_ERROR(Scalar("train/tokens_per_s", step, tokens_per_s));
+  RETURN_IF_ERROR(Scalar("train/step_time_s", step, absl::ToDoubleSeconds(time)));
+  return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
+}
+
+absl::Status RunMetrics::Eval(int64_t step, double loss) {
+  summary_.eval_loss = loss;
+  if (step == 0) summary_.initial_eval_loss = loss;
+  RETURN_IF_ERROR(Scalar("eval/loss", step, loss));
+  if (comm_.rank() != 0 || step == 0) return absl::OkStatus();
+  progress_.Finish();
+  std::fprintf(out_, "eval step %lld: loss %.4f\n", static_cast<long long>(step), loss);
+  std::fflush(out_);
+  return tb_ ? tb_->Flush() : absl::OkStatus();
+}
+
+absl::Status RunMetrics::Finish(int64_t skipped_steps) {
+  if (comm_.rank() == 0) progress_.Finish();
+  summary_.elapsed_s = absl::ToDoubleSeconds(train_time_);
+  summary_.tokens_per_s =
+      summary_.elapsed_s > 0 ? tokens_per_step_ * StepsRun() / summary_.elapsed_s : 0;
+  summary_.skipped_steps = skipped_steps;
+  summary_.comm_bytes = TotalBytes(comm_);
+  return tb_ ? tb_->Flush() : absl::OkStatus();
+}
+
+absl::Status RunMetrics::Scalar(absl::string_view tag, int64_t step, double value) {
+  if (!tb_) return absl::OkStatus();
+  return tb_->AddScalar(tag, step, static_cast<float>(value), NowSeconds());
+}
+
+}  // namespace orthoshard::integration

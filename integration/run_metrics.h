@@ -1,0 +1,71 @@
+// Where a training run's measurements go: the TrainSummary (every rank), and on rank 0 the
+// progress line and the TensorBoard scalars (train/loss, train/lr, train/grad_norm,
+// train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss). One object the trainer's loop
+// reports each step and each eval to.
+#ifndef ORTHOSHARD_INTEGRATION_RUN_METRICS_H_
+#define ORTHOSHARD_INTEGRATION_RUN_METRICS_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "collectives/communicator.h"
+#include "integration/progress.h"
+#include "integration/tensorboard.h"
+#include "integration/trainer.h"
+#include "integration/trainer_config.h"
+#include "optimizers/chained.h"
+
+namespace orthoshard::integration {
+
+// Logical bytes `comm` launched so far (every kind of collective).
+int64_t TotalBytes(const collectives::Communicator& comm);
+
+class RunMetrics {
+ public:
+  // `summary` is filled as the run goes; the first step run is `first_step` (after a resume, the
+  // step after the saved one); a step trains `tokens_per_step` tokens over all ranks.
+  RunMetrics(const TrainerConfig& config, const collectives::Communicator& comm,
+             const TrainOptions& options, TrainSummary& summary, int64_t first_step,
+             double tokens_per_step);
+
+  // Rank 0 opens an event file in `log_dir` (created if missing; nothing when empty). Errors:
+  // kFailedPrecondition for a log_dir that cannot be created; the writer's.
+  absl::Status OpenTensorBoard(const std::string& log_dir);
+
+  // The progress line, for whoever prints between its updates (the checkpointer).
+  ProgressPrinter& progress() { return progress_; }
+
+  // Step `step` took `time`, its loss (mean over ranks) was `loss` and the optimizer reported
+  // `result`. Errors: the event writer's.
+  absl::Status Step(int64_t step, double loss, const optimizers::StepResult& result,
+                    absl::Duration time);
+
+  // The eval loss after step `step` (0: before training). Errors: the event writer's.
+  absl::Status Eval(int64_t step, double loss);
+
+  // The totals, once the steps are done. Errors: the event writer's.
+  absl::Status Finish(int64_t skipped_steps);
+
+ private:
+  int64_t StepsRun() const { return summary_.steps - first_step_ + 1; }
+  absl::Status Scalar(absl::string_view tag, int64_t step, double value);
+
+  const collectives::Communicator& comm_;
+  std::FILE* out_;
+  TrainSummary& summary_;
+  double lr_;
+  int64_t first_step_;
+  double tokens_per_step_;
+  ProgressPrinter progress_;
+  std::unique_ptr<EventWriter> tb_;
+  absl::Duration train_time_;
+};
+
+}  // namespace orthoshard::integration
+
+#endif  // ORTHOSHARD_INTEGRATION_RUN_METRICS_H_
