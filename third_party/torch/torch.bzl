@@ -1,6 +1,7 @@
 """Repository rule that exposes LibTorch from the pinned PyPI torch wheel.
 
-tools/setup installs `torch==2.11.0` with --no-deps into `<workspace>/.deps/python`; set TORCH_DIR to
+tools/setup installs `torch==2.11.0` with --no-deps into `<orthoshard>/.deps/python` (orthoshard's checkout,
+also when another workspace uses it through deps.bzl); set TORCH_DIR to
 the `torch` package directory of another install (one holding `include/` and `lib/`) to override.
 
 Targets:
@@ -28,7 +29,8 @@ def _rpaths(dirs):
     return ", ".join(['"-Wl,-rpath,%s"' % d for d in dirs])
 
 def _torch_repository_impl(rctx):
-    workspace_root = str(rctx.path(Label("@//:WORKSPACE")).dirname)
+    # orthoshard's own checkout (this workspace, or the one a consumer names "orthoshard").
+    workspace_root = str(rctx.path(Label("@orthoshard//:WORKSPACE")).dirname)
     torch_dir = rctx.os.environ.get("TORCH_DIR", "") or workspace_root + "/.deps/python/torch"
     version_file = rctx.path(torch_dir + "/version.py")
     if not rctx.path(torch_dir + "/include/torch").exists or not version_file.exists:
