@@ -67,6 +67,9 @@ struct ParamPlacement {
   int64_t start = 0;     // [start, end) in elements of the buffer
   int64_t end = 0;
   int bucket = -1;       // index into PerBufferParamLayout::buckets
+  // The optimizer that manages it (ParamSpec::role): routing is decided once, before the layout,
+  // and read from here by everyone after it.
+  ParamRole role = ParamRole::kAdam;
 
   int64_t numel() const { return end - start; }
 };

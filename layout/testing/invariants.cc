@@ -52,6 +52,9 @@ absl::Status CheckLayoutInvariants(const FullParamLayout& layout,
       const ParamSpec& spec = params[p.param_index];
       ++seen[p.param_index];
       if (p.name != spec.name) return Fail(b, absl::StrCat("name ", p.name, " != ", spec.name));
+      if (p.role != spec.role) {
+        return Fail(b, absl::StrCat("param ", p.name, ": placement's role is not the spec's"));
+      }
       if (p.numel() != spec.numel()) return Fail(b, absl::StrCat(p.name, " has wrong numel"));
       const bool layerwise = options.muon_strategy != Strategy::kDistOpt && spec.role == ParamRole::kMuon;
       if (spec.expert != b.key.expert || spec.dtype != b.key.param_dtype ||
