@@ -1,56 +1,53 @@
-// Runs the Communicator conformance suite on the Gloo backend with 2, 3 and 4 real processes.
+// Runs the Communicator conformance suite on the Gloo backend with 2, 3 and 4 real processes (the
+// multi-rank harness, testing/multi_rank.h).
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "collectives/testing/conformance.h"
+#include "collectives/testing/multi_rank.h"
 #include "common/testing/status_matchers.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace orthoshard::collectives {
 namespace {
 
-using ::testing::Contains;
+using testing::MultiRankOptions;
+using testing::RunConformanceCase;
 
-constexpr char kWorker[] = "collectives/testing/gloo_conformance_worker";
+MultiRankOptions WithTimeout(absl::Duration timeout) {
+  MultiRankOptions options;
+  options.collective_timeout = timeout;
+  options.launch_timeout = absl::Seconds(60);
+  return options;
+}
 
 class GlooConformanceTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooConformanceTest, Arithmetic) {
-  const int world = GetParam();
-  ASSERT_OK_AND_ASSIGN(testing::ConformanceJob job,
-                       testing::RunConformanceJob(kWorker, "arithmetic", world, absl::Seconds(20)));
-  EXPECT_EQ(job.launch.exit_code, 0) << absl::StrJoin(job.lines, "\n");
-  for (int r = 0; r < world; ++r) {
-    EXPECT_THAT(job.lines,
-                Contains(absl::StrCat("[rank ", r, "] ", testing::PassLine("arithmetic", r))));
-  }
+  testing::RunOnRanks(
+      GetParam(), [](Communicator& comm) { ASSERT_OK(RunConformanceCase("arithmetic", comm)); },
+      WithTimeout(absl::Seconds(20)));
 }
 
 TEST_P(GlooConformanceTest, RankSleepsPastTimeout) {
-  const int world = GetParam();
-  ASSERT_OK_AND_ASSIGN(
-      testing::ConformanceJob job,
-      testing::RunConformanceJob(kWorker, "sleep_past_timeout", world, absl::Seconds(2)));
-  EXPECT_EQ(job.launch.exit_code, 0) << absl::StrJoin(job.lines, "\n");
-  for (int r = 0; r < world; ++r) {
-    EXPECT_THAT(job.lines, Contains(absl::StrCat("[rank ", r, "] ",
-                                                 testing::PassLine("sleep_past_timeout", r))));
-  }
+  testing::RunOnRanks(
+      GetParam(),
+      [](Communicator& comm) { ASSERT_OK(RunConformanceCase("sleep_past_timeout", comm)); },
+      WithTimeout(absl::Seconds(2)));
 }
 
 TEST_P(GlooConformanceTest, RankKilled) {
   const int world = GetParam();
-  ASSERT_OK_AND_ASSIGN(testing::ConformanceJob job,
-                       testing::RunConformanceJob(kWorker, "killed_rank", world, absl::Seconds(2)));
-  EXPECT_EQ(job.launch.exit_code, 128 + 9) << absl::StrJoin(job.lines, "\n");
-  EXPECT_EQ(job.launch.first_failed_rank, world - 1);
+  const testing::MultiRankOutcome outcome = testing::LaunchOnRanks(
+      world, [](Communicator& comm) { ASSERT_OK(RunConformanceCase("killed_rank", comm)); },
+      WithTimeout(absl::Seconds(2)));
+  if (testing::InRankProcess()) return;
+  // The last rank SIGKILLs itself; every other rank must see the contract's errors and pass.
+  EXPECT_EQ(outcome.launch.exit_code, 128 + 9) << outcome.Transcript();
+  EXPECT_EQ(outcome.launch.first_failed_rank, world - 1);
   for (int r = 0; r + 1 < world; ++r) {
-    EXPECT_EQ(job.launch.rank_exit_codes[r], 0) << absl::StrJoin(job.lines, "\n");
-    EXPECT_THAT(job.lines,
-                Contains(absl::StrCat("[rank ", r, "] ", testing::PassLine("killed_rank", r))));
+    EXPECT_TRUE(outcome.passed[r]) << "rank " << r << ":\n" << outcome.Transcript();
   }
 }
 

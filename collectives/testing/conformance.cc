@@ -353,24 +353,4 @@ absl::Status RunConformanceCase(absl::string_view name, Communicator& comm, at::
   return absl::InvalidArgumentError(absl::StrCat("unknown conformance case '", name, "'"));
 }
 
-std::string PassLine(absl::string_view name, int rank) {
-  return absl::StrCat("conformance case ", name, " passed on rank ", rank);
-}
-
-absl::StatusOr<ConformanceJob> RunConformanceJob(const std::string& worker,
-                                                 absl::string_view case_name, int world_size,
-                                                 absl::Duration timeout) {
-  ConformanceJob job;
-  LaunchOptions options;
-  options.binary = worker;
-  options.args = {std::string(case_name), absl::StrCat(absl::ToInt64Milliseconds(timeout))};
-  options.nprocs = world_size;
-  options.grace_period = absl::Seconds(20);
-  options.timeout = absl::Seconds(60);
-  options.forward_signals = false;
-  options.output = [&job](absl::string_view line, bool) { job.lines.emplace_back(line); };
-  ASSIGN_OR_RETURN(job.launch, LaunchLocal(options));
-  return job;
-}
-
 }  // namespace orthoshard::collectives::testing

@@ -1,19 +1,14 @@
-// The Communicator conformance suite. Every backend runs the same cases in real processes (one per
-// rank, started by LaunchLocal): a backend-specific worker binary creates its communicator from the
-// rendezvous environment and calls RunConformanceCase; the backend's gtest starts the worker at
-// several world sizes with RunConformanceJob and checks every rank reported success.
+// The Communicator conformance suite. Every backend runs the same cases in real processes, one per
+// rank: the backend's gtest runs RunConformanceCase on every rank through the multi-rank harness
+// (testing/multi_rank.h) at several world sizes, joining its own communicator.
 #ifndef ORTHOSHARD_COLLECTIVES_TESTING_CONFORMANCE_H_
 #define ORTHOSHARD_COLLECTIVES_TESTING_CONFORMANCE_H_
 
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/time.h"
 #include "collectives/communicator.h"
-#include "collectives/launcher.h"
 
 namespace orthoshard::collectives::testing {
 
@@ -32,20 +27,6 @@ namespace orthoshard::collectives::testing {
 // difference.
 absl::Status RunConformanceCase(absl::string_view name, Communicator& comm,
                                 at::Device device = at::Device(at::kCPU));
-
-// The line a worker prints after a case passed on its rank.
-std::string PassLine(absl::string_view name, int rank);
-
-struct ConformanceJob {
-  LaunchResult launch;
-  std::vector<std::string> lines;  // every output line of every rank, prefixed "[rank N] "
-};
-
-// Starts `world_size` processes of `worker` with arguments {case_name, timeout in seconds} and
-// collects their output. Errors: those of LaunchLocal (the job is bounded by 60 s).
-absl::StatusOr<ConformanceJob> RunConformanceJob(const std::string& worker,
-                                                 absl::string_view case_name, int world_size,
-                                                 absl::Duration timeout);
 
 }  // namespace orthoshard::collectives::testing
 
