@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "buffers/bucket_sync.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/file_util.h"
@@ -27,7 +28,7 @@
 namespace orthoshard::checkpoint {
 namespace {
 
-using optimizers::distributed::ShardedTensor;
+using optimizers::StateRecord;
 
 constexpr char kStatePrefix[] = "state@";
 constexpr char kFullShapePrefix[] = "full_shape/";
@@ -85,7 +86,7 @@ at::Tensor HostCopy(const at::Tensor& t) {
 
 absl::StatusOr<RankSnapshot> SnapshotRank(
     const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::distributed::DistributedChainedOptimizer& optimizer, int rank) {
+    const optimizers::OptimizerState& optimizer, int rank) {
   RankSnapshot snap;
   snap.rank = rank;
   snap.step = shared.step;
@@ -101,7 +102,7 @@ absl::StatusOr<RankSnapshot> SnapshotRank(
             {layout.params[i].name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
       }
     }
-    for (const ShardedTensor& s : optimizer.ExportState()) {  // clones: only a device copy is new
+    for (const StateRecord& s : optimizer.ExportState()) {  // clones: only a device copy is new
       at::Tensor t = s.tensor.device().is_cpu() ? s.tensor.contiguous() : HostCopy(s.tensor);
       ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
       snap.tensors.push_back(t);
@@ -213,7 +214,7 @@ struct ParamLoad {
 // Reads (and checks) everything this rank needs; touches nothing live.
 absl::Status ReadOwned(const CheckpointReader& reader,
                        absl::Span<buffers::ParamAndGradBuffer* const> buffers, int rank,
-                       std::vector<ParamLoad>& params, std::vector<ShardedTensor>& state) {
+                       std::vector<ParamLoad>& params, std::vector<StateRecord>& state) {
   for (buffers::ParamAndGradBuffer* buffer : buffers) {
     const layout::PerBufferParamLayout& layout = buffer->layout();
     for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
@@ -241,7 +242,7 @@ absl::Status ReadOwned(const CheckpointReader& reader,
                                               ": tensor '", r.name(), "' (", r.kind(),
                                               "): bad state record (offset or full shape)"));
     }
-    ShardedTensor s;
+    StateRecord s;
     s.name = r.name();
     s.offset = offset;
     ASSIGN_OR_RETURN(s.full_shape, ParseShape(shape_it->second));
@@ -259,7 +260,7 @@ absl::Status ReadOwned(const CheckpointReader& reader,
 absl::Status SaveDistributedCheckpoint(
     const std::string& root, const SharedState& shared,
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    const optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm, const SaveOptions& options) {
   const int rank = comm.rank();
   const std::string tmp = JoinPath(root, StepDirName(shared.step) + ".tmp");
@@ -292,7 +293,7 @@ AsyncCheckpointSaver::~AsyncCheckpointSaver() {
 absl::Status AsyncCheckpointSaver::Start(
     const std::string& root, const SharedState& shared,
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    const optimizers::OptimizerState& optimizer,
     const SaveOptions& options) {
   RETURN_IF_ERROR(Finalize());
   collectives::Communicator& comm = *comm_;
@@ -341,10 +342,10 @@ absl::Status AsyncCheckpointSaver::Finalize() {
 
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm) {
   std::vector<ParamLoad> params;
-  std::vector<ShardedTensor> state;
+  std::vector<StateRecord> state;
   absl::StatusOr<SharedState> shared = absl::UnknownError("unset");
   absl::Status read = [&]() -> absl::Status {
     try {

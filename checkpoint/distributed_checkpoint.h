@@ -1,5 +1,4 @@
-// Distributed save and load of a training run sharded by optimizers/distributed: every
-// data-parallel rank writes only what it owns into one safetensors shard of a `step_N.tmp/`
+// Distributed save and load of a training run: every data-parallel rank writes only what it owns into one safetensors shard of a `step_N.tmp/`
 // directory, rank 0 merges every rank's record list into the manifest and commits (commit.h), and
 // a later run at ANY data-parallel size or layout strategy reads back what it now owns.
 //
@@ -8,9 +7,9 @@
 //             the param's first element (its OwnerOf owner for shard-aligned layouts; for a ZeRO-1
 //             param straddling shards, the owner of the first element). Save must run after the
 //             param sync, when every rank holds every param, so the whole param is available there.
-//   state     kind "state@<offset>.rank<r>": one ShardedTensor of
-//             DistributedChainedOptimizer::ExportState ("<param>/exp_avg", "<param>/main_param",
-//             "chained/step", ...), i.e. the flattened slice rank r owns, starting at element
+//   state     kind "state@<offset>.rank<r>": one StateRecord of the optimizer's ExportState
+//             (optimizers/state.h: "<param>/exp_avg", "<param>/main_param", "chained/step", ...),
+//             i.e. the flattened piece rank r saves, starting at element
 //             <offset> of the whole tensor. The record's global_shape is the SLICE's shape (the
 //             manifest requires length == shape × dtype size); the whole tensor's shape is kept in
 //             the manifest metadata as "full_shape/<name>" = "48,16" ("" for a scalar).
@@ -48,7 +47,7 @@
 #include "buffers/param_and_grad_buffer.h"
 #include "checkpoint/shard.h"
 #include "collectives/communicator.h"
-#include "optimizers/distributed/distributed_optimizer.h"
+#include "optimizers/state.h"
 
 namespace orthoshard::checkpoint {
 
@@ -71,15 +70,16 @@ struct SaveOptions {
 };
 
 // Saves step `shared.step` under `root` (root/step_NNNNNN/, then `latest`). Preconditions: the
-// params are synced (after StepAndSync or WaitParamSync), `optimizer` is kSharded or kReplicated
-// over `buffers`. Every rank's collectives use comm.timeout(). Errors: kAlreadyExists if the step
+// params are synced (the param sync of buffers/bucket_sync.h, or DDP's, has completed), and
+// `optimizer` steps `buffers` (e.g. optimizers/distributed's CreateDistributedOptimizer, in any
+// mode). Every rank's collectives use comm.timeout(). Errors: kAlreadyExists if the step
 // is already committed; OS errors naming the path; kAborted "rank R failed to write its shard"
 // on the ranks whose own write succeeded when another's failed; those of the communicator. On any
 // error `latest` is unchanged (the `.tmp` directory is left for the next save to remove).
 absl::Status SaveDistributedCheckpoint(
     const std::string& root, const SharedState& shared,
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    const optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm, const SaveOptions& options = {});
 
 // One rank's part of a save, in host memory: clones of what it writes and their records.
@@ -95,7 +95,7 @@ struct RankSnapshot {
 // kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch).
 absl::StatusOr<RankSnapshot> SnapshotRank(
     const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::distributed::DistributedChainedOptimizer& optimizer, int rank);
+    const optimizers::OptimizerState& optimizer, int rank);
 
 // Writes `snap` as rank<r>.safetensors plus its record list into the `.tmp` directory `tmp`
 // (no collectives; safe on a background thread). Errors: those of WriteShard, OS errors.
@@ -120,7 +120,7 @@ class AsyncCheckpointSaver {
   // Errors: the previous save's; those of SaveDistributedCheckpoint's begin and snapshot phases.
   absl::Status Start(const std::string& root, const SharedState& shared,
                      absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                     const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+                     const optimizers::OptimizerState& optimizer,
                      const SaveOptions& options = {});
 
   // Waits for the write in flight, then barrier, rank 0 merge + commit, barrier. OK when nothing is
@@ -160,7 +160,7 @@ class AsyncCheckpointSaver {
 // kInvalidArgument) are returned as such.
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    optimizers::distributed::DistributedChainedOptimizer& optimizer,
+    optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm);
 
 }  // namespace orthoshard::checkpoint

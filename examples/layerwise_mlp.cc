@@ -136,11 +136,12 @@ absl::Status Train(orthoshard::collectives::Communicator& comm) {
   opt_config.adamw.lr = 3e-3;
   opt_config.muon.lr = 2e-2;
   opt_config.max_grad_norm = 1.0;
-  ASSIGN_OR_RETURN(auto optimizer, dist::DistributedChainedOptimizer::Create(
+  // Which params Muon updates comes from the layout (ParamSpec::role above).
+  ASSIGN_OR_RETURN(auto optimizer, dist::CreateDistributedOptimizer(
                                        buffers, &comm, opt_config, dist::DistributedMode::kSharded));
   if (comm.rank() == 0) {
-    std::printf("layerwise_mlp: %d ranks; this rank owns %zu of the Muon matrices\n", comm.size(),
-                optimizer->OwnedMuonParams().size());
+    std::printf("layerwise_mlp: %d ranks; this rank owns %lld of the Muon matrices\n", comm.size(),
+                static_cast<long long>(optimizer->muon().num_slots()));
   }
 
   const int64_t slice = kGlobalBatch / comm.size();

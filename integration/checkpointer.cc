@@ -81,7 +81,7 @@ Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& co
 
 absl::Status Checkpointer::Save(
     const checkpoint::SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::distributed::DistributedChainedOptimizer& optimizer, bool final_save) {
+    const optimizers::OptimizerState& optimizer, bool final_save) {
   RETURN_IF_ERROR(FinalizeInFlight(/*final_save=*/false));
   const absl::Status started = saver_->Start(c_.save_dir, shared, buffers, optimizer, options_);
   ASSIGN_OR_RETURN(const bool ok, Settle(shared.step, started, final_save));

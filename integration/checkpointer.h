@@ -16,7 +16,7 @@
 #include "integration/progress.h"
 #include "integration/trainer.h"
 #include "integration/trainer_config.h"
-#include "optimizers/distributed/distributed_optimizer.h"
+#include "optimizers/state.h"
 
 namespace orthoshard::integration {
 
@@ -46,7 +46,7 @@ class Checkpointer {
   // own part succeeded gets kAborted); the communicator's.
   absl::Status Save(const checkpoint::SharedState& shared,
                     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                    const optimizers::distributed::DistributedChainedOptimizer& optimizer,
+                    const optimizers::OptimizerState& optimizer,
                     bool final_save);
 
   // Finalizes the save in flight, the run's last. Errors: as Save, also with continue.

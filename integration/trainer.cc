@@ -178,7 +178,8 @@ struct Setup {
   // DDP owns the buffers (grads reduce-scattered, or all-reduced for kReplicated); the distributed
   // optimizer steps this rank's part (every param, in kReplicated).
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
-  std::unique_ptr<optimizers::distributed::DistributedChainedOptimizer> optimizer;
+  std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
+  optimizers::RoutingReport routing;  // decided once, before the layout publishes it
   std::vector<buffers::ParamAndGradBuffer*> buffers;  // parallel to layout.buffers
   std::unique_ptr<DataLoader> train, eval;
 };
@@ -223,7 +224,7 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
     descriptors.push_back({p.name, std::vector<int64_t>(p.tensor.sizes().begin(),
                                                         p.tensor.sizes().end())});
   }
-  ASSIGN_OR_RETURN(optimizers::RoutingReport report, optimizers::PlanRouting(routing, descriptors));
+  ASSIGN_OR_RETURN(s.routing, optimizers::PlanRouting(routing, descriptors));
 
   std::vector<layout::ParamSpec> specs;
   std::vector<at::Tensor> tensors;
@@ -232,7 +233,7 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
     spec.name = params[i].name;
     spec.shape = descriptors[i].shape;
     spec.dtype = DType::kFloat32;
-    spec.role = report.entries[i].route == optimizers::Route::kMuon ? layout::ParamRole::kMuon
+    spec.role = s.routing.entries[i].route == optimizers::Route::kMuon ? layout::ParamRole::kMuon
                                                                       : layout::ParamRole::kAdam;
     spec.shared_embedding = params[i].kind == ParamKind::kEmbedding && gpt.tie_embeddings;
     specs.push_back(std::move(spec));
@@ -249,7 +250,6 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   ASSIGN_OR_RETURN(s.layout, layout::ComputeFullParamLayout(specs, layout_options));
 
   optimizers::ChainedConfig cc;
-  cc.routing = routing;
   cc.adamw.lr = c.lr;
   cc.adamw.beta2 = 0.95;
   cc.adamw.weight_decay = c.weight_decay;
@@ -278,7 +278,7 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
     splits[p.name] = {p.split.num_groups, p.split.block_rows};
   }
   ASSIGN_OR_RETURN(s.optimizer,
-                   optimizers::distributed::DistributedChainedOptimizer::Create(
+                   optimizers::distributed::CreateDistributedOptimizer(
                        s.buffers, &comm, cc,
                        replicated ? optimizers::distributed::DistributedMode::kReplicated
                                   : optimizers::distributed::DistributedMode::kSharded,
@@ -434,7 +434,7 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
                static_cast<long long>(c.global_batch), comm.size(),
                static_cast<long long>(c.micro_batches), static_cast<long long>(s.micro_batch_size),
                static_cast<long long>(s.seq_len));
-  std::fputs(s.optimizer->routing_report().ToString().c_str(), out);
+  std::fputs(s.routing.ToString().c_str(), out);
   std::fputs(LayoutSummary(s.layout).c_str(), out);
   std::fflush(out);
 }

@@ -2,20 +2,22 @@
 // matrices, AdamW for the rest) + lr schedule + periodic eval, with a progress line, TensorBoard
 // scalars and a JSON-able summary. One call of Train runs on every rank of a Communicator.
 //
+// Routing (which params Muon updates) is decided once, published in the layout (ParamSpec::role),
+// and read from there by the optimizer (optimizers::distributed::CreateDistributedOptimizer).
 // Distribution modes (DistMode):
 //   kReplicated  every rank holds and steps every param: DDP all-reduces the grad buckets during
 //                backward (DdpConfig::grad_sync = kAllReduce), then every rank steps the same
-//                ChainedOptimizer (DistributedChainedOptimizer in kReplicated) on the same grads, so
-//                params stay bit-identical (checked by a cheap checksum every `check_every` steps
-//                and at the end); there is no param sync.
+//                ChainedOptimizer (DistributedMode::kReplicated: every param whole, each rank saving
+//                its share) on the same grads, so params stay bit-identical (checked by a cheap
+//                checksum every `check_every` steps and at the end); there is no param sync.
 //   kLayerwise   ddp::DistributedDataParallel reduce-scatters grad buckets during backward
 //                (overlapped) and all-gathers params through the model's pre-forward hook (each
-//                layer waits for its own bucket group); optimizers::distributed's
-//                DistributedChainedOptimizer (kSharded) steps Muon on the whole matrices this rank
-//                owns in the shard-aligned layer-wise buffer and ZeRO-1 AdamW on this rank's element
-//                range of the byte-level buffer. Each fused weight's FusedSplit (QKV, SwiGLU fc1)
-//                is passed on, so Muon orthogonalises per logical block exactly as kReplicated
-//                does; the two modes' params agree up to the order the gradient reductions add.
+//                layer waits for its own bucket group); the ChainedOptimizer (kSharded) steps Muon
+//                on the whole matrices this rank owns in the shard-aligned layer-wise buffer and
+//                ZeRO-1 AdamW on this rank's element range of the byte-level buffer. Each fused
+//                weight's FusedSplit (QKV, SwiGLU fc1) is passed on, so Muon orthogonalises per
+//                logical block exactly as kReplicated does; the two modes' params agree up to the
+//                order the gradient reductions add.
 //   kDistOpt     as kLayerwise with every param in the byte-level (ZeRO-1) layout; AdamW only
 //                (Muon needs whole matrices, so --optimizer=muon is rejected).
 //

@@ -1,7 +1,6 @@
 #include "optimizers/adamw.h"
 
 #include <cmath>
-#include <unordered_set>
 #include <utility>
 
 #include <ATen/ops/div.h>
@@ -12,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "optimizers/internal/fused_elementwise.h"
-#include "optimizers/internal/slot_groups.h"
 
 namespace orthoshard::optimizers {
 
@@ -78,88 +76,32 @@ void AdamWUpdate(const at::Tensor& param, const at::Tensor& grad, AdamWState& st
   param.addcdiv_(state.exp_avg, denom, -step_size);
 }
 
-absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<AdamWGroup> groups) {
-  std::vector<Group> out;
-  std::unordered_set<std::string> names;
-  for (AdamWGroup& g : groups) {
-    RETURN_IF_ERROR(ValidateAdamWHyper(g.hp));
-    Group group{g.hp, {}};
-    for (Param& p : g.params) {
-      if (!names.insert(p.name).second) {
-        return absl::InvalidArgumentError(absl::StrCat("duplicate param name '", p.name, "'"));
-      }
-      ASSIGN_OR_RETURN(MainParam mp, MakeMainParam(std::move(p)));
-      AdamWState state = MakeAdamWState(mp.main);
-      group.slots.push_back(Slot{std::move(mp), std::move(state)});
-    }
-    out.push_back(std::move(group));
+absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<Entry> entries) {
+  std::unique_ptr<AdamW> opt(new AdamW());
+  for (Entry& e : entries) {
+    RETURN_IF_ERROR(ValidateAdamWHyper(e.hp));
+    RETURN_IF_ERROR(opt->Add(std::move(e.slot)));
+    opt->hps_.push_back(e.hp);
+    opt->states_.push_back(MakeAdamWState(opt->slots_.back().main));
   }
-  return std::unique_ptr<AdamW>(new AdamW(std::move(out)));
+  return opt;
 }
 
-absl::Status AdamW::Step(const StepContext& context) {
-  return internal::StepGroups(
-      groups_, context, "AdamW",
-      [](Slot& s, const AdamWHyper& hp, double lr, const at::Tensor& grad) {
-        AdamWUpdate(s.p.main, grad, s.state, hp, lr);
-      });
+std::vector<std::string> AdamW::FieldNames() const {
+  return {"exp_avg", "exp_avg_sq", "step", "main_param"};
 }
 
-absl::StatusOr<double> AdamW::GradSumSquares() const {
-  return internal::GroupsGradSumSquares(groups_);
+void AdamW::Update(size_t i, const at::Tensor& grad, double lr_multiplier) {
+  AdamWUpdate(slots_[i].main, grad, states_[i], hps_[i], hps_[i].lr * lr_multiplier);
 }
 
-std::vector<NamedTensor> AdamW::ExportState() const {
-  std::vector<NamedTensor> out;
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) {
-      const std::string& n = s.p.param.name;
-      out.push_back({n + "/exp_avg", s.state.exp_avg.clone()});
-      out.push_back({n + "/exp_avg_sq", s.state.exp_avg_sq.clone()});
-      out.push_back({n + "/step", at::full({}, s.state.step, at::kLong)});
-      if (s.p.owns_main()) out.push_back({n + "/main_param", s.p.main.clone()});
-    }
-  }
-  return out;
+std::vector<SlotOptimizer::Field> AdamW::Fields(size_t i) const {
+  const AdamWState& s = states_[i];
+  return {{"exp_avg", s.exp_avg}, {"exp_avg_sq", s.exp_avg_sq}, {"step", at::Tensor(), s.step}};
 }
 
-absl::Status AdamW::ImportState(absl::Span<const NamedTensor> state) {
-  std::vector<std::string> expected;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, source
-  std::vector<std::pair<Slot*, int64_t>> steps;
-  const at::Tensor step_like = at::empty({}, at::kLong);
-  for (Group& g : groups_) {
-    for (Slot& s : g.slots) {
-      const std::string& n = s.p.param.name;
-      ASSIGN_OR_RETURN(at::Tensor m, FindState(state, n + "/exp_avg", s.state.exp_avg));
-      ASSIGN_OR_RETURN(at::Tensor v, FindState(state, n + "/exp_avg_sq", s.state.exp_avg_sq));
-      ASSIGN_OR_RETURN(at::Tensor step, FindState(state, n + "/step", step_like));
-      copies.push_back({s.state.exp_avg, m});
-      copies.push_back({s.state.exp_avg_sq, v});
-      steps.push_back({&s, step.item<int64_t>()});
-      expected.insert(expected.end(), {n + "/exp_avg", n + "/exp_avg_sq", n + "/step"});
-      if (s.p.owns_main()) {
-        ASSIGN_OR_RETURN(at::Tensor main, FindState(state, n + "/main_param", s.p.main));
-        copies.push_back({s.p.main, main});
-        expected.push_back(n + "/main_param");
-      }
-    }
-  }
-  RETURN_IF_ERROR(CheckNoUnexpectedState(state, expected));
-  for (auto& [dst, src] : copies) dst.copy_(src);
-  for (auto& [slot, step] : steps) {
-    slot->state.step = step;
-    SyncModelParam(slot->p);
-  }
-  return absl::OkStatus();
-}
-
-int64_t AdamW::num_params() const { return internal::GroupsNumParams(groups_); }
-
-int64_t AdamW::numel() const { return internal::GroupsNumel(groups_); }
-
-absl::Status AdamW::SetGrad(const std::string& name, const at::Tensor& grad) {
-  return internal::SetGroupsGrad(groups_, name, grad);
+void AdamW::SetCounter(size_t i, absl::string_view field, int64_t value) {
+  if (field == "step") states_[i].step = value;
 }
 
 }  // namespace orthoshard::optimizers

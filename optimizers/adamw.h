@@ -22,7 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "optimizers/optimizer.h"
+#include "optimizers/slot_optimizer.h"
 
 namespace orthoshard::optimizers {
 
@@ -53,38 +53,31 @@ AdamWState MakeAdamWState(const at::Tensor& param);
 void AdamWUpdate(const at::Tensor& param, const at::Tensor& grad, AdamWState& state,
                  const AdamWHyper& hp, double lr);
 
-struct AdamWGroup {
-  AdamWHyper hp;
-  std::vector<Param> params;
-};
-
-class AdamW final : public Optimizer {
+// AdamW over slots: any param, or any element range of one (AdamW is elementwise, so a ZeRO-1
+// rank's slice of a param straddling ranks updates exactly as the whole would). State per slot:
+// "<name>/exp_avg", "<name>/exp_avg_sq" (fp32), "<name>/step" (int64 counter) and, for bf16
+// params, "<name>/main_param".
+class AdamW final : public SlotOptimizer {
  public:
-  // Errors: kInvalidArgument for invalid hyperparameters, params (see MakeMainParam) or a duplicate
-  // param name ("duplicate param name 'w'").
-  static absl::StatusOr<std::unique_ptr<AdamW>> Create(std::vector<AdamWGroup> groups);
+  struct Entry {
+    Slot slot;
+    AdamWHyper hp;
+  };
+  // Errors: kInvalidArgument for invalid hyperparameters, a slot SlotOptimizer rejects, or a
+  // duplicate param name ("duplicate param name 'w'").
+  static absl::StatusOr<std::unique_ptr<AdamW>> Create(std::vector<Entry> entries);
 
   absl::string_view kind() const override { return "adamw"; }
-  absl::Status Step(const StepContext& context) override;
-  absl::StatusOr<double> GradSumSquares() const override;
-  std::vector<NamedTensor> ExportState() const override;
-  absl::Status ImportState(absl::Span<const NamedTensor> state) override;
-  int64_t num_params() const override;
-  int64_t numel() const override;
-  absl::Status SetGrad(const std::string& name, const at::Tensor& grad) override;
+  std::vector<std::string> FieldNames() const override;
 
  private:
-  struct Slot {
-    MainParam p;
-    AdamWState state;
-  };
-  struct Group {
-    AdamWHyper hp;
-    std::vector<Slot> slots;
-  };
-  explicit AdamW(std::vector<Group> groups) : groups_(std::move(groups)) {}
+  AdamW() = default;
+  void Update(size_t i, const at::Tensor& grad, double lr_multiplier) override;
+  std::vector<Field> Fields(size_t i) const override;
+  void SetCounter(size_t i, absl::string_view field, int64_t value) override;
 
-  std::vector<Group> groups_;
+  std::vector<AdamWHyper> hps_;     // per slot
+  std::vector<AdamWState> states_;  // per slot
 };
 
 }  // namespace orthoshard::optimizers

@@ -3,83 +3,25 @@
 #include <cmath>
 #include <utility>
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
-
-#include "absl/strings/match.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::optimizers {
 namespace {
 
-constexpr char kAdamWPrefix[] = "adamw/";
-constexpr char kMuonPrefix[] = "muon/";
 constexpr char kStepName[] = "chained/step";
 constexpr char kSkippedName[] = "chained/skipped_steps";
 
-void AppendPrefixed(const std::vector<NamedTensor>& in, const char* prefix,
-                    std::vector<NamedTensor>& out) {
-  for (const NamedTensor& t : in) out.push_back({absl::StrCat(prefix, t.name), t.tensor});
-}
-
-std::vector<NamedTensor> StripPrefix(absl::Span<const NamedTensor> in, absl::string_view prefix) {
-  std::vector<NamedTensor> out;
-  for (const NamedTensor& t : in) {
-    if (absl::StartsWith(t.name, prefix)) {
-      out.push_back({std::string(t.name.substr(prefix.size())), t.tensor});
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
-    std::vector<Param> params, ChainedConfig config) {
-  RETURN_IF_ERROR(ValidateSchedule(config.schedule));
-  std::vector<ParamDescriptor> descriptors;
-  for (const Param& p : params) {
-    ParamDescriptor d{p.name, {}};
-    if (p.param.defined()) d.shape = p.param.sizes().vec();
-    descriptors.push_back(std::move(d));
-  }
-  ASSIGN_OR_RETURN(RoutingReport report, PlanRouting(config.routing, descriptors));
-  AdamWGroup adamw_group{config.adamw, {}};
-  AdamWGroup adamw_non_matrix_group{config.adamw, {}};
-  adamw_non_matrix_group.hp.weight_decay = config.adamw_non_matrix_weight_decay;
-  MuonGroup muon_group{config.muon, {}};
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (report.entries[i].route == Route::kMuon) {
-      muon_group.params.push_back(std::move(params[i]));
-    } else if (descriptors[i].shape.size() == 2) {
-      adamw_group.params.push_back(std::move(params[i]));
-    } else {
-      adamw_non_matrix_group.params.push_back(std::move(params[i]));
-    }
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<AdamW> adamw,
-                   AdamW::Create({std::move(adamw_group), std::move(adamw_non_matrix_group)}));
-  ASSIGN_OR_RETURN(std::unique_ptr<Muon> muon, Muon::Create({std::move(muon_group)}));
-  return std::unique_ptr<ChainedOptimizer>(new ChainedOptimizer(
-      std::move(config), std::move(report), std::move(adamw), std::move(muon)));
-}
-
-absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
-  GradStats stats;
-  ASSIGN_OR_RETURN(stats.adamw_sum_squares, adamw_->GradSumSquares());
-  ASSIGN_OR_RETURN(stats.muon_sum_squares, muon_->GradSumSquares());
-  return stats;
-}
-
-StepResult DecideStep(const ChainedConfig& config, const GradStats& global, bool any_nonfinite,
-                      int64_t steps_taken) {
+StepResult DecideStep(const ChainedConfig& config, const GradStats& global, int64_t steps_taken) {
   StepResult result;
   result.stats = global;
   const bool include_muon = config.clip_mode == ClipMode::kAllBeforeMomentum;
   result.grad_norm =
       std::sqrt(global.adamw_sum_squares + (include_muon ? global.muon_sum_squares : 0.0));
-  if (any_nonfinite || !std::isfinite(global.adamw_sum_squares + global.muon_sum_squares)) {
+  if (global.nonfinite || !std::isfinite(global.adamw_sum_squares + global.muon_sum_squares)) {
     result.skipped = true;
     result.lr_multiplier = 0.0;
     return result;
@@ -96,8 +38,71 @@ double MuonClipScale(const ChainedConfig& config, const StepResult& result) {
   return config.clip_mode == ClipMode::kAllBeforeMomentum ? result.clip_scale : 1.0;
 }
 
-absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& stats) {
-  const StepResult result = DecideStep(config_, stats, /*any_nonfinite=*/false, steps_);
+absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
+    ChainedConfig config, RoutingReport routing, std::vector<Slot> slots,
+    const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer) {
+  RETURN_IF_ERROR(ValidateSchedule(config.schedule));
+  absl::flat_hash_map<std::string, Route> routes;
+  for (const RoutingReport::Entry& e : routing.entries) routes[e.name] = e.route;
+  for (const auto& [name, split] : splits) {
+    if (!routes.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fused split given for unknown param '", name, "'"));
+    }
+  }
+  std::vector<Muon::Entry> muon;
+  std::vector<AdamW::Entry> adamw;
+  for (Slot& slot : slots) {
+    auto route = routes.find(slot.name);
+    if (route == routes.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot of param '", slot.name, "', which the routing does not list"));
+    }
+    if (route->second == Route::kMuon) {
+      auto split = splits.find(slot.name);
+      muon.push_back({std::move(slot), config.muon,
+                      split == splits.end() ? FusedSplit{} : split->second});
+    } else {
+      AdamWHyper hp = config.adamw;
+      if (slot.full_shape.size() != 2) hp.weight_decay = config.adamw_non_matrix_weight_decay;
+      adamw.push_back({std::move(slot), hp});
+    }
+  }
+  std::unique_ptr<ChainedOptimizer> opt(new ChainedOptimizer());
+  ASSIGN_OR_RETURN(opt->adamw_, AdamW::Create(std::move(adamw)));
+  ASSIGN_OR_RETURN(opt->muon_, Muon::Create(std::move(muon)));
+  opt->config_ = std::move(config);
+  opt->routing_ = std::move(routing);
+  opt->reducer_ = std::move(reducer);
+  return opt;
+}
+
+absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
+    std::vector<Param> params, ChainedConfig config) {
+  std::vector<ParamDescriptor> descriptors;
+  std::vector<Slot> slots;
+  std::map<std::string, FusedSplit> splits;
+  for (Param& p : params) {
+    ParamDescriptor d{p.name, {}};
+    if (p.param.defined()) d.shape = p.param.sizes().vec();
+    descriptors.push_back(std::move(d));
+    if (!p.split.block_rows.empty()) splits[p.name] = p.split;
+    slots.push_back(Slot::Whole(std::move(p.name), std::move(p.param), std::move(p.grad)));
+  }
+  ASSIGN_OR_RETURN(RoutingReport routing, PlanRouting(config.routing, descriptors));
+  return Create(std::move(config), std::move(routing), std::move(slots), splits, nullptr);
+}
+
+absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
+  GradStats stats;
+  ASSIGN_OR_RETURN(stats.adamw_sum_squares, adamw_->GradSumSquares());
+  ASSIGN_OR_RETURN(stats.muon_sum_squares, muon_->GradSumSquares());
+  stats.nonfinite = !std::isfinite(stats.adamw_sum_squares + stats.muon_sum_squares);
+  return stats;
+}
+
+absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& global) {
+  const StepResult result = DecideStep(config_, global, steps_);
   if (result.skipped) {
     ++skipped_;
     return result;
@@ -110,48 +115,51 @@ absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& stat
 
 absl::StatusOr<StepResult> ChainedOptimizer::Step() {
   ASSIGN_OR_RETURN(GradStats stats, LocalGradStats());
+  if (reducer_ != nullptr) {
+    ASSIGN_OR_RETURN(stats, reducer_->Reduce(stats));
+  }
   return StepWithStats(stats);
 }
 
-std::vector<NamedTensor> ChainedOptimizer::ExportState() const {
-  std::vector<NamedTensor> out;
-  AppendPrefixed(adamw_->ExportState(), kAdamWPrefix, out);
-  AppendPrefixed(muon_->ExportState(), kMuonPrefix, out);
-  out.push_back({kStepName, at::full({}, steps_, at::kLong)});
-  out.push_back({kSkippedName, at::full({}, skipped_, at::kLong)});
+std::vector<StateRecord> ChainedOptimizer::ExportState() const {
+  std::vector<StateRecord> out;
+  adamw_->ExportState(out);
+  muon_->ExportState(out);
+  out.push_back(CounterRecord(kStepName, steps_));
+  out.push_back(CounterRecord(kSkippedName, skipped_));
   return out;
 }
 
-absl::Status ChainedOptimizer::ImportState(absl::Span<const NamedTensor> state) {
-  for (const NamedTensor& t : state) {
-    if (t.name != kStepName && t.name != kSkippedName && !absl::StartsWith(t.name, kAdamWPrefix) &&
-        !absl::StartsWith(t.name, kMuonPrefix)) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected state tensor '", t.name, "'"));
+absl::Status ChainedOptimizer::ImportState(absl::Span<const StateRecord> state) {
+  absl::flat_hash_map<std::string, const SlotOptimizer*> owner;
+  for (const RoutingReport::Entry& e : routing_.entries) {
+    owner[e.name] = e.route == Route::kMuon ? static_cast<const SlotOptimizer*>(muon_.get())
+                                            : adamw_.get();
+  }
+  for (const StateRecord& r : state) {
+    if (r.name == kStepName || r.name == kSkippedName) continue;
+    const size_t slash = r.name.rfind('/');
+    auto it = slash == std::string::npos ? owner.end() : owner.find(r.name.substr(0, slash));
+    bool known = false;
+    if (it != owner.end()) {
+      for (const std::string& field : it->second->FieldNames()) {
+        known = known || r.name.compare(slash + 1, std::string::npos, field) == 0;
+      }
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected state tensor '", r.name, "'"));
     }
   }
-  const at::Tensor like = at::empty({}, at::kLong);
-  ASSIGN_OR_RETURN(at::Tensor step, FindState(state, kStepName, like));
-  ASSIGN_OR_RETURN(at::Tensor skipped, FindState(state, kSkippedName, like));
-  // Validate the Muon half before the AdamW import writes anything (each import validates its own
-  // half fully before copying).
-  const std::vector<NamedTensor> muon_state = StripPrefix(state, kMuonPrefix);
-  std::vector<std::string> muon_names;
-  for (const NamedTensor& expected : muon_->ExportState()) {
-    RETURN_IF_ERROR(FindState(muon_state, expected.name, expected.tensor).status());
-    muon_names.push_back(expected.name);
-  }
-  RETURN_IF_ERROR(CheckNoUnexpectedState(muon_state, muon_names));
-  RETURN_IF_ERROR(adamw_->ImportState(StripPrefix(state, kAdamWPrefix)));
-  RETURN_IF_ERROR(muon_->ImportState(muon_state));
-  steps_ = step.item<int64_t>();
-  skipped_ = skipped.item<int64_t>();
+  ASSIGN_OR_RETURN(const int64_t steps, ReadStateCounter(state, kStepName));
+  ASSIGN_OR_RETURN(const int64_t skipped, ReadStateCounter(state, kSkippedName));
+  // Validate both halves before either copies, so a failure leaves everything untouched.
+  RETURN_IF_ERROR(adamw_->ImportState(state, /*validate_only=*/true));
+  RETURN_IF_ERROR(muon_->ImportState(state, /*validate_only=*/true));
+  RETURN_IF_ERROR(adamw_->ImportState(state));
+  RETURN_IF_ERROR(muon_->ImportState(state));
+  steps_ = steps;
+  skipped_ = skipped;
   return absl::OkStatus();
-}
-
-absl::Status ChainedOptimizer::SetGrad(const std::string& name, const at::Tensor& grad) {
-  absl::Status s = adamw_->SetGrad(name, grad);
-  if (!absl::IsNotFound(s)) return s;
-  return muon_->SetGrad(name, grad);
 }
 
 }  // namespace orthoshard::optimizers

@@ -1,5 +1,12 @@
-// ChainedOptimizer: routes every param to Muon or AdamW (see routing.h), and owns what spans both:
-// the lr schedule, global gradient-norm clipping, the non-finite step skip and the step counters.
+// ChainedOptimizer: the one optimizer of every mode. It steps Muon on the slots routed to Muon and
+// AdamW on the rest, and owns what spans both: the lr schedule, global gradient-norm clipping, the
+// non-finite step skip, the step counters, and the state in model space (state.h).
+//
+// Local and distributed are the same class. Each rank gives the slots it updates (a single
+// process: every param whole; a data-parallel rank: what it owns, see optimizers/distributed) and
+// a StatsReducer that turns this rank's partial gradient statistics into the global ones: none
+// (nullptr) when this process sees every gradient, one all-reduce when ranks hold parts. Every rank
+// then takes the same clip and skip decision from the same global statistics.
 //
 // Clipping and Muon. Newton–Schulz normalises its input, so scaling a Muon gradient by a clip factor
 // only changes its weight against the momentum history, and scaling after the momentum update would
@@ -10,16 +17,14 @@
 //                       before they enter the moments / momentum buffer (Megatron's behaviour).
 //   kExcludeMuon:       the norm covers AdamW's gradients only and only they are scaled; Muon's
 //                       gradients are used as they are.
-// Either way every gradient is checked for inf/NaN: a step with a non-finite gradient changes no
-// param, moment, momentum buffer, step count or schedule position, and is counted in skipped_steps().
-//
-// Distributed use: LocalGradStats() returns partial sums of squares; a caller that owns only some
-// params all-reduces them (sum) across ranks and passes the result to StepWithStats(), so every rank
-// takes the same clip and skip decision.
+// Either way every gradient is checked for inf/NaN: a step with a non-finite gradient anywhere
+// changes no param, moment, momentum buffer, step count or schedule position, and is counted in
+// skipped_steps().
 #ifndef ORTHOSHARD_OPTIMIZERS_CHAINED_H_
 #define ORTHOSHARD_OPTIMIZERS_CHAINED_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,9 +33,10 @@
 #include "absl/status/statusor.h"
 #include "optimizers/adamw.h"
 #include "optimizers/muon.h"
-#include "optimizers/optimizer.h"
 #include "optimizers/routing.h"
 #include "optimizers/schedule.h"
+#include "optimizers/slot_optimizer.h"
+#include "optimizers/state.h"
 
 namespace orthoshard::optimizers {
 
@@ -49,10 +55,21 @@ struct ChainedConfig {
   ClipMode clip_mode = ClipMode::kAllBeforeMomentum;
 };
 
-// Partial sums of ||g||^2, per optimizer; add them across ranks to get the global values.
+// Sums of ||g||^2 per optimizer and whether a gradient held inf/NaN: this rank's (partial) or,
+// after a StatsReducer, every rank's (global: the sums added, the flags or-ed).
 struct GradStats {
   double adamw_sum_squares = 0.0;
   double muon_sum_squares = 0.0;
+  bool nonfinite = false;
+};
+
+// Combines every rank's GradStats once per step. Cross-rank contract: every rank calls Reduce once
+// per ChainedOptimizer::Step, in step order, and gets the same result.
+class StatsReducer {
+ public:
+  virtual ~StatsReducer() = default;
+  // Errors: those of the collective (the job must stop).
+  virtual absl::StatusOr<GradStats> Reduce(const GradStats& local) = 0;
 };
 
 struct StepResult {
@@ -60,65 +77,81 @@ struct StepResult {
   double grad_norm = 0.0;      // the norm clipping looked at (see ClipMode)
   double clip_scale = 1.0;     // factor applied to the clipped gradients (1 = not clipped)
   double lr_multiplier = 1.0;  // schedule factor used (0 when skipped)
-  GradStats stats;             // the global sums of squares the decision was made from
+  GradStats stats;             // the global statistics the decision was made from
 };
 
-// The clip-and-skip decision of one chained step (local or distributed) from the global sums of
-// squared gradients; `any_nonfinite`: some rank saw a value that is not finite. grad_norm covers
-// Muon's params only under ClipMode::kAllBeforeMomentum. Skipped (lr_multiplier 0) when anything is
-// not finite; else clip_scale = max_grad_norm / (grad_norm + 1e-6) when that is below 1 (Megatron's
+// The clip-and-skip decision of one step from the global statistics. grad_norm covers Muon's params
+// only under ClipMode::kAllBeforeMomentum. Skipped (lr_multiplier 0) when anything is not finite;
+// else clip_scale = max_grad_norm / (grad_norm + 1e-6) when that is below 1 (Megatron's
 // clip_grad_by_total_norm_fp32) and lr_multiplier is the schedule's after `steps_taken` steps.
-StepResult DecideStep(const ChainedConfig& config, const GradStats& global, bool any_nonfinite,
-                      int64_t steps_taken);
+StepResult DecideStep(const ChainedConfig& config, const GradStats& global, int64_t steps_taken);
 
 // The clip scale Muon's params get: result.clip_scale under kAllBeforeMomentum, else 1.
 double MuonClipScale(const ChainedConfig& config, const StepResult& result);
 
-class ChainedOptimizer {
+// A param given to the single-process Create: a tensor, its gradient (a handle: Step reads whatever
+// the caller wrote into it), and its fused split (Muon only).
+struct Param {
+  std::string name;
+  at::Tensor param;  // fp32 or bf16, contiguous; updated in place
+  at::Tensor grad;   // same shape; undefined: not stepped
+  FusedSplit split;
+};
+
+class ChainedOptimizer final : public OptimizerState {
  public:
-  // Routes `params` and builds the two optimizers (either may be empty). Errors: kInvalidArgument
-  // from routing, the schedule, hyperparameters or the params themselves.
+  // The general form. `routing` routes every param of the model (not only this rank's);
+  // `slots` are the parts this rank updates, each naming a param of `routing` (Muon slots must be
+  // whole matrices); `splits` gives fused Muon params their blocks (absent: one matrix; splits of
+  // AdamW params are ignored). AdamW slots of params that are not 2-D get
+  // config.adamw_non_matrix_weight_decay. `reducer` combines statistics across ranks (nullptr:
+  // this process sees every gradient). Errors: kInvalidArgument from the schedule,
+  // hyperparameters, a slot of an unknown param, a split of an unknown param, or the slots
+  // themselves (see AdamW::Create, Muon::Create).
+  static absl::StatusOr<std::unique_ptr<ChainedOptimizer>> Create(
+      ChainedConfig config, RoutingReport routing, std::vector<Slot> slots,
+      const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer);
+
+  // A single process: routes `params` with config.routing and gives each one whole slot.
+  // Errors: as PlanRouting and the general Create.
   static absl::StatusOr<std::unique_ptr<ChainedOptimizer>> Create(std::vector<Param> params,
                                                                   ChainedConfig config);
 
-  // What went where; log routing_report().ToString() at start-up.
-  const RoutingReport& routing_report() const { return report_; }
+  // What went where, for every param of the model; log routing_report().ToString() at start-up.
+  const RoutingReport& routing_report() const { return routing_; }
 
+  // This rank's partial statistics.
   absl::StatusOr<GradStats> LocalGradStats() const;
 
-  // One step from (globally reduced) stats: skip if not finite, else clip, schedule, update both.
-  // Errors: as Optimizer::Step (then, if the AdamW half had already stepped, state is partially
-  // updated; a caller treats this as fatal).
-  absl::StatusOr<StepResult> StepWithStats(const GradStats& stats);
+  // One step from global statistics: skip if not finite, else clip, schedule, update both.
+  // Errors: as SlotOptimizer::Step (then, if the AdamW half had already stepped, state is
+  // partially updated; a caller treats this as fatal).
+  absl::StatusOr<StepResult> StepWithStats(const GradStats& global);
 
-  // LocalGradStats() then StepWithStats() (single process).
+  // LocalGradStats, the reducer (if any), StepWithStats. Errors: the reducer's, or as above.
   absl::StatusOr<StepResult> Step();
 
-  // Names: "adamw/<param>/<field>", "muon/<param>/<field>", "chained/step",
-  // "chained/skipped_steps" (int64 scalars). Import errors as Optimizer::ImportState.
-  std::vector<NamedTensor> ExportState() const;
-  absl::Status ImportState(absl::Span<const NamedTensor> state);
-
-  // Errors: kNotFound "no param named 'x'"; kInvalidArgument as CheckGrad.
-  absl::Status SetGrad(const std::string& name, const at::Tensor& grad);
+  // Records "<param>/<field>" of every slot (the elements this rank saves) plus "chained/step"
+  // and "chained/skipped_steps" (int64 scalars).
+  std::vector<StateRecord> ExportState() const override;
+  // Every record must be a counter above or "<param>/<field>" of a param of the model with a field
+  // of its route's optimizer (kInvalidArgument "unexpected state tensor 'x'" otherwise); records of
+  // params this rank does not update are otherwise ignored. Errors: see OptimizerState.
+  absl::Status ImportState(absl::Span<const StateRecord> state) override;
 
   int64_t steps_taken() const { return steps_; }
   int64_t skipped_steps() const { return skipped_; }
-  Optimizer& adamw() { return *adamw_; }
-  Optimizer& muon() { return *muon_; }
+  const AdamW& adamw() const { return *adamw_; }
+  const Muon& muon() const { return *muon_; }
 
  private:
-  ChainedOptimizer(ChainedConfig config, RoutingReport report, std::unique_ptr<AdamW> adamw,
-                   std::unique_ptr<Muon> muon)
-      : config_(std::move(config)),
-        report_(std::move(report)),
-        adamw_(std::move(adamw)),
-        muon_(std::move(muon)) {}
+  ChainedOptimizer() = default;
 
   ChainedConfig config_;
-  RoutingReport report_;
+  RoutingReport routing_;
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<Muon> muon_;
+  std::unique_ptr<StatsReducer> reducer_;
   int64_t steps_ = 0;
   int64_t skipped_ = 0;
 };

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
 #include <utility>
 
 #include <ATen/ops/addmm.h>
@@ -15,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "optimizers/internal/fused_elementwise.h"
-#include "optimizers/internal/slot_groups.h"
 
 namespace orthoshard::optimizers {
 
@@ -158,85 +156,39 @@ void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tenso
   }
 }
 
-absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<MuonGroup> groups) {
-  std::vector<Group> out;
-  std::unordered_set<std::string> names;
-  for (MuonGroup& g : groups) {
-    RETURN_IF_ERROR(ValidateMuonHyper(g.hp));
-    Group group{g.hp, {}};
-    for (Param& p : g.params) {
-      if (!names.insert(p.name).second) {
-        return absl::InvalidArgumentError(absl::StrCat("duplicate param name '", p.name, "'"));
-      }
-      if (p.param.defined() && p.param.dim() != 2) {
-        return absl::InvalidArgumentError(absl::StrCat("param '", p.name,
-                                                       "': Muon needs a 2-D matrix, got shape ",
-                                                       ShapeString(p.param.sizes())));
-      }
-      ASSIGN_OR_RETURN(MainParam mp, MakeMainParam(std::move(p)));
-      RETURN_IF_ERROR(ValidateSplit(mp.param.name, mp.param.split, mp.main.size(0)));
-      at::Tensor buf = at::zeros_like(mp.main);
-      group.slots.push_back(Slot{std::move(mp), std::move(buf)});
+absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<Entry> entries) {
+  std::unique_ptr<Muon> opt(new Muon());
+  for (Entry& e : entries) {
+    RETURN_IF_ERROR(ValidateMuonHyper(e.hp));
+    const Slot& s = e.slot;
+    if (s.param.defined() && !s.covers_whole()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", s.name, "': Muon needs the whole matrix, got a part of ",
+          s.param.numel(), " elements at offset ", s.offset, " of ", ShapeString(s.full_shape)));
     }
-    out.push_back(std::move(group));
-  }
-  return std::unique_ptr<Muon>(new Muon(std::move(out)));
-}
-
-absl::Status Muon::Step(const StepContext& context) {
-  return internal::StepGroups(
-      groups_, context, "Muon",
-      [](Slot& s, const MuonHyper& hp, double lr, const at::Tensor& grad) {
-        MuonUpdate(s.p.main, grad, s.momentum_buffer, hp, lr, s.p.param.split);
-      });
-}
-
-absl::StatusOr<double> Muon::GradSumSquares() const {
-  return internal::GroupsGradSumSquares(groups_);
-}
-
-std::vector<NamedTensor> Muon::ExportState() const {
-  std::vector<NamedTensor> out;
-  for (const Group& g : groups_) {
-    for (const Slot& s : g.slots) {
-      const std::string& n = s.p.param.name;
-      out.push_back({n + "/momentum_buffer", s.momentum_buffer.clone()});
-      if (s.p.owns_main()) out.push_back({n + "/main_param", s.p.main.clone()});
+    if (s.param.defined() && s.param.dim() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("param '", s.name,
+                                                     "': Muon needs a 2-D matrix, got shape ",
+                                                     ShapeString(s.param.sizes())));
     }
+    RETURN_IF_ERROR(opt->Add(std::move(e.slot)));
+    const Slot& added = opt->slots_.back().slot;
+    RETURN_IF_ERROR(ValidateSplit(added.name, e.split, added.full_shape[0]));
+    opt->hps_.push_back(e.hp);
+    opt->splits_.push_back(std::move(e.split));
+    opt->momentum_.push_back(at::zeros_like(opt->slots_.back().main));
   }
-  return out;
+  return opt;
 }
 
-absl::Status Muon::ImportState(absl::Span<const NamedTensor> state) {
-  std::vector<std::string> expected;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, source
-  for (Group& g : groups_) {
-    for (Slot& s : g.slots) {
-      const std::string& n = s.p.param.name;
-      ASSIGN_OR_RETURN(at::Tensor buf, FindState(state, n + "/momentum_buffer", s.momentum_buffer));
-      copies.push_back({s.momentum_buffer, buf});
-      expected.push_back(n + "/momentum_buffer");
-      if (s.p.owns_main()) {
-        ASSIGN_OR_RETURN(at::Tensor main, FindState(state, n + "/main_param", s.p.main));
-        copies.push_back({s.p.main, main});
-        expected.push_back(n + "/main_param");
-      }
-    }
-  }
-  RETURN_IF_ERROR(CheckNoUnexpectedState(state, expected));
-  for (auto& [dst, src] : copies) dst.copy_(src);
-  for (Group& g : groups_) {
-    for (Slot& s : g.slots) SyncModelParam(s.p);
-  }
-  return absl::OkStatus();
+std::vector<std::string> Muon::FieldNames() const { return {"momentum_buffer", "main_param"}; }
+
+void Muon::Update(size_t i, const at::Tensor& grad, double lr_multiplier) {
+  MuonUpdate(slots_[i].main, grad, momentum_[i], hps_[i], hps_[i].lr * lr_multiplier, splits_[i]);
 }
 
-absl::Status Muon::SetGrad(const std::string& name, const at::Tensor& grad) {
-  return internal::SetGroupsGrad(groups_, name, grad);
+std::vector<SlotOptimizer::Field> Muon::Fields(size_t i) const {
+  return {{"momentum_buffer", momentum_[i]}};
 }
-
-int64_t Muon::num_params() const { return internal::GroupsNumParams(groups_); }
-
-int64_t Muon::numel() const { return internal::GroupsNumel(groups_); }
 
 }  // namespace orthoshard::optimizers

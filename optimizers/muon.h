@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "optimizers/optimizer.h"
+#include "optimizers/slot_optimizer.h"
 
 namespace orthoshard::optimizers {
 
@@ -74,40 +74,33 @@ double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp);
 void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
                 const MuonHyper& hp, double lr, const FusedSplit& split);
 
-struct MuonGroup {
-  MuonHyper hp;
-  std::vector<Param> params;  // 2-D only
-};
-
-// Muon over param groups. State per param: "<name>/momentum_buffer" (fp32) and, for bf16 model
-// params, "<name>/main_param".
-class Muon final : public Optimizer {
+// Muon over slots that each cover a whole 2-D matrix (a single process's params, or the matrices a
+// layer-wise rank owns). State per slot: "<name>/momentum_buffer" (fp32) and, for bf16 params,
+// "<name>/main_param".
+class Muon final : public SlotOptimizer {
  public:
-  // Errors: kInvalidArgument for invalid hyperparameters, a param that is not 2-D ("param 'w':
-  // Muon needs a 2-D matrix, got shape [8]"), an invalid split, a duplicate name, or as MakeMainParam.
-  static absl::StatusOr<std::unique_ptr<Muon>> Create(std::vector<MuonGroup> groups);
+  struct Entry {
+    Slot slot;
+    MuonHyper hp;
+    FusedSplit split;  // logical blocks of a fused weight; empty: one matrix
+  };
+  // Errors: kInvalidArgument for invalid hyperparameters, a slot that is not 2-D ("param 'b':
+  // Muon needs a 2-D matrix, got shape [8]") or only a part of its param, an invalid split, a
+  // duplicate name, or a slot SlotOptimizer rejects.
+  static absl::StatusOr<std::unique_ptr<Muon>> Create(std::vector<Entry> entries);
 
   absl::string_view kind() const override { return "muon"; }
-  absl::Status Step(const StepContext& context) override;
-  absl::StatusOr<double> GradSumSquares() const override;
-  std::vector<NamedTensor> ExportState() const override;
-  absl::Status ImportState(absl::Span<const NamedTensor> state) override;
-  absl::Status SetGrad(const std::string& name, const at::Tensor& grad) override;
-  int64_t num_params() const override;
-  int64_t numel() const override;
+  std::vector<std::string> FieldNames() const override;
 
  private:
-  struct Slot {
-    MainParam p;
-    at::Tensor momentum_buffer;  // fp32, param's shape
-  };
-  struct Group {
-    MuonHyper hp;
-    std::vector<Slot> slots;
-  };
-  explicit Muon(std::vector<Group> groups) : groups_(std::move(groups)) {}
+  Muon() = default;
+  void Update(size_t i, const at::Tensor& grad, double lr_multiplier) override;
+  std::vector<Field> Fields(size_t i) const override;
+  void SetCounter(size_t, absl::string_view, int64_t) override {}
 
-  std::vector<Group> groups_;
+  std::vector<MuonHyper> hps_;           // per slot
+  std::vector<FusedSplit> splits_;       // per slot
+  std::vector<at::Tensor> momentum_;     // per slot: fp32, the param's shape
 };
 
 }  // namespace orthoshard::optimizers

@@ -23,13 +23,15 @@
 #include <ATen/ops/zeros.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "optimizers/adamw.h"
 #include "optimizers/chained.h"
 #include "optimizers/muon.h"
-#include "optimizers/optimizer.h"
+#include "optimizers/slot_optimizer.h"
+#include "optimizers/state.h"
 
 namespace orthoshard::optimizers {
 namespace {
@@ -46,15 +48,30 @@ at::Tensor Det(std::vector<int64_t> shape, double seed, double scale = 1.0) {
   return at::mul(at::sin(phase), scale).reshape(shape);
 }
 
-// Equal names and bitwise-equal tensors, ignoring the state named `ignore`.
-bool StatesEqual(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b,
+// Equal names, offsets and bitwise-equal tensors, ignoring the record named `ignore`.
+bool StatesEqual(const std::vector<StateRecord>& a, const std::vector<StateRecord>& b,
                  const std::string& ignore = "") {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name) return false;
+    if (a[i].name != b[i].name || a[i].offset != b[i].offset) return false;
     if (a[i].name != ignore && !at::equal(a[i].tensor, b[i].tensor)) return false;
   }
   return true;
+}
+
+// The record named `name` as a tensor of its full shape (a whole-param slot exports the whole).
+at::Tensor Record(const std::vector<StateRecord>& state, const std::string& name) {
+  for (const StateRecord& r : state) {
+    if (r.name == name) return r.tensor.view(r.full_shape);
+  }
+  ADD_FAILURE() << "no record " << name;
+  return at::Tensor();
+}
+
+std::vector<StateRecord> Export(const SlotOptimizer& opt) {
+  std::vector<StateRecord> out;
+  opt.ExportState(out);
+  return out;
 }
 
 class OptimizersTest : public ::testing::Test {
@@ -121,23 +138,23 @@ void ExpectSplitMatchesSeparateBlocks(int64_t groups, std::vector<int64_t> block
         .reshape({groups * block_rows[j], cols})
         .clone();
   };
-  MuonGroup fused_group{hp, {Param{"fused", fused, grads[0], split}}};
-  MuonGroup block_group{hp, {}};
-  std::vector<at::Tensor> blocks;
+  // Gradients are handles: each step writes the step's gradient into them.
+  const at::Tensor fused_grad = at::zeros_like(fused);
+  std::vector<Muon::Entry> block_entries;
+  std::vector<at::Tensor> blocks, block_grads;
   for (size_t j = 0; j < block_rows.size(); ++j) {
     blocks.push_back(gather(initial, j));
-    block_group.params.push_back(
-        Param{"block" + std::to_string(j), blocks.back(), gather(grads[0], j), {}});
+    block_grads.push_back(at::zeros_like(blocks.back()));
+    block_entries.push_back(
+        {Slot::Whole("block" + std::to_string(j), blocks.back(), block_grads.back()), hp, {}});
   }
-  auto fused_opt = Muon::Create({fused_group});
-  auto block_opt = Muon::Create({block_group});
+  auto fused_opt = Muon::Create({{Slot::Whole("fused", fused, fused_grad), hp, split}});
+  auto block_opt = Muon::Create(std::move(block_entries));
   ASSERT_TRUE(fused_opt.ok()) << fused_opt.status();
   ASSERT_TRUE(block_opt.ok()) << block_opt.status();
   for (size_t s = 0; s < grads.size(); ++s) {
-    ASSERT_TRUE((*fused_opt)->SetGrad("fused", grads[s]).ok());
-    for (size_t j = 0; j < block_rows.size(); ++j) {
-      ASSERT_TRUE((*block_opt)->SetGrad("block" + std::to_string(j), gather(grads[s], j)).ok());
-    }
+    fused_grad.copy_(grads[s]);
+    for (size_t j = 0; j < block_rows.size(); ++j) block_grads[j].copy_(gather(grads[s], j));
     ASSERT_TRUE((*fused_opt)->Step({}).ok());
     ASSERT_TRUE((*block_opt)->Step({}).ok());
   }
@@ -148,11 +165,11 @@ void ExpectSplitMatchesSeparateBlocks(int64_t groups, std::vector<int64_t> block
   }
   // And it is not what orthogonalising the whole fused matrix gives.
   at::Tensor whole = initial.clone();
-  MuonGroup whole_group{hp, {Param{"whole", whole, grads[0], {}}}};
-  auto whole_opt = Muon::Create({whole_group});
+  const at::Tensor whole_grad = at::zeros_like(whole);
+  auto whole_opt = Muon::Create({{Slot::Whole("whole", whole, whole_grad), hp, {}}});
   ASSERT_TRUE(whole_opt.ok());
   for (const at::Tensor& g : grads) {
-    ASSERT_TRUE((*whole_opt)->SetGrad("whole", g).ok());
+    whole_grad.copy_(g);
     ASSERT_TRUE((*whole_opt)->Step({}).ok());
   }
   EXPECT_FALSE(at::allclose(whole, fused, 1e-3, 1e-4));
@@ -173,22 +190,21 @@ TEST_F(OptimizersTest, Bf16ParamsUseFp32MainParams) {
   for (bool use_muon : {false, true}) {
     at::Tensor model = init.clone();
     at::Tensor reference = init.to(at::kFloat);
-    std::unique_ptr<Optimizer> mixed, plain;
+    std::unique_ptr<SlotOptimizer> mixed, plain;
     if (use_muon) {
-      mixed = *Muon::Create({{MuonHyper{}, {Param{"w", model, grad, {}}}}});
-      plain = *Muon::Create({{MuonHyper{}, {Param{"w", reference, grad.to(at::kFloat), {}}}}});
+      mixed = *Muon::Create({{Slot::Whole("w", model, grad), MuonHyper{}, {}}});
+      plain = *Muon::Create({{Slot::Whole("w", reference, grad.to(at::kFloat)), MuonHyper{}, {}}});
     } else {
-      mixed = *AdamW::Create({{AdamWHyper{}, {Param{"w", model, grad, {}}}}});
-      plain = *AdamW::Create({{AdamWHyper{}, {Param{"w", reference, grad.to(at::kFloat), {}}}}});
+      mixed = *AdamW::Create({{Slot::Whole("w", model, grad), AdamWHyper{}}});
+      plain = *AdamW::Create({{Slot::Whole("w", reference, grad.to(at::kFloat)), AdamWHyper{}}});
     }
     for (int s = 0; s < 3; ++s) {
       ASSERT_TRUE(mixed->Step({}).ok());
       ASSERT_TRUE(plain->Step({}).ok());
     }
-    const std::vector<NamedTensor> state = mixed->ExportState();
-    const NamedTensor& main = state.back();
-    ASSERT_EQ(main.name, "w/main_param");
-    EXPECT_TRUE(at::equal(main.tensor, reference)) << mixed->kind();
+    const std::vector<StateRecord> state = Export(*mixed);
+    ASSERT_EQ(state.back().name, "w/main_param");
+    EXPECT_TRUE(at::equal(Record(state, "w/main_param"), reference)) << mixed->kind();
     EXPECT_TRUE(at::equal(model, reference.to(at::kBFloat16))) << mixed->kind();
     EXPECT_EQ(model.scalar_type(), at::kBFloat16);
   }
@@ -212,7 +228,7 @@ TEST_F(OptimizersTest, ChainedRoutesAndReports) {
   EXPECT_EQ(r.muon_numel, 256);
   EXPECT_EQ(r.adamw_count, 3);
   EXPECT_EQ(r.adamw_numel, 176);
-  EXPECT_EQ((*chained)->muon().num_params(), 2);
+  EXPECT_EQ((*chained)->muon().num_slots(), 2);
   EXPECT_EQ((*chained)->muon().numel(), 256);
   EXPECT_EQ((*chained)->adamw().numel(), 176);
 }
@@ -228,18 +244,18 @@ TEST_F(OptimizersTest, NonFiniteStepLeavesEveryStateUntouched) {
   ASSERT_TRUE((*chained)->Step().ok());  // non-zero momentum and moments first
   std::vector<at::Tensor> before;
   for (const at::Tensor& t : model) before.push_back(t.clone());
-  const std::vector<NamedTensor> state_before = (*chained)->ExportState();
-  for (const char* bad : {"layers.0.fc1.weight", "embed.weight"}) {
-    at::Tensor grad = Det({bad[0] == 'e' ? 20 : 16, 8}, 3.0);
-    grad[1][2] = bad[0] == 'e' ? std::nan("") : INFINITY;
-    ASSERT_TRUE((*chained)->SetGrad(bad, grad).ok());
+  const std::vector<StateRecord> state_before = (*chained)->ExportState();
+  for (const int bad : {2, 0}) {  // layers.0.fc1.weight (Muon), embed.weight (AdamW)
+    const at::Tensor grad = params[bad].grad;
+    const at::Tensor good = grad.clone();
+    grad[1][2] = bad == 0 ? std::nan("") : INFINITY;
     auto result = (*chained)->Step();
     ASSERT_TRUE(result.ok());
     EXPECT_TRUE(result->skipped) << bad;
     EXPECT_TRUE(StatesEqual((*chained)->ExportState(), state_before, "chained/skipped_steps"))
         << bad;
     for (size_t i = 0; i < model.size(); ++i) EXPECT_TRUE(at::equal(model[i], before[i])) << bad;
-    ASSERT_TRUE((*chained)->SetGrad(bad, Det({bad[0] == 'e' ? 20 : 16, 8}, 3.0)).ok());
+    grad.copy_(good);
   }
   EXPECT_EQ((*chained)->skipped_steps(), 2);
   EXPECT_EQ((*chained)->steps_taken(), 1);
@@ -261,7 +277,7 @@ TEST_F(OptimizersTest, ClipModes) {
     ASSERT_TRUE(chained.ok());
     auto stats = (*chained)->LocalGradStats();
     ASSERT_TRUE(stats.ok());
-    // Computed as LocalGradSumSquares does (an fp32 norm per grad, squared and summed in double,
+    // Computed as GradSumSquares does (an fp32 norm per grad, squared and summed in double,
     // AdamW's params in the order embed, norm, bias and Muon's fc1, fc2), so equal bits.
     double adamw_ss = 0.0, muon_ss = 0.0;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -287,16 +303,12 @@ TEST_F(OptimizersTest, ClipModes) {
     // of 2^-24 relative plus second-order terms: rtol 8 * 2^-24, and atol 0 as the bound is
     // relative for every element (nothing cancels). Measured: at most 2.2 * 2^-24.
     const double rtol = 8 * 0x1p-24;
-    for (const NamedTensor& t : (*chained)->ExportState()) {
-      if (t.name == "adamw/embed.weight/exp_avg") {
-        EXPECT_TRUE(at::allclose(t.tensor, at::mul(params[0].grad, 0.1 * scale), rtol, 0.0));
-      }
-      if (t.name == "muon/layers.0.fc1.weight/momentum_buffer") {
-        const double muon_scale = all ? scale : 1.0;
-        EXPECT_TRUE(
-            at::allclose(t.tensor, at::mul(params[2].grad, 0.05 * muon_scale), rtol, 0.0));
-      }
-    }
+    const std::vector<StateRecord> state = (*chained)->ExportState();
+    EXPECT_TRUE(at::allclose(Record(state, "embed.weight/exp_avg"),
+                             at::mul(params[0].grad, 0.1 * scale), rtol, 0.0));
+    const double muon_scale = all ? scale : 1.0;
+    EXPECT_TRUE(at::allclose(Record(state, "layers.0.fc1.weight/momentum_buffer"),
+                             at::mul(params[2].grad, 0.05 * muon_scale), rtol, 0.0));
   }
 }
 
@@ -305,7 +317,7 @@ TEST(DecideStepTest, ClipsSkipsAndSchedules) {
   ChainedConfig config;
   config.max_grad_norm = 1.0;
   config.schedule.warmup_steps = 4;
-  StepResult r = DecideStep(config, GradStats{9.0, 16.0}, /*any_nonfinite=*/false, 1);
+  StepResult r = DecideStep(config, GradStats{9.0, 16.0, false}, 1);
   EXPECT_FALSE(r.skipped);
   EXPECT_DOUBLE_EQ(r.grad_norm, 5.0);
   EXPECT_DOUBLE_EQ(r.clip_scale, 1.0 / (5.0 + 1e-6));
@@ -313,19 +325,18 @@ TEST(DecideStepTest, ClipsSkipsAndSchedules) {
   EXPECT_DOUBLE_EQ(MuonClipScale(config, r), r.clip_scale);
 
   config.clip_mode = ClipMode::kExcludeMuon;
-  r = DecideStep(config, GradStats{0.25, 16.0}, false, 1);
+  r = DecideStep(config, GradStats{0.25, 16.0, false}, 1);
   EXPECT_DOUBLE_EQ(r.grad_norm, 0.5);
   EXPECT_DOUBLE_EQ(r.clip_scale, 1.0);  // 1 / (0.5 + 1e-6) > 1: no clipping
   EXPECT_DOUBLE_EQ(MuonClipScale(config, r), 1.0);
 
   config.max_grad_norm = 0.0;  // clipping off
-  EXPECT_DOUBLE_EQ(DecideStep(config, GradStats{1e6, 0.0}, false, 9).clip_scale, 1.0);
+  EXPECT_DOUBLE_EQ(DecideStep(config, GradStats{1e6, 0.0, false}, 9).clip_scale, 1.0);
 
   // Not finite anywhere, even only in the excluded Muon sum, or on another rank: skipped.
-  for (const auto& [stats, flag] : {std::pair{GradStats{NAN, 1.0}, false},
-                                    std::pair{GradStats{1.0, INFINITY}, false},
-                                    std::pair{GradStats{1.0, 1.0}, true}}) {
-    r = DecideStep(config, stats, flag, 3);
+  for (const GradStats& stats : {GradStats{NAN, 1.0, false}, GradStats{1.0, INFINITY, false},
+                                 GradStats{1.0, 1.0, true}}) {
+    r = DecideStep(config, stats, 3);
     EXPECT_TRUE(r.skipped);
     EXPECT_EQ(r.lr_multiplier, 0.0);
   }
@@ -375,7 +386,7 @@ TEST_F(OptimizersTest, StateRoundTripResumesBitwise) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE((*a)->Step().ok());
   ASSERT_TRUE((*a)->Step().ok());
-  const std::vector<NamedTensor> saved = (*a)->ExportState();
+  const std::vector<StateRecord> saved = (*a)->ExportState();
   EXPECT_EQ(saved.size(), 3 * 3 + 2 + 1 + 2);  // AdamW 3 fields x 3, Muon 2 buffers + 1 main, 2
   // A fresh optimizer over (copies of) the same model params, resumed from the export.
   std::vector<Param> b_params = ToyParams();
@@ -394,27 +405,33 @@ TEST_F(OptimizersTest, StateRoundTripResumesBitwise) {
 }
 
 TEST_F(OptimizersTest, ImportErrors) {
-  auto adamw = AdamW::Create({{AdamWHyper{}, {Param{"w", Det({4, 4}, 0.0), at::Tensor(), {}}}}});
+  auto adamw = AdamW::Create({{Slot::Whole("w", Det({4, 4}, 0.0), at::Tensor()), AdamWHyper{}}});
   ASSERT_TRUE(adamw.ok());
-  std::vector<NamedTensor> state = (*adamw)->ExportState();
-  std::vector<NamedTensor> missing(state.begin() + 1, state.end());
+  const std::vector<StateRecord> state = Export(**adamw);
+  ASSERT_EQ(state[0].name, "w/exp_avg");
+  std::vector<StateRecord> missing(state.begin() + 1, state.end());
   EXPECT_THAT((*adamw)->ImportState(missing),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing state tensor 'w/exp_avg'")));
-  std::vector<NamedTensor> bad_shape = state;
-  bad_shape[0].tensor = at::zeros({2}, at::kFloat);
+  std::vector<StateRecord> bad_shape = state;
+  bad_shape[0].full_shape = {2, 8};
   EXPECT_THAT((*adamw)->ImportState(bad_shape),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("state tensor 'w/exp_avg' has shape [2], expected [4,4]")));
-  std::vector<NamedTensor> bad_dtype = state;
+                       HasSubstr("state tensor 'w/exp_avg': expected shape [4,4], received [2,8]")));
+  std::vector<StateRecord> short_piece = state;
+  short_piece[0].tensor = at::zeros({10}, at::kFloat);
+  EXPECT_THAT((*adamw)->ImportState(short_piece),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("state tensor 'w/exp_avg' covers 10 of 16 elements")));
+  std::vector<StateRecord> outside = state;
+  outside[0].offset = 8;
+  EXPECT_THAT((*adamw)->ImportState(outside),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("state tensor 'w/exp_avg': piece [8, 24) outside 16 elements")));
+  std::vector<StateRecord> bad_dtype = state;
   bad_dtype[2].tensor = at::full({}, 1.0, at::kFloat);
   EXPECT_THAT((*adamw)->ImportState(bad_dtype),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("state tensor 'w/step' has dtype Float, expected Long")));
-  std::vector<NamedTensor> extra = state;
-  extra.push_back({"v/exp_avg", at::zeros({4, 4}, at::kFloat)});
-  EXPECT_THAT((*adamw)->ImportState(extra),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("unexpected state tensor 'v/exp_avg'")));
+                       HasSubstr("state tensor 'w/step': expected an int64 scalar, received Float")));
 }
 
 TEST_F(OptimizersTest, ChainedImportIsAllOrNothing) {
@@ -423,68 +440,224 @@ TEST_F(OptimizersTest, ChainedImportIsAllOrNothing) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(b.ok());
   ASSERT_TRUE((*a)->Step().ok());
-  std::vector<NamedTensor> saved = (*a)->ExportState();
-  std::vector<NamedTensor> partial;
-  for (const NamedTensor& t : saved) {
-    if (t.name != "muon/layers.0.fc2.weight/momentum_buffer") partial.push_back(t);
+  std::vector<StateRecord> saved = (*a)->ExportState();
+  std::vector<StateRecord> partial;
+  for (const StateRecord& t : saved) {
+    if (t.name != "layers.0.fc2.weight/momentum_buffer") partial.push_back(t);
   }
-  const std::vector<NamedTensor> b_before = (*b)->ExportState();
+  const std::vector<StateRecord> b_before = (*b)->ExportState();
   EXPECT_THAT((*b)->ImportState(partial),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("missing state tensor 'layers.0.fc2.weight/momentum_buffer'")));
   EXPECT_TRUE(StatesEqual((*b)->ExportState(), b_before));
-  partial = saved;
-  partial.push_back({"sgd/w/momentum", at::zeros({1}, at::kFloat)});
-  EXPECT_THAT((*b)->ImportState(partial),
+  // Records of params the model does not have, or fields their optimizer does not keep.
+  for (const char* name : {"sgd/w/momentum", "embed.weight/momentum_buffer",
+                           "layers.0.fc1.weight/exp_avg", "chained"}) {
+    partial = saved;
+    partial.push_back({name, {1}, 0, at::zeros({1}, at::kFloat)});
+    EXPECT_THAT((*b)->ImportState(partial),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("unexpected state tensor '", name, "'"))));
+    EXPECT_TRUE(StatesEqual((*b)->ExportState(), b_before)) << name;
+  }
+}
+
+// The same params split into parts (as ZeRO-1 ranks hold them) step bitwise as the whole; the parts'
+// exports together are the whole's; a replicated rank saves only its share of a whole slot.
+TEST_F(OptimizersTest, AdamWPartsStepAndSaveAsTheWhole) {
+  const at::Tensor init = Det({6, 5}, 0.4);
+  const at::Tensor grad = Det({6, 5}, 1.4, 0.1);
+  at::Tensor whole = init.clone();
+  auto whole_opt = AdamW::Create({{Slot::Whole("w", whole, grad), AdamWHyper{}}});
+  ASSERT_TRUE(whole_opt.ok());
+  at::Tensor parted = init.clone();
+  std::vector<AdamW::Entry> parts;
+  for (const auto& [lo, hi] : {std::pair<int64_t, int64_t>{0, 7}, {7, 19}, {19, 30}}) {
+    Slot s;
+    s.name = "w" + std::to_string(lo);  // one optimizer holds each part under its own name here
+    s.full_shape = {6, 5};
+    s.offset = lo;
+    s.param = parted.view({-1}).narrow(0, lo, hi - lo);
+    s.grad = grad.view({-1}).narrow(0, lo, hi - lo);
+    s.saved_end = hi - lo;
+    parts.push_back({s, AdamWHyper{}});
+  }
+  auto parts_opt = AdamW::Create(std::move(parts));
+  ASSERT_TRUE(parts_opt.ok()) << parts_opt.status();
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE((*whole_opt)->Step({0.5, 0.25}).ok());
+    ASSERT_TRUE((*parts_opt)->Step({0.5, 0.25}).ok());
+  }
+  EXPECT_TRUE(at::equal(parted, whole));
+  // Renamed back, the parts' records assemble into the whole's state.
+  std::vector<StateRecord> pieces = Export(**parts_opt);
+  for (StateRecord& r : pieces) r.name = "w" + r.name.substr(r.name.find('/'));
+  ASSERT_OK_AND_ASSIGN(std::vector<StateRecord> assembled, AssembleModelSpace(pieces));
+  ASSERT_OK_AND_ASSIGN(std::vector<StateRecord> reference, AssembleModelSpace(Export(**whole_opt)));
+  EXPECT_TRUE(StatesEqual(assembled, reference));
+
+  // A whole slot that saves [4, 11) only: its records are that range, at offset 4, and the step.
+  Slot share = Slot::Whole("w", whole, grad);
+  share.saved_begin = 4;
+  share.saved_end = 11;
+  auto share_opt = AdamW::Create({{share, AdamWHyper{}}});
+  ASSERT_TRUE(share_opt.ok());
+  for (const StateRecord& r : Export(**share_opt)) {
+    if (r.name == "w/step") continue;
+    EXPECT_EQ(r.offset, 4) << r.name;
+    EXPECT_EQ(r.tensor.numel(), 7) << r.name;
+    EXPECT_EQ(r.full_shape, (std::vector<int64_t>{6, 5})) << r.name;
+  }
+  // Nothing saved: no records at all, the step counter included.
+  share.saved_begin = share.saved_end = 0;
+  auto silent = AdamW::Create({{share, AdamWHyper{}}});
+  ASSERT_TRUE(silent.ok());
+  EXPECT_TRUE(Export(**silent).empty());
+}
+
+// A StatsReducer's global statistics, not the local ones, decide clipping and skipping.
+TEST_F(OptimizersTest, ReducerDecidesFromGlobalStatistics) {
+  class OtherRankNonFinite : public StatsReducer {
+   public:
+    explicit OtherRankNonFinite(int* calls) : calls_(calls) {}
+    absl::StatusOr<GradStats> Reduce(const GradStats& local) override {
+      ++*calls_;
+      GradStats global = local;
+      global.adamw_sum_squares += 100.0;  // another rank's share
+      global.nonfinite = *calls_ == 2;     // another rank overflows at the second step
+      return global;
+    }
+
+   private:
+    int* calls_;
+  };
+  int calls = 0;
+  std::vector<Param> params = ToyParams();
+  std::vector<Slot> slots;
+  std::vector<ParamDescriptor> descriptors;
+  for (const Param& p : params) {
+    slots.push_back(Slot::Whole(p.name, p.param, p.grad));
+    descriptors.push_back({p.name, p.param.sizes().vec()});
+  }
+  ChainedConfig config;
+  config.max_grad_norm = 1.0;
+  ASSERT_OK_AND_ASSIGN(RoutingReport routing, PlanRouting(config.routing, descriptors));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<ChainedOptimizer> opt,
+      ChainedOptimizer::Create(config, routing, slots, {},
+                               std::make_unique<OtherRankNonFinite>(&calls)));
+  ASSERT_OK_AND_ASSIGN(const GradStats local, opt->LocalGradStats());
+  ASSERT_OK_AND_ASSIGN(StepResult first, opt->Step());
+  EXPECT_FALSE(first.skipped);
+  EXPECT_EQ(first.stats.adamw_sum_squares, local.adamw_sum_squares + 100.0);
+  EXPECT_EQ(first.grad_norm, std::sqrt(local.adamw_sum_squares + 100.0 + local.muon_sum_squares));
+  EXPECT_LT(first.clip_scale, 0.1);  // clipped by the global norm (> 10), not the local one
+  ASSERT_OK_AND_ASSIGN(StepResult second, opt->Step());
+  EXPECT_TRUE(second.skipped);  // every local gradient is finite
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(opt->steps_taken(), 1);
+  EXPECT_EQ(opt->skipped_steps(), 1);
+}
+
+TEST_F(OptimizersTest, ChainedCreateErrors) {
+  std::vector<ParamDescriptor> descriptors = {{"w", {4, 4}}};
+  ASSERT_OK_AND_ASSIGN(RoutingReport routing, PlanRouting(RoutingConfig{}, descriptors));
+  EXPECT_THAT(ChainedOptimizer::Create({}, routing, {Slot::Whole("v", Det({4, 4}, 0.0), {})}, {},
+                                       nullptr)
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("unexpected state tensor 'sgd/w/momentum'")));
+                       HasSubstr("slot of param 'v', which the routing does not list")));
+  EXPECT_THAT(ChainedOptimizer::Create({}, routing, {}, {{"x", FusedSplit{1, {2, 2}}}}, nullptr)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("fused split given for unknown param 'x'")));
+  // A part of a Muon-routed matrix.
+  Slot part;
+  part.name = "w";
+  part.full_shape = {4, 4};
+  part.offset = 8;
+  part.param = Det({8}, 0.0);
+  part.saved_end = 8;
+  EXPECT_THAT(ChainedOptimizer::Create({}, routing, {part}, {}, nullptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'w': Muon needs the whole matrix, got a part of 8 "
+                                 "elements at offset 8 of [4,4]")));
+  part.offset = 12;
+  EXPECT_THAT(AdamW::Create({{part, AdamWHyper{}}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'w': a part of shape [8] at offset 12 does not fit the "
+                                 "whole param [4,4]")));
+  part.offset = 0;
+  part.saved_end = 9;
+  EXPECT_THAT(AdamW::Create({{part, AdamWHyper{}}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'w': saved range [0, 9) outside its 8 elements")));
 }
 
 TEST_F(OptimizersTest, ParamWithoutGradIsNotStepped) {
   at::Tensor w = Det({4, 4}, 0.0), v = Det({4, 4}, 1.0);
   const at::Tensor w0 = w.clone(), v0 = v.clone();
-  auto muon = Muon::Create({{MuonHyper{}, {Param{"w", w, at::Tensor(), {}},
-                                           Param{"v", v, Det({4, 4}, 2.0), {}}}}});
+  auto muon = Muon::Create({{Slot::Whole("w", w, at::Tensor()), MuonHyper{}, {}},
+                            {Slot::Whole("v", v, Det({4, 4}, 2.0)), MuonHyper{}, {}}});
   ASSERT_TRUE(muon.ok());
   ASSERT_TRUE((*muon)->Step({}).ok());
   EXPECT_TRUE(at::equal(w, w0));
   EXPECT_FALSE(at::equal(v, v0));
 }
 
-TEST_F(OptimizersTest, CreateAndStepErrors) {
-  EXPECT_THAT(Muon::Create({{MuonHyper{}, {Param{"b", Det({4}, 0.0), at::Tensor(), {}}}}}).status(),
+TEST_F(OptimizersTest, CreateErrors) {
+  EXPECT_THAT(Muon::Create({{Slot::Whole("b", Det({4}, 0.0), {}), MuonHyper{}, {}}}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("param 'b': Muon needs a 2-D matrix, got shape [4]")));
   EXPECT_THAT(
-      Muon::Create({{MuonHyper{}, {Param{"qkv", Det({80, 8}, 0.0), at::Tensor(), {2, {32, 8, 8}}}}}})
+      Muon::Create({{Slot::Whole("qkv", Det({80, 8}, 0.0), {}), MuonHyper{}, {2, {32, 8, 8}}}})
           .status(),
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("param 'qkv': fused split 2 groups x 48 rows = 96 rows, weight has 80")));
   MuonHyper bad_muon;
   bad_muon.ns.ns_steps = 0;
-  EXPECT_THAT(Muon::Create({{bad_muon, {}}}).status(),
+  EXPECT_THAT(Muon::Create({{Slot::Whole("w", Det({4, 4}, 0.0), {}), bad_muon, {}}}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("Muon: ns_steps must be in [1, 100), got 0")));
   AdamWHyper bad_adamw;
   bad_adamw.beta1 = 1.0;
-  EXPECT_THAT(AdamW::Create({{bad_adamw, {}}}).status(),
+  EXPECT_THAT(AdamW::Create({{Slot::Whole("w", Det({4}, 0.0), {}), bad_adamw}}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("AdamW: beta1 must be in [0, 1), got 1")));
-  EXPECT_THAT(AdamW::Create({{AdamWHyper{}, {Param{"i", at::zeros({3}, at::kLong), {}, {}}}}})
+  EXPECT_THAT(AdamW::Create({{Slot::Whole("i", at::zeros({3}, at::kLong), {}), AdamWHyper{}}})
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("param 'i': dtype Long, expected Float or BFloat16")));
-  EXPECT_THAT(AdamW::Create({{AdamWHyper{},
-                              {Param{"w", Det({2}, 0.0), {}, {}}, Param{"w", Det({2}, 0.0), {}, {}}}}})
+  EXPECT_THAT(AdamW::Create({{Slot::Whole("w", Det({2}, 0.0), {}), AdamWHyper{}},
+                             {Slot::Whole("w", Det({2}, 0.0), {}), AdamWHyper{}}})
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate param name 'w'")));
-  auto adamw = AdamW::Create({{AdamWHyper{}, {Param{"w", Det({4, 4}, 0.0), Det({4, 4}, 1.0), {}}}}});
-  ASSERT_TRUE(adamw.ok());
-  EXPECT_THAT((*adamw)->SetGrad("w", Det({3, 3}, 1.0)),
+  EXPECT_THAT(
+      AdamW::Create({{Slot::Whole("w", Det({4, 4}, 0.0), Det({3, 3}, 1.0)), AdamWHyper{}}}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("param 'w': grad shape [3,3], expected [4,4]")));
+}
+
+TEST(StateRecordTest, AssembleReportsGapsAndMismatches) {
+  std::vector<StateRecord> pieces = {
+      {"w/exp_avg", {2, 4}, 0, at::zeros({5}, at::kFloat)},
+      {"w/exp_avg", {2, 4}, 5, at::zeros({3}, at::kFloat)},
+  };
+  ASSERT_OK_AND_ASSIGN(std::vector<StateRecord> whole, AssembleModelSpace(pieces));
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0].tensor.sizes(), (std::vector<int64_t>{2, 4}));
+  pieces[1].offset = 4;
+  EXPECT_THAT(AssembleModelSpace(pieces).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("state tensor 'w/exp_avg' covers 7 of 8 elements")));
+  pieces[1].offset = 6;
+  EXPECT_THAT(AssembleModelSpace(pieces).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("piece [6, 9) outside 8")));
+  pieces[1].offset = 5;
+  pieces[1].full_shape = {8};
+  EXPECT_THAT(AssembleModelSpace(pieces).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("param 'w': grad shape [3,3], expected [4,4]")));
-  EXPECT_THAT((*adamw)->SetGrad("x", Det({4, 4}, 1.0)),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no param named 'x'")));
+                       HasSubstr("expected shape [2,4], received [8]")));
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/sub.h>
@@ -47,7 +48,7 @@
 #include "gtest/gtest.h"
 #include "optimizers/adamw.h"
 #include "optimizers/muon.h"
-#include "optimizers/optimizer.h"
+#include "optimizers/slot_optimizer.h"
 
 namespace orthoshard::optimizers {
 namespace {
@@ -183,21 +184,22 @@ class OracleCase {
     ASSERT_GT(resume_after, 0);
 
     std::vector<at::Tensor> params;
+    std::vector<at::Tensor> grads;  // read by both optimizers at every Step
     for (const std::string& n : names) {
       params.push_back(Get(n + "/init").to(OracleDevice(), false, /*copy=*/true));
+      grads.push_back(at::empty_like(Get(n + "/grad/0"), at::TensorOptions(OracleDevice())));
     }
-    std::unique_ptr<Optimizer> opt = Make(kind, names, params);
+    std::unique_ptr<SlotOptimizer> opt = Make(kind, names, params, grads);
     ASSERT_NE(opt, nullptr);
     std::vector<at::Tensor> resumed_params;
-    std::unique_ptr<Optimizer> resumed;
+    std::unique_ptr<SlotOptimizer> resumed;
     for (int s = 0; s < steps; ++s) {
       const StepContext context{lr_factors[s], grad_scales[s]};
-      for (Optimizer* o : {opt.get(), resumed.get()}) {
+      for (size_t i = 0; i < names.size(); ++i) {
+        grads[i].copy_(Get(absl::StrCat(names[i], "/grad/", s)));
+      }
+      for (SlotOptimizer* o : {opt.get(), resumed.get()}) {
         if (o == nullptr) continue;
-        for (const std::string& n : names) {
-          const at::Tensor grad = Get(absl::StrCat(n, "/grad/", s)).to(OracleDevice());
-          ASSERT_TRUE(o->SetGrad(n, grad).ok()) << n;
-        }
         const absl::Status status = o->Step(context);
         ASSERT_TRUE(status.ok()) << status;
       }
@@ -213,9 +215,11 @@ class OracleCase {
       if (s + 1 == resume_after) {
         // What a checkpoint holds: the params and the exported state, into a fresh optimizer.
         for (const at::Tensor& p : params) resumed_params.push_back(p.clone());
-        resumed = Make(kind, names, resumed_params);
+        resumed = Make(kind, names, resumed_params, grads);
         ASSERT_NE(resumed, nullptr);
-        const absl::Status status = resumed->ImportState(opt->ExportState());
+        std::vector<StateRecord> state;
+        opt->ExportState(state);
+        const absl::Status status = resumed->ImportState(state);
         ASSERT_TRUE(status.ok()) << status;
       }
     }
@@ -238,50 +242,61 @@ class OracleCase {
     return ref_.tensor(absl::StrCat(name_, "/", record));
   }
 
-  std::unique_ptr<Optimizer> Make(const std::string& kind, const std::vector<std::string>& names,
-                                  const std::vector<at::Tensor>& params) const {
+  // AdamW or Muon over one whole-param slot per name, reading its gradient from `grads`.
+  std::unique_ptr<SlotOptimizer> Make(const std::string& kind,
+                                      const std::vector<std::string>& names,
+                                      const std::vector<at::Tensor>& params,
+                                      const std::vector<at::Tensor>& grads) const {
     const std::vector<double> hp = ref_.floats(name_ + "/hp");
-    std::vector<Param> ps;
-    for (size_t i = 0; i < names.size(); ++i) {
-      Param p{names[i], params[i], at::Tensor(), {}};
-      const std::string split = absl::StrCat(name_, "/", names[i], "/split");
-      if (ref_.tensors.count(split) != 0) {
-        const at::Tensor t = ref_.tensor(split);
-        p.split.num_groups = t[0].item<int64_t>();
-        for (int64_t j = 1; j < t.numel(); ++j) p.split.block_rows.push_back(t[j].item<int64_t>());
-      }
-      ps.push_back(std::move(p));
-    }
     if (kind == "adamw") {
-      auto adamw =
-          AdamW::Create({AdamWGroup{AdamWHyper{hp.at(0), hp.at(1), hp.at(2), hp.at(3), hp.at(4)},
-                                    std::move(ps)}});
+      std::vector<AdamW::Entry> entries;
+      for (size_t i = 0; i < names.size(); ++i) {
+        entries.push_back({Slot::Whole(names[i], params[i], grads[i]),
+                           AdamWHyper{hp.at(0), hp.at(1), hp.at(2), hp.at(3), hp.at(4)}});
+      }
+      auto adamw = AdamW::Create(std::move(entries));
       EXPECT_TRUE(adamw.ok()) << adamw.status();
       return adamw.ok() ? std::move(*adamw) : nullptr;
     }
-    MuonGroup group;
-    group.hp.lr = hp.at(0);
-    group.hp.weight_decay = hp.at(1);
-    group.hp.momentum = hp.at(2);
-    group.hp.nesterov = hp.at(3) != 0.0;
-    group.hp.scale_rule = hp.at(4) == 0.0   ? MuonScaleRule::kOriginal
-                          : hp.at(4) == 1.0 ? MuonScaleRule::kMatchRmsAdamW
-                                            : MuonScaleRule::kSpectral;
-    group.hp.extra_scale = hp.at(5);
-    group.hp.ns.ns_steps = static_cast<int>(hp.at(6));
-    group.hp.ns.coefficients = {hp.at(7), hp.at(8), hp.at(9)};
-    group.hp.ns.eps = hp.at(10);
-    group.hp.ns.dtype = hp.at(11) == 0.0 ? NsDType::kBFloat16 : NsDType::kFloat32;
-    group.params = std::move(ps);
-    auto muon = Muon::Create({std::move(group)});
+    MuonHyper muon_hp;
+    muon_hp.lr = hp.at(0);
+    muon_hp.weight_decay = hp.at(1);
+    muon_hp.momentum = hp.at(2);
+    muon_hp.nesterov = hp.at(3) != 0.0;
+    muon_hp.scale_rule = hp.at(4) == 0.0   ? MuonScaleRule::kOriginal
+                         : hp.at(4) == 1.0 ? MuonScaleRule::kMatchRmsAdamW
+                                           : MuonScaleRule::kSpectral;
+    muon_hp.extra_scale = hp.at(5);
+    muon_hp.ns.ns_steps = static_cast<int>(hp.at(6));
+    muon_hp.ns.coefficients = {hp.at(7), hp.at(8), hp.at(9)};
+    muon_hp.ns.eps = hp.at(10);
+    muon_hp.ns.dtype = hp.at(11) == 0.0 ? NsDType::kBFloat16 : NsDType::kFloat32;
+    std::vector<Muon::Entry> entries;
+    for (size_t i = 0; i < names.size(); ++i) {
+      FusedSplit split;
+      const std::string split_record = absl::StrCat(name_, "/", names[i], "/split");
+      if (ref_.tensors.count(split_record) != 0) {
+        const at::Tensor t = ref_.tensor(split_record);
+        split.num_groups = t[0].item<int64_t>();
+        for (int64_t j = 1; j < t.numel(); ++j) split.block_rows.push_back(t[j].item<int64_t>());
+      }
+      entries.push_back({Slot::Whole(names[i], params[i], grads[i]), muon_hp, std::move(split)});
+    }
+    auto muon = Muon::Create(std::move(entries));
     EXPECT_TRUE(muon.ok()) << muon.status();
     return muon.ok() ? std::move(*muon) : nullptr;
   }
 
   void ExpectFinalState(const std::string& kind, const std::vector<std::string>& names,
-                        const Optimizer& opt, int steps) const {
+                        const SlotOptimizer& opt, int steps) const {
+    // Records are flat pieces in model space; a whole-param slot's piece is the whole tensor.
+    std::vector<StateRecord> records;
+    opt.ExportState(records);
     std::map<std::string, at::Tensor> state;
-    for (const NamedTensor& t : opt.ExportState()) state[t.name] = t.tensor;
+    for (const StateRecord& r : records) {
+      EXPECT_EQ(r.offset, 0) << r.name;
+      state[r.name] = r.tensor.view(r.full_shape);
+    }
     for (const std::string& n : names) {
       if (kind == "adamw") {
         ExpectBitwise(state.at(n + "/exp_avg"), Get(n + "/state/exp_avg"), n + "/exp_avg");

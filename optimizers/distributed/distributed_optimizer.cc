@@ -1,0 +1,115 @@
+#include "optimizers/distributed/distributed_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include <ATen/ops/tensor.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "layout/layout.h"
+
+namespace orthoshard::optimizers::distributed {
+
+using buffers::ParamAndGradBuffer;
+
+absl::StatusOr<GradStats> AllReduceStatsReducer::Reduce(const GradStats& local) {
+  const bool nonfinite =
+      local.nonfinite || !std::isfinite(local.adamw_sum_squares + local.muon_sum_squares);
+  at::Tensor stats = at::tensor({nonfinite ? 0.0 : local.adamw_sum_squares,
+                                 nonfinite ? 0.0 : local.muon_sum_squares, nonfinite ? 1.0 : 0.0},
+                                at::kDouble)
+                         .to(comm_->device());
+  ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work, comm_->AllReduce(stats));
+  RETURN_IF_ERROR(work->Wait(comm_->timeout()));
+  stats = stats.cpu();
+  const double* reduced = stats.data_ptr<double>();
+  return GradStats{reduced[0], reduced[1], reduced[2] > 0.0};
+}
+
+RoutingReport LayoutRouting(absl::Span<ParamAndGradBuffer* const> buffers) {
+  RoutingReport report;
+  for (const ParamAndGradBuffer* buffer : buffers) {
+    if (buffer == nullptr) continue;
+    for (const layout::ParamPlacement& p : buffer->layout().params) {
+      const bool muon = p.role == layout::ParamRole::kMuon;
+      report.entries.push_back({p.name, muon ? Route::kMuon : Route::kAdamW,
+                                "role in the layout", p.numel()});
+      (muon ? report.muon_count : report.adamw_count) += 1;
+      (muon ? report.muon_numel : report.adamw_numel) += p.numel();
+    }
+  }
+  return report;
+}
+
+absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const> buffers,
+                                            int rank, DistributedMode mode) {
+  std::vector<Slot> slots;
+  for (ParamAndGradBuffer* buffer : buffers) {
+    if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
+    const layout::PerBufferParamLayout& layout = buffer->layout();
+    for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
+      const layout::ParamPlacement& p = layout.params[i];
+      const auto [shard_begin, shard_end] = layout.ShardRange(p.bucket, rank);
+      const int64_t lo = std::max(p.start, shard_begin);
+      const int64_t hi = std::min(p.end, shard_end);
+      if (mode == DistributedMode::kReplicated) {
+        Slot s = Slot::Whole(p.name, buffer->ParamView(i), buffer->GradView(i));
+        s.saved_begin = lo < hi ? lo - p.start : 0;
+        s.saved_end = lo < hi ? hi - p.start : 0;
+        slots.push_back(std::move(s));
+      } else if (p.role == layout::ParamRole::kMuon) {
+        const int owner = layout.OwnerOf(p);
+        if (owner < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", p.name, "' is routed to muon but straddles a shard boundary of a ",
+              layout::StrategyName(layout.strategy),
+              " buffer; Muon needs whole matrices (use a shard-aligned layout)"));
+        }
+        if (owner == rank) slots.push_back(Slot::Whole(p.name, buffer->ParamView(i),
+                                                       buffer->GradView(i)));
+      } else if (lo < hi) {
+        Slot s;
+        s.name = p.name;
+        s.full_shape = buffer->Param(i).sizes().vec();
+        s.offset = lo - p.start;
+        s.param = buffer->param_data().narrow(0, lo, hi - lo);
+        s.grad = buffer->grad_data().narrow(0, lo, hi - lo);
+        s.saved_end = hi - lo;
+        slots.push_back(std::move(s));
+      }
+    }
+  }
+  return slots;
+}
+
+absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
+    std::vector<ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
+    ChainedConfig config, DistributedMode mode, const std::map<std::string, FusedSplit>& splits) {
+  if (comm == nullptr) return absl::InvalidArgumentError("communicator is null");
+  for (const ParamAndGradBuffer* buffer : buffers) {
+    if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
+    if (buffer->layout().dp != comm->size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer ", buffer->layout().key.ToString(), " is sharded over dp ",
+                       buffer->layout().dp, ", the communicator has ", comm->size(), " ranks"));
+    }
+  }
+  // Every rank checks every Muon param's split, so that all reject a bad one, owner or not.
+  for (const ParamAndGradBuffer* buffer : buffers) {
+    for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
+      const layout::ParamPlacement& p = buffer->layout().params[i];
+      auto split = splits.find(p.name);
+      if (split == splits.end() || p.role != layout::ParamRole::kMuon) continue;
+      RETURN_IF_ERROR(ValidateSplit(p.name, split->second, buffer->Param(i).size(0)));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<Slot> slots, RankSlots(buffers, comm->rank(), mode));
+  std::unique_ptr<StatsReducer> reducer;
+  if (mode == DistributedMode::kSharded) reducer = std::make_unique<AllReduceStatsReducer>(comm);
+  return ChainedOptimizer::Create(std::move(config), LayoutRouting(buffers), std::move(slots),
+                                  splits, std::move(reducer));
+}
+
+}  // namespace orthoshard::optimizers::distributed

@@ -1,0 +1,225 @@
+#include "optimizers/slot_optimizer.h"
+
+#include <utility>
+
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/mul.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::optimizers {
+namespace {
+
+bool IsFloatOrBf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::Status CheckGrad(const Slot& s) {
+  if (!s.grad.defined()) return absl::OkStatus();
+  if (!s.grad.sizes().equals(s.param.sizes())) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", s.name, "': grad shape ",
+                                                   ShapeString(s.grad.sizes()), ", expected ",
+                                                   ShapeString(s.param.sizes())));
+  }
+  if (!IsFloatOrBf16(s.grad)) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", s.name, "': grad dtype ",
+                                                   c10::toString(s.grad.scalar_type()),
+                                                   ", expected Float or BFloat16"));
+  }
+  return absl::OkStatus();
+}
+
+// The gradient as fp32, multiplied by `scale` when scale != 1 (a new tensor then; otherwise an fp32
+// gradient is returned as is, so an unscaled step is bitwise PyTorch's).
+at::Tensor GradAsFloat(const at::Tensor& grad, double scale) {
+  at::Tensor g = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
+  if (scale != 1.0) g = at::mul(g, scale);
+  return g;
+}
+
+}  // namespace
+
+absl::Status ValidateSplit(absl::string_view name, const FusedSplit& split, int64_t rows) {
+  if (split.block_rows.empty()) return absl::OkStatus();
+  if (split.num_groups <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': fused split num_groups must be > 0, got ", split.num_groups));
+  }
+  int64_t per_group = 0;
+  for (int64_t r : split.block_rows) {
+    if (r <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", name, "': fused split block rows must be > 0, got ", r));
+    }
+    per_group += r;
+  }
+  if (split.num_groups * per_group != rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': fused split ", split.num_groups, " groups x ", per_group,
+        " rows = ", split.num_groups * per_group, " rows, weight has ", rows));
+  }
+  return absl::OkStatus();
+}
+
+Slot Slot::Whole(std::string name, at::Tensor param, at::Tensor grad) {
+  Slot s;
+  s.name = std::move(name);
+  if (param.defined()) s.full_shape = param.sizes().vec();
+  s.saved_end = param.defined() ? param.numel() : 0;
+  s.param = std::move(param);
+  s.grad = std::move(grad);
+  return s;
+}
+
+bool Slot::covers_whole() const {
+  return offset == 0 && param.defined() && param.numel() == Numel(full_shape) &&
+         param.sizes().equals(full_shape);
+}
+
+absl::Status SlotOptimizer::Add(Slot slot) {
+  if (slot.name.empty()) return absl::InvalidArgumentError("param with an empty name");
+  const std::string& n = slot.name;
+  if (!slot.param.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", n, "': tensor is undefined"));
+  }
+  if (!IsFloatOrBf16(slot.param)) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", n, "': dtype ",
+                                                   c10::toString(slot.param.scalar_type()),
+                                                   ", expected Float or BFloat16"));
+  }
+  if (!slot.param.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", n, "': must be contiguous"));
+  }
+  if (!slot.covers_whole() &&
+      (slot.param.dim() != 1 || slot.offset < 0 ||
+       slot.offset + slot.param.numel() > Numel(slot.full_shape))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", n, "': a part of shape ", ShapeString(slot.param.sizes()), " at offset ",
+        slot.offset, " does not fit the whole param ", ShapeString(slot.full_shape),
+        " (a part must be 1-D elements of it)"));
+  }
+  if (slot.saved_begin < 0 || slot.saved_begin > slot.saved_end ||
+      slot.saved_end > slot.param.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", n, "': saved range [",
+                                                   slot.saved_begin, ", ", slot.saved_end,
+                                                   ") outside its ", slot.param.numel(),
+                                                   " elements"));
+  }
+  RETURN_IF_ERROR(CheckGrad(slot));
+  for (const Held& h : slots_) {
+    if (h.slot.name == n) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate param name '", n, "'"));
+    }
+  }
+  Held held;
+  try {
+    held.main = slot.param.scalar_type() == at::kFloat
+                    ? slot.param
+                    : slot.param.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("param '", n, "': ", e.what_without_backtrace()));
+  }
+  held.slot = std::move(slot);
+  slots_.push_back(std::move(held));
+  return absl::OkStatus();
+}
+
+absl::Status SlotOptimizer::Step(const StepContext& context) {
+  for (const Held& h : slots_) RETURN_IF_ERROR(CheckGrad(h.slot));
+  try {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Held& h = slots_[i];
+      if (!h.slot.grad.defined()) continue;
+      Update(i, GradAsFloat(h.slot.grad, context.grad_scale), context.lr_multiplier);
+      if (h.owns_main()) h.slot.param.copy_(h.main);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(kind(), " step: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> SlotOptimizer::GradSumSquares() const {
+  double sum = 0.0;
+  try {
+    for (const Held& h : slots_) {
+      if (!h.slot.grad.defined()) continue;
+      const double norm =
+          at::linalg_vector_norm(h.slot.grad, 2, c10::nullopt, false, at::kFloat).item<double>();
+      sum += norm * norm;
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("grad norm: ", e.what_without_backtrace()));
+  }
+  return sum;
+}
+
+void SlotOptimizer::ExportState(std::vector<StateRecord>& out) const {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Held& h = slots_[i];
+    const Slot& s = h.slot;
+    const int64_t n = s.saved_end - s.saved_begin;
+    if (n == 0) continue;
+    auto piece = [&](const std::string& field, const at::Tensor& t) {
+      out.push_back({absl::StrCat(s.name, "/", field), s.full_shape, s.offset + s.saved_begin,
+                     t.reshape({-1}).narrow(0, s.saved_begin, n).clone()});
+    };
+    for (const Field& f : Fields(i)) {
+      if (f.tensor.defined()) {
+        piece(f.name, f.tensor);
+      } else {
+        out.push_back(CounterRecord(absl::StrCat(s.name, "/", f.name), f.counter));
+      }
+    }
+    if (h.owns_main()) piece("main_param", h.main);
+  }
+}
+
+absl::Status SlotOptimizer::ImportState(absl::Span<const StateRecord> state, bool validate_only) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, source
+  std::vector<std::pair<size_t, std::pair<std::string, int64_t>>> counters;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Held& h = slots_[i];
+    const Slot& s = h.slot;
+    auto read = [&](const std::string& field, const at::Tensor& into) -> absl::Status {
+      ASSIGN_OR_RETURN(at::Tensor t, ReadStateRange(state, absl::StrCat(s.name, "/", field),
+                                                    s.full_shape, s.offset, s.numel(),
+                                                    at::kFloat));
+      copies.push_back({into, t.view(into.sizes())});
+      return absl::OkStatus();
+    };
+    for (const Field& f : Fields(i)) {
+      if (f.tensor.defined()) {
+        RETURN_IF_ERROR(read(f.name, f.tensor));
+      } else {
+        ASSIGN_OR_RETURN(const int64_t v,
+                         ReadStateCounter(state, absl::StrCat(s.name, "/", f.name)));
+        counters.push_back({i, {f.name, v}});
+      }
+    }
+    if (h.owns_main()) RETURN_IF_ERROR(read("main_param", h.main));
+  }
+  if (validate_only) return absl::OkStatus();
+  for (auto& [dst, src] : copies) dst.copy_(src);
+  for (auto& [i, counter] : counters) SetCounter(i, counter.first, counter.second);
+  for (const Held& h : slots_) {
+    if (h.owns_main()) h.slot.param.copy_(h.main);
+  }
+  return absl::OkStatus();
+}
+
+int64_t SlotOptimizer::numel() const {
+  int64_t n = 0;
+  for (const Held& h : slots_) n += h.main.numel();
+  return n;
+}
+
+}  // namespace orthoshard::optimizers
