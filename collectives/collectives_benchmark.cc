@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,16 +135,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--max_mb") == 0) absl::SimpleAtoi(argv[i + 1], &max_mb);
     if (std::strcmp(argv[i], "--nproc") == 0) absl::SimpleAtoi(argv[i + 1], &nproc);
   }
-  if (std::getenv("RANK") != nullptr) return orthoshard::collectives::RunRank(max_mb);
-  orthoshard::collectives::LaunchOptions options;
-  options.binary = "/proc/self/exe";
-  for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
-  options.nprocs = nproc;
-  options.timeout = absl::Minutes(10);
-  auto result = orthoshard::collectives::LaunchLocal(options);
-  if (!result.ok()) {
-    std::fprintf(stderr, "%s\n", result.status().ToString().c_str());
-    return 1;
+  if (std::optional<int> launched = orthoshard::collectives::LaunchSelfUnlessRank(
+          argc, argv, nproc, absl::Minutes(10))) {
+    return *launched;
   }
-  return result->exit_code;
+  return orthoshard::collectives::RunRank(max_mb);
 }

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collectives/rendezvous.h"
 
 extern char** environ;
 
@@ -369,6 +370,27 @@ absl::StatusOr<LaunchResult> LaunchLocal(const LaunchOptions& options) {
   }
   g_running = false;
   return result;
+}
+
+std::optional<int> LaunchSelfUnlessRank(int argc, char** argv, int nprocs,
+                                        absl::Duration timeout) {
+  const absl::StatusOr<RendezvousInfo> rendezvous = ParseRendezvous(ProcessEnvironment());
+  if (rendezvous.ok()) return std::nullopt;
+  if (rendezvous.status().code() != absl::StatusCode::kNotFound) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(rendezvous.status().message()).c_str());
+    return 1;
+  }
+  LaunchOptions options;
+  options.binary = "/proc/self/exe";
+  for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
+  options.nprocs = nprocs;
+  options.timeout = timeout;
+  const absl::StatusOr<LaunchResult> result = LaunchLocal(options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], result.status().ToString().c_str());
+    return 1;
+  }
+  return result->exit_code;
 }
 
 }  // namespace orthoshard::collectives

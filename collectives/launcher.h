@@ -5,6 +5,7 @@
 #define ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +56,15 @@ struct LaunchResult {
 // process cannot be started; kDeadlineExceeded when `timeout` passed (every rank is killed);
 // kFailedPrecondition if another LaunchLocal is running.
 absl::StatusOr<LaunchResult> LaunchLocal(const LaunchOptions& options);
+
+// For a program that starts its own ranks when run directly (benchmarks, examples): returns
+// std::nullopt in a rank, i.e. when the rendezvous variables of torchrun, SLURM or LaunchLocal are
+// set (ParseRendezvous finds them); otherwise starts `nprocs` copies of this binary with the
+// arguments argv[1..] through LaunchLocal (bounded by `timeout`), waits, and returns the exit code
+// this process should end with: the ranks' (LaunchResult::exit_code), or 1 with the reason on
+// stderr when they could not be started or the rendezvous variables are malformed.
+std::optional<int> LaunchSelfUnlessRank(int argc, char** argv, int nprocs,
+                                        absl::Duration timeout = absl::InfiniteDuration());
 
 }  // namespace orthoshard::collectives
 

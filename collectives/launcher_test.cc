@@ -1,8 +1,10 @@
 #include "collectives/launcher.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -119,6 +121,26 @@ TEST(LauncherTest, RejectsBadOptions) {
   ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(options));
   EXPECT_EQ(result.exit_code, 127);
   EXPECT_THAT(captured.err, Contains("[rank 0] launcher: execve failed"));
+}
+
+TEST(LauncherTest, AProgramRunDirectlyStartsItsOwnRanks) {
+  // Run as a user would, outside any launcher (no rendezvous variables in its environment).
+  const std::string command =
+      absl::StrCat("env -u RANK -u WORLD_SIZE -u SLURM_PROCID ", kChild, " self 2>&1");
+  std::FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::vector<std::string> lines;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    std::string line(buffer);
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    lines.push_back(line);
+  }
+  const int status = pclose(pipe);
+  EXPECT_THAT(lines, Contains("[rank 0] self rank 0 of 2"));
+  EXPECT_THAT(lines, Contains("[rank 1] self rank 1 of 2"));
+  ASSERT_TRUE(WIFEXITED(status)) << absl::StrJoin(lines, "\n");
+  EXPECT_EQ(WEXITSTATUS(status), 5) << absl::StrJoin(lines, "\n");  // rank 1's exit code
 }
 
 }  // namespace

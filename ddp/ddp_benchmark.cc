@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -230,24 +231,15 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--iters") == 0) flags.iters = static_cast<int>(value);
     if (std::strcmp(argv[i], "--nproc") == 0) nproc = static_cast<int>(value);
   }
-  if (std::getenv("RANK") != nullptr) {
-    const absl::Status status = orthoshard::ddp::RunRank(flags);
-    if (!status.ok()) {
-      std::fprintf(stderr, "%s\n", status.ToString().c_str());
-      return 1;
-    }
-    std::fflush(stdout);
-    std::_Exit(0);
+  if (std::optional<int> launched = orthoshard::collectives::LaunchSelfUnlessRank(
+          argc, argv, nproc, absl::Minutes(10))) {
+    return *launched;
   }
-  orthoshard::collectives::LaunchOptions options;
-  options.binary = "/proc/self/exe";
-  for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
-  options.nprocs = nproc;
-  options.timeout = absl::Minutes(10);
-  auto result = orthoshard::collectives::LaunchLocal(options);
-  if (!result.ok()) {
-    std::fprintf(stderr, "%s\n", result.status().ToString().c_str());
+  const absl::Status status = orthoshard::ddp::RunRank(flags);
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s\n", status.ToString().c_str());
     return 1;
   }
-  return result->exit_code;
+  std::fflush(stdout);
+  std::_Exit(0);
 }

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -186,25 +187,13 @@ absl::Status Train(orthoshard::collectives::Communicator& comm) {
 int main(int argc, char** argv) {
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   namespace collectives = orthoshard::collectives;
-  absl::StatusOr<collectives::RendezvousInfo> rendezvous =
-      collectives::ParseRendezvous(collectives::ProcessEnvironment());
-  if (!rendezvous.ok()) {
-    if (rendezvous.status().code() != absl::StatusCode::kNotFound) {
-      std::fprintf(stderr, "layerwise_mlp: %s\n", std::string(rendezvous.status().message()).c_str());
-      return 2;
-    }
-    // Not under a launcher: start --nproc ranks of this binary, which then find the variables.
-    collectives::LaunchOptions launch;
-    launch.binary = "/proc/self/exe";
-    for (int i = 1; i < argc; ++i) launch.args.push_back(argv[i]);
-    launch.nprocs = absl::GetFlag(FLAGS_nproc);
-    absl::StatusOr<collectives::LaunchResult> result = collectives::LaunchLocal(launch);
-    if (!result.ok()) {
-      std::fprintf(stderr, "layerwise_mlp: %s\n", std::string(result.status().message()).c_str());
-      return 1;
-    }
-    return result->exit_code;
+  // Not under a launcher: start --nproc ranks of this binary, which then find the variables.
+  if (std::optional<int> launched =
+          collectives::LaunchSelfUnlessRank(argc, argv, absl::GetFlag(FLAGS_nproc))) {
+    return *launched;
   }
+  const absl::StatusOr<collectives::RendezvousInfo> rendezvous =
+      collectives::ParseRendezvous(collectives::ProcessEnvironment());
   at::set_num_threads(1);  // ranks share this machine's cores
   absl::StatusOr<std::unique_ptr<collectives::Communicator>> comm =
       collectives::CreateGlooCommunicator(collectives::GlooOptionsFromRendezvous(*rendezvous));

@@ -3,12 +3,17 @@
 //   env: prints the rendezvous variables it received.
 //   fail: rank 1 exits with 3 at once; the others sleep until killed.
 //   wait_signal: prints "ready", waits for SIGTERM, prints "got SIGTERM" and exits with 7.
+//   self: run directly, starts 2 ranks of itself (LaunchSelfUnlessRank); each prints
+//         "self rank R of W", rank 1 exits with 5.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+
+#include "collectives/launcher.h"
 
 namespace {
 volatile sig_atomic_t g_terminated = 0;
@@ -41,6 +46,14 @@ int main(int argc, char** argv) {
     if (rank == 1) return 3;
     sleep(60);
     return 0;
+  }
+  if (std::strcmp(argv[1], "self") == 0) {
+    if (std::optional<int> launched =
+            orthoshard::collectives::LaunchSelfUnlessRank(argc, argv, 2)) {
+      return *launched;
+    }
+    std::printf("self rank %d of %s\n", rank, Env("WORLD_SIZE"));
+    return rank == 1 ? 5 : 0;
   }
   if (std::strcmp(argv[1], "wait_signal") == 0) {
     struct sigaction action = {};

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -159,20 +160,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [ITERATIONS]\n", argv[0]);
     return 2;
   }
-  if (std::getenv("RANK") != nullptr) {
-    const absl::Status s = optimizers::distributed::RunRank(iterations);
-    if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    std::fflush(stdout);
-    std::_Exit(s.ok() ? 0 : 1);
+  if (std::optional<int> launched = collectives::LaunchSelfUnlessRank(argc, argv, 2)) {
+    return *launched;
   }
-  collectives::LaunchOptions options;
-  options.binary = "/proc/self/exe";
-  options.args = {std::to_string(iterations)};
-  options.nprocs = 2;
-  auto result = collectives::LaunchLocal(options);
-  if (!result.ok()) {
-    std::fprintf(stderr, "%s\n", result.status().ToString().c_str());
-    return 1;
-  }
-  return result->exit_code;
+  const absl::Status s = optimizers::distributed::RunRank(iterations);
+  if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  std::fflush(stdout);
+  std::_Exit(s.ok() ? 0 : 1);
 }
