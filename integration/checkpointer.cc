@@ -67,26 +67,36 @@ absl::Status CheckSaveDir(const TrainerConfig& c) {
 
 Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& comm,
                            ProgressPrinter& progress, const TrainOptions& options,
-                           TrainSummary& summary)
+                           TrainSummary& summary, std::vector<buffers::ParamAndGradBuffer*> buffers,
+                           const optimizers::OptimizerState& optimizer,
+                           std::function<absl::Status()> sync_params)
     : c_(c),
       comm_(comm),
       progress_(progress),
       out_(options.out),
       err_(options.err),
-      summary_(summary) {
+      summary_(summary),
+      buffers_(std::move(buffers)),
+      optimizer_(optimizer),
+      sync_params_(std::move(sync_params)) {
   options_.keep_last = c.keep_checkpoints;
   options_.after_shard_written = options.after_shard_written;
   saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
 }
 
-absl::Status Checkpointer::Save(
-    const checkpoint::SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::OptimizerState& optimizer, bool final_save) {
+absl::Status Checkpointer::Save(const checkpoint::SharedState& shared, bool final_save) {
+  RETURN_IF_ERROR(sync_params_());
   RETURN_IF_ERROR(FinalizeInFlight(/*final_save=*/false));
-  const absl::Status started = saver_->Start(c_.save_dir, shared, buffers, optimizer, options_);
+  const absl::Status started = saver_->Start(c_.save_dir, shared, buffers_, optimizer_, options_);
   ASSIGN_OR_RETURN(const bool ok, Settle(shared.step, started, final_save));
   if (ok) in_flight_step_ = shared.step;
   return absl::OkStatus();
+}
+
+absl::Status Checkpointer::CommitIfWrittenEverywhere(bool written_everywhere) {
+  if (!in_flight() || !written_everywhere) return absl::OkStatus();
+  RETURN_IF_ERROR(sync_params_());
+  return FinalizeInFlight(/*final_save=*/false);
 }
 
 absl::Status Checkpointer::Finish() { return FinalizeInFlight(/*final_save=*/true); }

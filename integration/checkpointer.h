@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,21 +34,23 @@ namespace orthoshard::integration {
 // communicator) always stops the run.
 class Checkpointer {
  public:
-  // `c`, `comm`, `progress`, `options.out`, `options.err` and `summary` must outlive this object.
-  // Rank 0 reports each committed checkpoint on options.out; failed saves that training survives
-  // are reported on options.err and counted in summary.failed_saves; options.after_shard_written is
-  // passed to every save (checkpoint::SaveOptions).
+  // Saves `buffers` and `optimizer`; `sync_params` completes the param sync (a save snapshots, and
+  // a commit runs collectives, only after the step's param all-gathers). `c`, `comm`, `progress`,
+  // `options.out`, `options.err`, `summary`, the buffers and the optimizer must outlive this
+  // object. Rank 0 reports each committed checkpoint on options.out; failed saves that training
+  // survives are reported on options.err and counted in summary.failed_saves;
+  // options.after_shard_written is passed to every save (checkpoint::SaveOptions).
   Checkpointer(const TrainerConfig& c, collectives::Communicator& comm, ProgressPrinter& progress,
-               const TrainOptions& options, TrainSummary& summary);
+               const TrainOptions& options, TrainSummary& summary,
+               std::vector<buffers::ParamAndGradBuffer*> buffers,
+               const optimizers::OptimizerState& optimizer,
+               std::function<absl::Status()> sync_params);
 
-  // Finalizes the save in flight, then snapshots step `shared.step` and starts writing it.
-  // Precondition: the params are synced. OK when training may go on (with on_save_failure=continue,
-  // also after a failed save, reported on err). Errors: the save's, naming the step (a rank whose
-  // own part succeeded gets kAborted); the communicator's.
-  absl::Status Save(const checkpoint::SharedState& shared,
-                    absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                    const optimizers::OptimizerState& optimizer,
-                    bool final_save);
+  // Finalizes the save in flight, syncs the params, then snapshots step `shared.step` and starts
+  // writing it. OK when training may go on (with on_save_failure=continue, also after a failed
+  // save, reported on err). Errors: the save's, naming the step (a rank whose own part succeeded
+  // gets kAborted); the communicator's.
+  absl::Status Save(const checkpoint::SharedState& shared, bool final_save);
 
   // Finalizes the save in flight, the run's last. Errors: as Save, also with continue.
   absl::Status Finish();
@@ -56,10 +59,10 @@ class Checkpointer {
   bool in_flight() const { return in_flight_step_ != 0; }
   bool in_flight_written() const { return in_flight() && saver_->write_finished(); }
 
-  // Commits the save in flight now (barrier, rank 0 merges and commits, `latest` moves). Call it on
-  // every rank at the same step once in_flight_written() holds on every rank, so that nobody waits
-  // on a write. OK when nothing is in flight. Errors: as Save.
-  absl::Status CommitInFlight() { return FinalizeInFlight(/*final_save=*/false); }
+  // Commits the save in flight (barrier, rank 0 merges and commits, `latest` moves) when
+  // `written_everywhere`: every rank's in_flight_written() held, as the ranks agreed at this step,
+  // so nobody waits on a write. Nothing otherwise. Errors: as Save.
+  absl::Status CommitIfWrittenEverywhere(bool written_everywhere);
 
  private:
   absl::Status FinalizeInFlight(bool final_save);
@@ -76,6 +79,9 @@ class Checkpointer {
   std::FILE* err_;
   TrainSummary& summary_;
   checkpoint::SaveOptions options_;
+  std::vector<buffers::ParamAndGradBuffer*> buffers_;
+  const optimizers::OptimizerState& optimizer_;
+  std::function<absl::Status()> sync_params_;
   std::unique_ptr<checkpoint::AsyncCheckpointSaver> saver_;
   int64_t in_flight_step_ = 0;  // step of the save being written; 0 = none
   int64_t consecutive_failures_ = 0;

@@ -490,6 +490,83 @@ checkpoint::SharedState SharedStateAt(const TrainerConfig& c, const Setup& s, in
   return shared;
 }
 
+// The stop signal the process has received (0: none).
+int StopSignal(const TrainOptions& options) {
+  return options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0;
+}
+
+// How the run ended, after its last step: an error when it gave up on non-finite gradients, a line
+// on out when a signal stopped it.
+absl::Status ReportEnd(const TrainerConfig& c, const Communicator& comm, const TrainOptions& options,
+                       const TrainSummary& summary, const StepPlan& plan,
+                       int64_t consecutive_skips) {
+  const bool saved = !c.save_dir.empty();
+  if (plan.give_up) {
+    return absl::AbortedError(absl::StrCat(
+        "stopping at step ", summary.steps, ": ", consecutive_skips,
+        " consecutive steps had non-finite gradients (--max_consecutive_skips=",
+        c.max_consecutive_skips, ")",
+        saved ? absl::StrCat("; final checkpoint of step ", summary.steps, " saved in ", c.save_dir)
+              : std::string("; no --save_dir, nothing saved")));
+  }
+  if (comm.rank() == 0 && summary.stop_signal != 0) {
+    std::fprintf(options.out, "pretrain: stopped after step %lld of %lld on %s; %s\n",
+                 static_cast<long long>(summary.steps), static_cast<long long>(LastStep(c)),
+                 SignalName(summary.stop_signal).c_str(),
+                 saved ? absl::StrCat("checkpoint of step ", summary.steps, " saved in ",
+                                      c.save_dir, ": continue with --resume")
+                             .c_str()
+                       : "no --save_dir, nothing saved");
+    std::fflush(options.out);
+  }
+  return absl::OkStatus();
+}
+
+// The training loop, from the initial eval to the last step's plan: every decision is made
+// elsewhere (RunStep and the ranks' agreement, RunPolicy, RunMetrics, the Checkpointer) and only
+// carried out here.
+absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOptions& options,
+                       Setup& s, RunMetrics& metrics, TrainSummary& summary, int64_t first_step) {
+  ASSIGN_OR_RETURN(const double initial_eval, Evaluate(s, comm));
+  RETURN_IF_ERROR(metrics.Eval(0, initial_eval));
+  std::unique_ptr<Checkpointer> saver;
+  if (!c.save_dir.empty()) {
+    saver = std::make_unique<Checkpointer>(c, comm, metrics.progress(), options, summary,
+                                           s.buffers, *s.optimizer,
+                                           [&s] { return s.ddp->FinishParamSync(); });
+  }
+  RunPolicy policy(c, first_step);
+  StepAgreement agreement(comm);
+  StepPlan plan;
+  for (int64_t step = first_step; step <= policy.last_step() && !plan.last; ++step) {
+    ASSIGN_OR_RETURN(const StepOutcome outcome,
+                     RunStep(s, comm, agreement, StopSignal(options),
+                             saver && saver->in_flight_written()));
+    plan = policy.After(step, outcome.result.skipped, outcome.agreed.stop_signal);
+    if (plan.stop_early) summary.stop_signal = outcome.agreed.stop_signal;
+    // The background save commits as soon as every rank has written its part: `latest` moves (and
+    // a failure shows) within a step of the slowest write, not at the next save.
+    if (saver) {
+      RETURN_IF_ERROR(saver->CommitIfWrittenEverywhere(outcome.agreed.save_written_everywhere));
+    }
+    RETURN_IF_ERROR(metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.time));
+    if (plan.eval) {
+      ASSIGN_OR_RETURN(const double eval, Evaluate(s, comm));
+      RETURN_IF_ERROR(metrics.Eval(step, eval));
+    }
+    if (plan.check) {
+      ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
+      ++summary.checksum_checks;
+    }
+    // Snapshot now, written in the background while the next steps run.
+    if (plan.save) RETURN_IF_ERROR(saver->Save(SharedStateAt(c, s, step), plan.last));
+  }
+  if (saver) RETURN_IF_ERROR(saver->Finish());
+  RETURN_IF_ERROR(s.ddp->FinishParamSync());
+  RETURN_IF_ERROR(metrics.Finish(s.optimizer->skipped_steps()));
+  return ReportEnd(c, comm, options, summary, plan, policy.consecutive_skips());
+}
+
 absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& comm,
                                        const TrainOptions& options) {
   RETURN_IF_ERROR(ValidateTrainerConfig(c, comm.size()));
@@ -502,13 +579,11 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
                      cuda ? "a CUDA device (NCCL)" : "the CPU (Gloo)"));
   }
   if (c.num_threads > 0) at::set_num_threads(c.num_threads);
-  const bool lead = comm.rank() == 0;
   ASSIGN_OR_RETURN(const std::optional<checkpoint::RootLock> root_lock, LockSaveDir(c, comm));
   ASSIGN_OR_RETURN(Setup s, Build(c, comm));
-  const int64_t last_step = LastStep(c);
   int64_t first_step = 1;
   if (c.resume) {
-    ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, last_step, options.out));
+    ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, LastStep(c), options.out));
     first_step = saved_step + 1;
   }
   TrainSummary summary;
@@ -518,78 +593,12 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   summary.optimizer = c.optimizer;
   summary.num_params = s.model->num_params();
   summary.unigram_entropy = s.unigram_entropy;
-  if (lead) PrintRunHeader(c, s, comm, options.out);
+  if (comm.rank() == 0) PrintRunHeader(c, s, comm, options.out);
   RunMetrics metrics(c, comm, options, summary, first_step,
                      static_cast<double>(c.global_batch) * s.seq_len);
   RETURN_IF_ERROR(metrics.OpenTensorBoard(c.log_dir));
-
-  // From here on a failure is the run's, not its input's: MarkFailedWhileTraining.
-  absl::Status trained = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(const double initial_eval, Evaluate(s, comm));
-    RETURN_IF_ERROR(metrics.Eval(0, initial_eval));
-    std::unique_ptr<Checkpointer> saver;
-    if (!c.save_dir.empty()) {
-      saver = std::make_unique<Checkpointer>(c, comm, metrics.progress(), options, summary);
-    }
-    RunPolicy policy(c, first_step);
-    StepAgreement agreement(comm);
-    bool gave_up = false;
-    for (int64_t step = first_step; step <= last_step; ++step) {
-      const int signal =
-          options.stop_signal != nullptr ? options.stop_signal->load(std::memory_order_relaxed) : 0;
-      ASSIGN_OR_RETURN(const StepOutcome outcome,
-                       RunStep(s, comm, agreement, signal, saver && saver->in_flight_written()));
-      const StepPlan plan = policy.After(step, outcome.result.skipped, outcome.agreed.stop_signal);
-      if (plan.stop_early) summary.stop_signal = outcome.agreed.stop_signal;
-      gave_up = plan.give_up;
-      // Commit the background save as soon as every rank has written its part: `latest` moves (and
-      // a failure shows) within a step of the slowest write, not at the next save. (Its
-      // collectives run after this step's param all-gathers, which are waited for first.)
-      if (saver && saver->in_flight() && outcome.agreed.save_written_everywhere) {
-        RETURN_IF_ERROR(s.ddp->FinishParamSync());
-        RETURN_IF_ERROR(saver->CommitInFlight());
-      }
-      RETURN_IF_ERROR(metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.time));
-      if (plan.eval) {
-        ASSIGN_OR_RETURN(const double eval, Evaluate(s, comm));
-        RETURN_IF_ERROR(metrics.Eval(step, eval));
-      }
-      if (plan.check) {
-        ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
-        ++summary.checksum_checks;
-      }
-      if (plan.save) {
-        // After the param sync (the library's precondition); the snapshot is taken here and
-        // written in the background while the next steps run.
-        RETURN_IF_ERROR(s.ddp->FinishParamSync());
-        RETURN_IF_ERROR(saver->Save(SharedStateAt(c, s, step), s.buffers, *s.optimizer, plan.last));
-      }
-      if (plan.last) break;
-    }
-    if (saver) RETURN_IF_ERROR(saver->Finish());
-    RETURN_IF_ERROR(s.ddp->FinishParamSync());
-    RETURN_IF_ERROR(metrics.Finish(s.optimizer->skipped_steps()));
-    if (gave_up) {
-      return absl::AbortedError(absl::StrCat(
-          "stopping at step ", summary.steps, ": ", policy.consecutive_skips(),
-          " consecutive steps had non-finite gradients (--max_consecutive_skips=",
-          c.max_consecutive_skips, ")",
-          saver ? absl::StrCat("; final checkpoint of step ", summary.steps, " saved in ",
-                               c.save_dir)
-                : std::string("; no --save_dir, nothing saved")));
-    }
-    if (lead && summary.stop_signal != 0) {
-      std::fprintf(options.out, "pretrain: stopped after step %lld of %lld on %s; %s\n",
-                   static_cast<long long>(summary.steps), static_cast<long long>(last_step),
-                   SignalName(summary.stop_signal).c_str(),
-                   saver ? absl::StrCat("checkpoint of step ", summary.steps, " saved in ",
-                                        c.save_dir, ": continue with --resume")
-                               .c_str()
-                         : "no --save_dir, nothing saved");
-      std::fflush(options.out);
-    }
-    return absl::OkStatus();
-  }();
+  // From here on a failure is the run's, not its input's.
+  absl::Status trained = TrainLoop(c, comm, options, s, metrics, summary, first_step);
   if (!trained.ok()) return MarkFailedWhileTraining(std::move(trained));
   return summary;
 }
