@@ -156,7 +156,13 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
     buffer_comms_.push_back(buf.key.expert ? expert_comm : dense_comm);
   }
 
-  // Groups, and which group every param belongs to.
+  BuildGroups(num_params);
+  BuildSequences(dense_comm, expert_comm);
+  return HookGradients(params, names);
+}
+
+// Groups, and which group every param belongs to.
+void DistributedDataParallel::BuildGroups(int num_params) {
   param_group_.assign(num_params, {-1, -1});
   param_ready_.assign(num_params, false);
   groups_.resize(buffers_.size());
@@ -179,9 +185,11 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
       groups_[b].push_back(std::move(group));
     }
   }
+}
 
-  // One launch sequence per communicator: a merge of the buffers' groups (each list stays in
-  // bucket order), picking the head whose earliest param comes latest in forward order.
+// One launch sequence per communicator: a merge of the buffers' groups (each list stays in bucket
+// order), picking the head whose earliest param comes latest in forward order.
+void DistributedDataParallel::BuildSequences(Communicator* dense_comm, Communicator* expert_comm) {
   std::vector<Communicator*> comms = {dense_comm};
   if (expert_comm != dense_comm) comms.push_back(expert_comm);
   for (Communicator* comm : comms) {
@@ -206,9 +214,13 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
     }
     if (!seq.order.empty()) sequences_.push_back(std::move(seq));
   }
+}
 
-  // Gradient hooks on every param's AccumulateGrad node (as c10d's reducer.cpp). The tensor holds
-  // its accumulator weakly, so keep it alive here.
+// Gradient hooks on every param's AccumulateGrad node (as c10d's reducer.cpp). The tensor holds its
+// accumulator weakly, so keep it alive here.
+absl::Status DistributedDataParallel::HookGradients(const std::vector<at::Tensor>& params,
+                                                    const std::vector<std::string>& names) {
+  const int num_params = static_cast<int>(params.size());
   try {
     for (int i = 0; i < num_params; ++i) {
       std::shared_ptr<torch::autograd::Node> accumulator =

@@ -185,10 +185,16 @@ class DistributedDataParallel {
 
   void OnGradReady(int param_index);
   void OnBackwardEnded();
+  // Create's work: checks the layout, params and communicators, builds the buffers, then the rest.
   absl::Status ValidateAndBuild(const layout::FullParamLayout& layout,
                                 const std::vector<at::Tensor>& params,
                                 collectives::Communicator* dense_comm,
                                 collectives::Communicator* expert_comm);
+  void BuildGroups(int num_params);
+  void BuildSequences(collectives::Communicator* dense_comm,
+                      collectives::Communicator* expert_comm);
+  absl::Status HookGradients(const std::vector<at::Tensor>& params,
+                             const std::vector<std::string>& names);
   void ResetGradSyncState();
   void Emit(SyncEvent::Kind kind, int buffer, int group, int layer);
   absl::Status LaunchGradReduce(Sequence& seq, int pos);
