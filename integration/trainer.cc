@@ -184,39 +184,11 @@ struct Setup {
   std::unique_ptr<DataLoader> train, eval;
 };
 
-absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
-  Setup s;
-  ASSIGN_OR_RETURN(s.mode, ParseDistMode(c.dist));
-  ASSIGN_OR_RETURN(GptConfig gpt, GptPreset(c.model));
-  s.seq_len = c.seq_len > 0 ? c.seq_len : gpt.max_seq_len;
-  s.micro_batch_size = c.global_batch / (static_cast<int64_t>(comm.size()) * c.micro_batches);
-
-  ASSIGN_OR_RETURN(TokenDataset data, LoadDatasetSpec(c.data, gpt.vocab_size, c.seed));
-  ASSIGN_OR_RETURN(auto split, SplitTrainEval(data, c.eval_fraction, s.seq_len + 1));
-  s.unigram_entropy = UnigramEntropy(split.first.tokens);
-  s.train_tokens = static_cast<int64_t>(split.first.tokens.size());
-  s.eval_tokens = static_cast<int64_t>(split.second.tokens.size());
-  LoaderOptions lo;
-  lo.seq_len = s.seq_len;
-  lo.micro_batch_size = s.micro_batch_size;
-  lo.micro_batches = c.micro_batches;
-  lo.rank = comm.rank();
-  lo.world_size = comm.size();
-  lo.seed = c.seed;
-  ASSIGN_OR_RETURN(DataLoader train,
-                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.first)), lo));
-  lo.micro_batches = c.eval_batches;
-  lo.shuffle = false;
-  ASSIGN_OR_RETURN(DataLoader eval,
-                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.second)), lo));
-  s.train = std::make_unique<DataLoader>(std::move(train));
-  s.eval = std::make_unique<DataLoader>(std::move(eval));
-
-  // Initialised from the seed on the CPU, then moved: every device starts from the same weights.
-  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(gpt, c.seed, at::kFloat, comm.device()));
-  s.model = std::make_unique<Gpt>(std::move(model));
+// The model's routing, layout, DDP and optimizer: routes decided once and published in the layout,
+// from which the optimizer reads them.
+absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Communicator& comm,
+                               Setup& s) {
   const std::vector<ModelParam>& params = s.model->params();
-
   optimizers::RoutingConfig routing;
   if (c.optimizer == "adamw") routing.overrides.push_back({"*", optimizers::Route::kAdamW});
   std::vector<optimizers::ParamDescriptor> descriptors;
@@ -283,8 +255,45 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
                        replicated ? optimizers::distributed::DistributedMode::kReplicated
                                   : optimizers::distributed::DistributedMode::kSharded,
                        splits));
+  return absl::OkStatus();
+}
+
+// The data, the model and (BuildDistribution) how it is trained on this rank.
+absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
+  Setup s;
+  ASSIGN_OR_RETURN(s.mode, ParseDistMode(c.dist));
+  ASSIGN_OR_RETURN(GptConfig gpt, GptPreset(c.model));
+  s.seq_len = c.seq_len > 0 ? c.seq_len : gpt.max_seq_len;
+  s.micro_batch_size = c.global_batch / (static_cast<int64_t>(comm.size()) * c.micro_batches);
+
+  ASSIGN_OR_RETURN(TokenDataset data, LoadDatasetSpec(c.data, gpt.vocab_size, c.seed));
+  ASSIGN_OR_RETURN(auto split, SplitTrainEval(data, c.eval_fraction, s.seq_len + 1));
+  s.unigram_entropy = UnigramEntropy(split.first.tokens);
+  s.train_tokens = static_cast<int64_t>(split.first.tokens.size());
+  s.eval_tokens = static_cast<int64_t>(split.second.tokens.size());
+  LoaderOptions lo;
+  lo.seq_len = s.seq_len;
+  lo.micro_batch_size = s.micro_batch_size;
+  lo.micro_batches = c.micro_batches;
+  lo.rank = comm.rank();
+  lo.world_size = comm.size();
+  lo.seed = c.seed;
+  ASSIGN_OR_RETURN(DataLoader train,
+                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.first)), lo));
+  lo.micro_batches = c.eval_batches;
+  lo.shuffle = false;
+  ASSIGN_OR_RETURN(DataLoader eval,
+                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.second)), lo));
+  s.train = std::make_unique<DataLoader>(std::move(train));
+  s.eval = std::make_unique<DataLoader>(std::move(eval));
+
+  // Initialised from the seed on the CPU, then moved: every device starts from the same weights.
+  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(gpt, c.seed, at::kFloat, comm.device()));
+  s.model = std::make_unique<Gpt>(std::move(model));
+  RETURN_IF_ERROR(BuildDistribution(c, gpt, comm, s));
   return s;
 }
+
 
 // Mean eval loss over this rank's fixed eval micro-batches, averaged over ranks.
 absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
