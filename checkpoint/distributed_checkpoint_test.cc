@@ -223,7 +223,10 @@ void RunJob(const std::string& scenario, const std::string& root, int world, int
 
 std::string FreshRoot(const std::string& name) {
   const std::string root = JoinPath(::testing::TempDir(), name);
-  if (!collectives::testing::InRankProcess()) EXPECT_OK(RemoveRecursively(root));
+  // Only the test process starts afresh: a rank process of a later launch must find the files.
+  if (!collectives::testing::InRankProcess()) {
+    EXPECT_OK(RemoveRecursively(root));
+  }
   return root;
 }
 
