@@ -233,8 +233,8 @@ TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
                              "saved in " + config.save_dir + ": continue with --resume"));
 }
 
-// Without --save_dir (here replicated, where checkpoints are refused) a stop request still ends the
-// run after the current step; nothing is saved and the message says so.
+// Without --save_dir (here in replicated mode) a stop request still ends the run after the current
+// step; nothing is saved and the message says so.
 TEST(Train, StopSignalWithoutSaveDirEndsAfterTheCurrentStep) {
   TrainerConfig config = SavingRun("unused", 50);
   config.save_dir.clear();
