@@ -6,12 +6,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "collectives/gloo_communicator.h"
+#include "collectives/rendezvous.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 
 namespace orthoshard::collectives::testing {
@@ -37,6 +41,33 @@ std::string ResultLine(const std::string& case_name, bool passed, int rank) {
                       rank);
 }
 
+// Counts this rank in at key `case_name` of the launcher's store and waits until all `world` have.
+absl::Status MeetInStore(const std::string& case_name, int world, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const RendezvousInfo info, ParseRendezvous(ProcessEnvironment()));
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(info.master_port);
+    store_options.isServer = false;
+    store_options.waitWorkers = false;
+    store_options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+    c10d::TCPStore store(info.master_addr, store_options);
+    const std::string key = absl::StrCat("multi_rank/", case_name, "/joined");
+    store.add(key, 1);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (store.add(key, 0) < world) {
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "only ", store.add(key, 0), " of ", world, " ranks joined within ",
+            absl::FormatDuration(timeout)));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("the launcher's store: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
 // In a rank process: joins, runs the body, reports and ends the process.
 [[noreturn]] void RunRank(const std::string& case_name,
                           const std::function<void(Communicator&)>& body,
@@ -49,6 +80,14 @@ std::string ResultLine(const std::string& case_name, bool passed, int rank) {
     ADD_FAILURE() << "joining the communicator: " << comm.status();
   } else {
     rank = (*comm)->rank();
+    // Every rank has joined before any body runs: a rank that finished a body without collectives
+    // and exited could otherwise close its connections while a peer is still connecting to it.
+    // The ranks meet in the launcher's store, not in a collective, so that the body's collectives
+    // are numbered from #1 as in any program.
+    const absl::Status joined = MeetInStore(case_name, (*comm)->size(), options.collective_timeout);
+    if (!joined.ok()) ADD_FAILURE() << "waiting for every rank to join: " << joined;
+  }
+  if (comm.ok() && !::testing::Test::HasFailure()) {
     try {
       body(**comm);
     } catch (const std::exception& e) {
@@ -123,6 +162,8 @@ MultiRankOutcome LaunchOnRanks(int world, const std::function<void(Communicator&
     }
     if (rank < 0) rank = 0;  // the launcher's own messages go with rank 0's
     outcome.lines[rank].emplace_back(line);
+    // Into the test's log as well (Bazel keeps it), as the ranks print it.
+    std::printf("[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
   };
   absl::StatusOr<LaunchResult> result = LaunchLocal(launch);
   if (!result.ok()) {

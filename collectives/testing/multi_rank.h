@@ -15,7 +15,8 @@
 // prints "multi-rank case <test>#<call> passed on rank R" (or "failed") and ends the process
 // without tearing down the engine (peers may still be inside a collective); the other calls of the
 // test return at once there. Back in the test process, every rank that did not pass becomes one gtest
-// failure carrying that rank's output, so an EXPECT that fails on rank 2 reads as such.
+// failure carrying that rank's output, so an EXPECT that fails on rank 2 reads as such. Every rank's
+// output also goes to the test's stdout as it arrives, prefixed "[rank N] ".
 //
 // Cases are registered once, as tests; a test may call RunOnRanks several times (save at 2 ranks,
 // resume at 3). Code outside the bodies runs in the test process and in every rank process: keep it
