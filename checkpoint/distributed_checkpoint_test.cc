@@ -46,6 +46,8 @@ namespace {
 
 using collectives::Communicator;
 using collectives::testing::RunOnRanks;
+using optimizers::distributed::testing::Check;
+using optimizers::distributed::testing::CompareParamsBitwise;
 
 namespace od = optimizers::distributed;
 namespace odt = optimizers::distributed::testing;
@@ -59,25 +61,6 @@ struct Options {
   int old_dp = 0;
   bool replicated = false;  // the run's mode: replicated, else sharded
 };
-
-absl::Status Check(bool ok, const std::string& what) {
-  return ok ? absl::OkStatus() : absl::InternalError(what);
-}
-
-absl::Status CompareBitwise(const std::vector<layout::ParamSpec>& specs,
-                            const std::vector<at::Tensor>& got,
-                            const std::vector<at::Tensor>& want, const std::string& when) {
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (!at::equal(got[i], want[i])) {
-      const double diff =
-          got[i].to(at::kFloat).sub(want[i].to(at::kFloat)).abs().max().item().toDouble();
-      return absl::InternalError(absl::StrCat(when, ": param '", specs[i].name,
-                                              "' differs from the reference (max |diff| ", diff,
-                                              ")"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // One training step as DDP and the trainer run it: grad sync, step, param sync.
 absl::Status TrainStep(collectives::Communicator& comm, const std::vector<layout::ParamSpec>& specs,
@@ -189,7 +172,7 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
                               absl::StrContains(error, "crc32c"),
                           "the load error does not name the corrupted shard: " + error));
     RETURN_IF_ERROR(Check(opt->steps_taken() == 0, "optimizer state changed by a failed load"));
-    return CompareBitwise(specs, model.params, before, "after a failed load");
+    return CompareParamsBitwise(specs, model.params, before, "after a failed load");
   }
   if (s == "resume") {
     ASSIGN_OR_RETURN(SharedState got, LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm));
@@ -201,12 +184,12 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
                           "shared state differs"));
     RETURN_IF_ERROR(Check(opt->steps_taken() == o.steps, "optimizer step count not restored"));
     for (int step = 0; step < o.steps; ++step) RETURN_IF_ERROR(ref->Step(o.old_dp, step).status());
-    RETURN_IF_ERROR(CompareBitwise(specs, model.params, ref->params(), "after load"));
+    RETURN_IF_ERROR(CompareParamsBitwise(specs, model.params, ref->params(), "after load"));
     for (int step = o.steps; step < 2 * o.steps; ++step) {
       RETURN_IF_ERROR(TrainStep(comm, specs, model, *opt, step, o.replicated));
       RETURN_IF_ERROR(ref->Step(dp, step).status());
       RETURN_IF_ERROR(
-          CompareBitwise(specs, model.params, ref->params(), absl::StrCat("step ", step)));
+          CompareParamsBitwise(specs, model.params, ref->params(), absl::StrCat("step ", step)));
     }
     return absl::OkStatus();
   }

@@ -58,26 +58,6 @@ struct Options {
   int old_dp = 0;
 };
 
-absl::Status Check(bool ok, const std::string& what) {
-  return ok ? absl::OkStatus() : absl::InternalError(what);
-}
-
-// Every param equals the reference, bitwise.
-absl::Status CompareParams(const std::vector<layout::ParamSpec>& specs,
-                           const std::vector<at::Tensor>& got,
-                           const std::vector<at::Tensor>& want, const std::string& when) {
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (!at::equal(got[i], want[i])) {
-      const double diff =
-          got[i].to(at::kFloat).sub(want[i].to(at::kFloat)).abs().max().item().toDouble();
-      return absl::InternalError(absl::StrCat(when, ": param '", specs[i].name,
-                                              "' differs from the single-process run (max |diff| ",
-                                              diff, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Rank 0's params broadcast to every rank equal this rank's, bitwise.
 absl::Status CompareAcrossRanks(Communicator& comm, const std::vector<at::Tensor>& params) {
   for (const at::Tensor& p : params) {
@@ -179,7 +159,7 @@ absl::Status RunScenario(const Options& o, Communicator& comm) {
     ASSIGN_OR_RETURN(auto unsplit, Reference::Create(specs, config));
     RETURN_IF_ERROR(ref->Step(dp, 0).status());
     RETURN_IF_ERROR(unsplit->Step(dp, 0).status());
-    RETURN_IF_ERROR(Check(CompareParams(specs, ref->params(), unsplit->params(), "split")
+    RETURN_IF_ERROR(Check(CompareParamsBitwise(specs, ref->params(), unsplit->params(), "split")
                               .code() == absl::StatusCode::kInternal,
                           "fused splits did not change the single-process update"));
     ASSIGN_OR_RETURN(ref, Reference::Create(specs, config, splits));
@@ -251,7 +231,7 @@ absl::Status RunScenario(const Options& o, Communicator& comm) {
                                        want.skipped)));
     if (poison) {
       RETURN_IF_ERROR(Check(got.skipped, "non-finite step not skipped"));
-      RETURN_IF_ERROR(CompareParams(specs, model.params, before, "after a skipped step"));
+      RETURN_IF_ERROR(CompareParamsBitwise(specs, model.params, before, "after a skipped step"));
       std::vector<StateRecord> state_after = opt->ExportState();
       RETURN_IF_ERROR(Check(state_after.size() == state_before.size(), "state changed size"));
       for (size_t i = 0; i < state_after.size(); ++i) {
@@ -276,7 +256,7 @@ absl::Status RunScenario(const Options& o, Communicator& comm) {
     } else if (!got.skipped) {
       RETURN_IF_ERROR(Check(got.clip_scale == 1.0, "unexpected clipping"));
     }
-    RETURN_IF_ERROR(CompareParams(specs, model.params, ref->params(), absl::StrCat("step ", step)));
+    RETURN_IF_ERROR(CompareParamsBitwise(specs, model.params, ref->params(), absl::StrCat("step ", step)));
   }
   RETURN_IF_ERROR(CompareAcrossRanks(comm, model.params));
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/round.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/zeros.h>
@@ -140,6 +141,25 @@ ChainedConfig TestConfig(double max_grad_norm) {
   config.schedule.warmup_steps = 2;
   config.schedule.total_steps = 20;
   return config;
+}
+
+absl::Status CompareParamsBitwise(const std::vector<ParamSpec>& specs,
+                                  const std::vector<at::Tensor>& got,
+                                  const std::vector<at::Tensor>& want, const std::string& when) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!at::equal(got[i], want[i])) {
+      const double diff =
+          got[i].to(at::kFloat).sub(want[i].to(at::kFloat)).abs().max().item().toDouble();
+      return absl::InternalError(absl::StrCat(when, ": param '", specs[i].name,
+                                              "' differs from the reference (max |diff| ", diff,
+                                              ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Check(bool ok, const std::string& what) {
+  return ok ? absl::OkStatus() : absl::InternalError(what);
 }
 
 absl::StatusOr<std::unique_ptr<Reference>> Reference::Create(

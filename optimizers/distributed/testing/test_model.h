@@ -57,6 +57,15 @@ absl::StatusOr<DistributedModel> BuildDistributedModel(const std::vector<layout:
 void FillRankGrads(const std::vector<layout::ParamSpec>& specs, DistributedModel& model, int rank,
                    int step);
 
+// Every param of `got` bitwise equal to `want`'s; else kInternal naming `when`, the first param that
+// differs and the largest difference.
+absl::Status CompareParamsBitwise(const std::vector<layout::ParamSpec>& specs,
+                                  const std::vector<at::Tensor>& got,
+                                  const std::vector<at::Tensor>& want, const std::string& when);
+
+// OK when `ok`, else kInternal `what`.
+absl::Status Check(bool ok, const std::string& what);
+
 // Config used by the tests: distinct lrs and weight decays; clipping at `max_grad_norm`.
 ChainedConfig TestConfig(double max_grad_norm);
 
