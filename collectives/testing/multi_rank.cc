@@ -23,17 +23,27 @@ namespace {
 
 constexpr char kCaseVariable[] = "ORTHOSHARD_MULTI_RANK_CASE";
 
+// Calls of RunOnRanks made so far by the running test; reset when a test starts (also when one
+// runs again under --gtest_repeat).
+int g_calls_in_test = 0;
+
+class CallCounterReset : public ::testing::EmptyTestEventListener {
+  void OnTestStart(const ::testing::TestInfo&) override { g_calls_in_test = 0; }
+};
+
 // "<suite>.<test>#<call>" of the current RunOnRanks call of the running test.
 std::string NextCaseName() {
-  static std::string* last_test = new std::string();
-  static int call = 0;
+  static const bool listening = [] {
+    // gtest owns the listener. Installed during the first test, so that test's count starts here.
+    ::testing::UnitTest::GetInstance()->listeners().Append(new CallCounterReset());
+    return true;
+  }();
+  (void)listening;
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::string test =
       info == nullptr ? std::string("<no test>")
                       : absl::StrCat(info->test_suite_name(), ".", info->name());
-  call = test == *last_test ? call + 1 : 0;
-  *last_test = test;
-  return absl::StrCat(test, "#", call);
+  return absl::StrCat(test, "#", g_calls_in_test++);
 }
 
 std::string ResultLine(const std::string& case_name, bool passed, int rank) {
