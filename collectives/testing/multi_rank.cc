@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "collectives/gloo_communicator.h"
+#include "collectives/internal/c10d_communicator.h"
 #include "collectives/rendezvous.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
@@ -51,29 +51,34 @@ std::string ResultLine(const std::string& case_name, bool passed, int rank) {
                       rank);
 }
 
-// Counts this rank in at key `case_name` of the launcher's store and waits until all `world` have.
+// Counts this rank in at key `case_name` of the job's store and waits until all `world` have. The
+// store is reached as the engines reach it (ConnectJobStore: a bounded connect, the job checked).
 absl::Status MeetInStore(const std::string& case_name, int world, absl::Duration timeout) {
   ASSIGN_OR_RETURN(const RendezvousInfo info, ParseRendezvous(ProcessEnvironment()));
+  internal_collectives::StoreRendezvous where;
+  where.engine = "multi-rank test";
+  where.rank = info.rank;
+  where.master_addr = info.master_addr;
+  where.master_port = info.master_port;
+  where.host_store = info.HostsStore();
+  where.timeout = timeout;
+  where.job = {info.job_id, info.attempt, info.world_size};
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                   internal_collectives::ConnectJobStore(where));
+  const std::string key = absl::StrCat("multi_rank/", case_name, "/joined");
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(info.master_port);
-    store_options.isServer = false;
-    store_options.waitWorkers = false;
-    store_options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
-    c10d::TCPStore store(info.master_addr, store_options);
-    const std::string key = absl::StrCat("multi_rank/", case_name, "/joined");
-    store.add(key, 1);
+    store->add(key, 1);
     const absl::Time deadline = absl::Now() + timeout;
-    while (store.add(key, 0) < world) {
+    while (store->add(key, 0) < world) {
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "only ", store.add(key, 0), " of ", world, " ranks joined within ",
-            absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(absl::StrCat("only ", store->add(key, 0), " of ", world,
+                                                        " ranks joined within ",
+                                                        absl::FormatDuration(timeout)));
       }
       absl::SleepFor(absl::Milliseconds(5));
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("the launcher's store: ", e.what()));
+    return absl::UnavailableError(absl::StrCat("the job's store: ", e.what()));
   }
   return absl::OkStatus();
 }
