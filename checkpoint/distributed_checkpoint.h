@@ -1,6 +1,7 @@
-// Distributed save and load of a training run: every data-parallel rank writes only what it owns into one safetensors shard of a `step_N.tmp/`
-// directory, rank 0 merges every rank's record list into the manifest and commits (commit.h), and
-// a later run at ANY data-parallel size or layout strategy reads back what it now owns.
+// Distributed save and load of a training run: every data-parallel rank writes only what it owns
+// into one safetensors shard of a `step_N.tmp/` directory, rank 0 merges every rank's record list
+// into the manifest and commits (commit.h), and a later run at ANY data-parallel size, layout
+// strategy or mode (sharded or replicated) reads back what it now owns.
 //
 // What is saved, per parameter and by name, in model space (never "rank r's slice of buffer b"):
 //   param     kind "param": the whole model param, written by ONE rank: the rank whose shard holds

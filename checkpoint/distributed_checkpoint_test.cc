@@ -133,7 +133,8 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
     RETURN_IF_ERROR(Check(saver.in_flight(), "no save in flight after Start"));
     RETURN_IF_ERROR(TrainStep(comm, specs, model, *opt, o.steps, o.replicated));
     RETURN_IF_ERROR(saver.Start(o.root, Shared(o.steps + 1), model.buffers, *opt));  // finalizes
-    // write_finished() turns true once this rank's write ends, without blocking; Finalize resets it.
+    // write_finished() turns true once this rank's write ends, without blocking; Finalize resets
+    // it.
     const absl::Time give_up = absl::Now() + absl::Seconds(60);
     while (!saver.write_finished() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
     RETURN_IF_ERROR(Check(saver.write_finished(), "the write did not finish within 60 s"));
@@ -165,7 +166,8 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
   if (s == "corrupt") {
     std::vector<at::Tensor> before;
     for (const at::Tensor& p : model.params) before.push_back(p.clone());
-    absl::StatusOr<SharedState> loaded = LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm);
+    absl::StatusOr<SharedState> loaded =
+        LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm);
     RETURN_IF_ERROR(Check(!loaded.ok(), "loading a corrupted checkpoint succeeded"));
     const std::string error = loaded.status().ToString();
     RETURN_IF_ERROR(Check(absl::StrContains(error, "rank1.safetensors") &&

@@ -416,7 +416,8 @@ TEST_F(OptimizersTest, ImportErrors) {
   bad_shape[0].full_shape = {2, 8};
   EXPECT_THAT((*adamw)->ImportState(bad_shape),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("state tensor 'w/exp_avg': expected shape [4,4], received [2,8]")));
+                       HasSubstr("state tensor 'w/exp_avg': expected shape [4,4], received "
+                                 "[2,8]")));
   std::vector<StateRecord> short_piece = state;
   short_piece[0].tensor = at::zeros({10}, at::kFloat);
   EXPECT_THAT((*adamw)->ImportState(short_piece),
@@ -431,7 +432,8 @@ TEST_F(OptimizersTest, ImportErrors) {
   bad_dtype[2].tensor = at::full({}, 1.0, at::kFloat);
   EXPECT_THAT((*adamw)->ImportState(bad_dtype),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("state tensor 'w/step': expected an int64 scalar, received Float")));
+                       HasSubstr("state tensor 'w/step': expected an int64 scalar, received "
+                                 "Float")));
 }
 
 TEST_F(OptimizersTest, ChainedImportIsAllOrNothing) {
@@ -462,8 +464,8 @@ TEST_F(OptimizersTest, ChainedImportIsAllOrNothing) {
   }
 }
 
-// The same params split into parts (as ZeRO-1 ranks hold them) step bitwise as the whole; the parts'
-// exports together are the whole's; a replicated rank saves only its share of a whole slot.
+// The same params split into parts (as ZeRO-1 ranks hold them) step bitwise as the whole; the
+// parts' exports together are the whole's; a replicated rank saves only its share of a whole slot.
 TEST_F(OptimizersTest, AdamWPartsStepAndSaveAsTheWhole) {
   const at::Tensor init = Det({6, 5}, 0.4);
   const at::Tensor grad = Det({6, 5}, 1.4, 0.1);
@@ -633,7 +635,8 @@ TEST_F(OptimizersTest, CreateErrors) {
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate param name 'w'")));
   EXPECT_THAT(
-      AdamW::Create({{Slot::Whole("w", Det({4, 4}, 0.0), Det({3, 3}, 1.0)), AdamWHyper{}}}).status(),
+      AdamW::Create({{Slot::Whole("w", Det({4, 4}, 0.0), Det({3, 3}, 1.0)), AdamWHyper{}}})
+          .status(),
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("param 'w': grad shape [3,3], expected [4,4]")));
 }

@@ -5,6 +5,7 @@
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mul.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -14,12 +15,6 @@ namespace {
 
 bool IsFloatOrBf16(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
-}
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 absl::Status CheckGrad(const Slot& s) {
@@ -80,8 +75,7 @@ Slot Slot::Whole(std::string name, at::Tensor param, at::Tensor grad) {
 }
 
 bool Slot::covers_whole() const {
-  return offset == 0 && param.defined() && param.numel() == Numel(full_shape) &&
-         param.sizes().equals(full_shape);
+  return offset == 0 && param.defined() && param.sizes().equals(full_shape);
 }
 
 absl::Status SlotOptimizer::Add(Slot slot) {
@@ -100,7 +94,7 @@ absl::Status SlotOptimizer::Add(Slot slot) {
   }
   if (!slot.covers_whole() &&
       (slot.param.dim() != 1 || slot.offset < 0 ||
-       slot.offset + slot.param.numel() > Numel(slot.full_shape))) {
+       slot.offset + slot.param.numel() > c10::multiply_integers(slot.full_shape))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "param '", n, "': a part of shape ", ShapeString(slot.param.sizes()), " at offset ",
         slot.offset, " does not fit the whole param ", ShapeString(slot.full_shape),

@@ -6,24 +6,13 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <c10/util/accumulate.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::optimizers {
-namespace {
-
-int64_t Numel(at::IntArrayRef shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-bool SameShape(at::IntArrayRef a, at::IntArrayRef b) { return a.equals(b); }
-
-}  // namespace
-
 std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
@@ -33,12 +22,13 @@ absl::StatusOr<at::Tensor> ReadStateRange(absl::Span<const StateRecord> pieces,
                                           at::IntArrayRef full_shape, int64_t offset,
                                           int64_t numel, at::ScalarType dtype) {
   at::Tensor out = at::empty({numel}, dtype);
+  const int64_t total = c10::multiply_integers(full_shape);
   std::vector<std::pair<int64_t, int64_t>> covered;
   bool found = false;
   for (const StateRecord& p : pieces) {
     if (p.name != name) continue;
     found = true;
-    if (!SameShape(p.full_shape, full_shape)) {
+    if (!full_shape.equals(p.full_shape)) {
       return absl::InvalidArgumentError(
           absl::StrCat("state tensor '", name, "': expected shape ", ShapeString(full_shape),
                        ", received ", ShapeString(p.full_shape)));
@@ -49,10 +39,10 @@ absl::StatusOr<at::Tensor> ReadStateRange(absl::Span<const StateRecord> pieces,
           p.tensor.defined() ? c10::toString(p.tensor.scalar_type()) : "<undefined>"));
     }
     const int64_t n = p.tensor.numel();
-    if (p.offset < 0 || p.offset + n > Numel(full_shape)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state tensor '", name, "': piece [", p.offset, ", ", p.offset + n,
-                       ") outside ", Numel(full_shape), " elements"));
+    if (p.offset < 0 || p.offset + n > total) {
+      return absl::InvalidArgumentError(absl::StrCat("state tensor '", name, "': piece [",
+                                                     p.offset, ", ", p.offset + n, ") outside ",
+                                                     total, " elements"));
     }
     const int64_t lo = std::max(offset, p.offset);
     const int64_t hi = std::min(offset + numel, p.offset + n);
@@ -108,8 +98,9 @@ absl::StatusOr<std::vector<StateRecord>> AssembleModelSpace(absl::Span<const Sta
       continue;
     }
     const at::ScalarType dtype = p->tensor.defined() ? p->tensor.scalar_type() : at::kFloat;
-    ASSIGN_OR_RETURN(at::Tensor whole, ReadStateRange(pieces, name, p->full_shape, 0,
-                                                      Numel(p->full_shape), dtype));
+    const int64_t numel = c10::multiply_integers(p->full_shape);
+    ASSIGN_OR_RETURN(at::Tensor whole,
+                     ReadStateRange(pieces, name, p->full_shape, 0, numel, dtype));
     out.push_back({name, p->full_shape, 0, whole.view(p->full_shape)});
   }
   return out;

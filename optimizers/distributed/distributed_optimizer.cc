@@ -1,7 +1,6 @@
 #include "optimizers/distributed/distributed_optimizer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include <ATen/ops/tensor.h>
@@ -15,8 +14,7 @@ namespace orthoshard::optimizers::distributed {
 using buffers::ParamAndGradBuffer;
 
 absl::StatusOr<GradStats> AllReduceStatsReducer::Reduce(const GradStats& local) {
-  const bool nonfinite =
-      local.nonfinite || !std::isfinite(local.adamw_sum_squares + local.muon_sum_squares);
+  const bool nonfinite = local.nonfinite;
   at::Tensor stats = at::tensor({nonfinite ? 0.0 : local.adamw_sum_squares,
                                  nonfinite ? 0.0 : local.muon_sum_squares, nonfinite ? 1.0 : 0.0},
                                 at::kDouble)
@@ -95,9 +93,7 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
           absl::StrCat("buffer ", buffer->layout().key.ToString(), " is sharded over dp ",
                        buffer->layout().dp, ", the communicator has ", comm->size(), " ranks"));
     }
-  }
-  // Every rank checks every Muon param's split, so that all reject a bad one, owner or not.
-  for (const ParamAndGradBuffer* buffer : buffers) {
+    // Every rank checks every Muon param's split, so that all reject a bad one, owner or not.
     for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
       const layout::ParamPlacement& p = buffer->layout().params[i];
       auto split = splits.find(p.name);
