@@ -1,8 +1,11 @@
 #include "buffers/param_and_grad_buffer.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cassert>
 #include <utility>
 
@@ -95,16 +98,59 @@ absl::Status ValidateParam(const layout::ParamPlacement& p, const std::vector<at
 
 }  // namespace
 
+const char* ResidencyName(Residency residency) {
+  return residency == Residency::kSharded ? "sharded" : "full";
+}
+
+namespace {
+
+int64_t StorageBytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// Gives `t`'s storage (which `t` covers from offset 0) fresh memory of the tensor's size; every
+// tensor viewing that storage object sees it. Returns the bytes allocated.
+int64_t AllocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  const int64_t bytes = StorageBytes(t);
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  impl->set_nbytes(static_cast<size_t>(bytes));
+  return bytes;
+}
+
+// Frees the memory of `t`'s storage; the storage object and every view of it stay.
+void FreeStorage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+
+}  // namespace
+
 ParamAndGradBuffer::ParamAndGradBuffer(const layout::PerBufferParamLayout& layout,
                                        const BufferOptions& options)
-    : layout_(layout) {
-  const int64_t numel = layout_.numel();
-  param_data_ = at::zeros(
-      {numel},
-      at::TensorOptions().dtype(ToScalarType(layout_.key.param_dtype)).device(options.device));
-  grad_data_ = at::zeros(
-      {numel},
-      at::TensorOptions().dtype(ToScalarType(layout_.key.grad_dtype)).device(options.device));
+    : layout_(layout),
+      residency_(options.residency),
+      rank_(options.rank),
+      transient_(options.transient != nullptr ? options.transient
+                                              : std::make_shared<TransientMemory>()) {
+  const at::TensorOptions param_options =
+      at::TensorOptions().dtype(ToScalarType(layout_.key.param_dtype)).device(options.device);
+  const at::TensorOptions grad_options =
+      at::TensorOptions().dtype(ToScalarType(layout_.key.grad_dtype)).device(options.device);
+  if (residency_ == Residency::kFull) {
+    param_data_ = at::zeros({layout_.numel()}, param_options);
+    grad_data_ = at::zeros({layout_.numel()}, grad_options);
+  } else {
+    int64_t shard_numel = 0;
+    for (const layout::Bucket& bucket : layout_.buckets) {
+      shard_offsets_.push_back(shard_numel);
+      shard_numel += bucket.shard_size;
+      // Created without memory: Create materializes one bucket at a time to alias its params.
+      param_buckets_.push_back(at::empty({bucket.numel()}, param_options));
+      grad_buckets_.push_back(at::empty({bucket.numel()}, grad_options));
+      FreeStorage(param_buckets_.back());
+      FreeStorage(grad_buckets_.back());
+    }
+    param_shards_ = at::zeros({shard_numel}, param_options);
+    grad_shards_ = at::zeros({shard_numel}, grad_options);
+    params_materialized_.assign(layout_.buckets.size(), false);
+    grads_materialized_.assign(layout_.buckets.size(), false);
+  }
   bucket_params_.resize(layout_.buckets.size());
   for (size_t i = 0; i < layout_.params.size(); ++i) {
     bucket_params_[layout_.params[i].bucket].push_back(static_cast<int>(i));
@@ -118,6 +164,13 @@ ParamAndGradBuffer::ParamAndGradBuffer(const layout::PerBufferParamLayout& layou
   }
 }
 
+std::pair<int64_t, int64_t> ParamAndGradBuffer::OwnedRange(int i) const {
+  const layout::ParamPlacement& p = layout_.params[i];
+  const auto [shard_begin, shard_end] = layout_.ShardRange(p.bucket, rank_);
+  const int64_t lo = std::max(p.start, shard_begin);
+  return {lo, std::max(lo, std::min(p.end, shard_end))};
+}
+
 absl::StatusOr<std::unique_ptr<ParamAndGradBuffer>> ParamAndGradBuffer::Create(
     const layout::PerBufferParamLayout& layout, const std::vector<at::Tensor>& model_params,
     const BufferOptions& options) {
@@ -126,23 +179,49 @@ absl::StatusOr<std::unique_ptr<ParamAndGradBuffer>> ParamAndGradBuffer::Create(
         absl::StrCat("buckets_per_group must be at least 1, got ", options.buckets_per_group));
   }
   RETURN_IF_ERROR(ValidateLayout(layout));
+  if (options.residency == Residency::kSharded && (options.rank < 0 || options.rank >= layout.dp)) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer ", layout.key.ToString(),
+                                                   ": sharded residency for rank ", options.rank,
+                                                   ", expected a rank in [0, ", layout.dp, ")"));
+  }
   const at::ScalarType dtype = ToScalarType(layout.key.param_dtype);
   for (const layout::ParamPlacement& p : layout.params) {
     RETURN_IF_ERROR(ValidateParam(p, model_params, dtype, options.device));
   }
   std::unique_ptr<ParamAndGradBuffer> buffer(new ParamAndGradBuffer(layout, options));
+  ParamAndGradBuffer& buf = *buffer;
   try {
     c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < layout.params.size(); ++i) {
-      at::Tensor param = model_params[layout.params[i].param_index];
-      at::Tensor param_view = buffer->ParamView(static_cast<int>(i));
-      param_view.copy_(param.detach().reshape(param_view.sizes()));
-      at::Tensor grad_view = buffer->GradView(static_cast<int>(i));
-      if (param.grad().defined()) grad_view.copy_(param.grad().reshape(grad_view.sizes()));
-      param_view = param_view.view(param.sizes());
-      param.set_data(param_view);
-      param.mutable_grad() = grad_view.view(param.sizes());
-      buffer->params_.push_back(param);
+    buf.params_.resize(layout.params.size());
+    // Bucket by bucket, so that a sharded buffer never holds more than one full bucket here.
+    for (int b = 0; b < buf.num_buckets(); ++b) {
+      buf.MaterializeParams(b);
+      buf.MaterializeGrads(b);
+      for (int i : buf.BucketParams(b)) {
+        at::Tensor param = model_params[layout.params[i].param_index];
+        const at::Tensor param_flat = param.detach().reshape({-1});
+        const at::Tensor grad_flat =
+            param.grad().defined() ? param.grad().reshape({-1}) : at::Tensor();
+        if (buf.residency_ == Residency::kFull) {
+          buf.ParamView(i).copy_(param_flat);
+          if (grad_flat.defined()) buf.GradView(i).copy_(grad_flat);
+        } else if (const auto [lo, hi] = buf.OwnedRange(i); lo < hi) {
+          // Only the elements in this rank's shard are kept.
+          const int64_t shard_begin = layout.ShardRange(b, buf.rank_).first;
+          const int64_t from = lo - layout.params[i].start;
+          buf.ParamShard(b, buf.rank_).narrow(0, lo - shard_begin, hi - lo)
+              .copy_(param_flat.narrow(0, from, hi - lo));
+          if (grad_flat.defined()) {
+            buf.GradShard(b, buf.rank_).narrow(0, lo - shard_begin, hi - lo)
+                .copy_(grad_flat.narrow(0, from, hi - lo));
+          }
+        }
+        param.set_data(buf.ParamView(i).view(param.sizes()));
+        param.mutable_grad() = buf.GradView(i).view(param.sizes());
+        buf.params_[i] = param;
+      }
+      buf.ReleaseParams(b);
+      buf.ReleaseGrads(b);
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(
@@ -154,12 +233,14 @@ absl::StatusOr<std::unique_ptr<ParamAndGradBuffer>> ParamAndGradBuffer::Create(
 
 at::Tensor ParamAndGradBuffer::ParamBucket(int bucket) const {
   assert(bucket >= 0 && bucket < num_buckets());
+  if (residency_ == Residency::kSharded) return param_buckets_[bucket];
   const layout::Bucket& b = layout_.buckets[bucket];
   return param_data_.narrow(0, b.start, b.numel());
 }
 
 at::Tensor ParamAndGradBuffer::GradBucket(int bucket) const {
   assert(bucket >= 0 && bucket < num_buckets());
+  if (residency_ == Residency::kSharded) return grad_buckets_[bucket];
   const layout::Bucket& b = layout_.buckets[bucket];
   return grad_data_.narrow(0, b.start, b.numel());
 }
@@ -167,27 +248,101 @@ at::Tensor ParamAndGradBuffer::GradBucket(int bucket) const {
 at::Tensor ParamAndGradBuffer::ParamShard(int bucket, int rank) const {
   assert(rank >= 0 && rank < layout_.dp);
   const auto [begin, end] = layout_.ShardRange(bucket, rank);
+  if (residency_ == Residency::kSharded) {
+    assert(rank == rank_);
+    return param_shards_.narrow(0, shard_offsets_[bucket], end - begin);
+  }
   return param_data_.narrow(0, begin, end - begin);
 }
 
 at::Tensor ParamAndGradBuffer::GradShard(int bucket, int rank) const {
   assert(rank >= 0 && rank < layout_.dp);
   const auto [begin, end] = layout_.ShardRange(bucket, rank);
+  if (residency_ == Residency::kSharded) {
+    assert(rank == rank_);
+    return grad_shards_.narrow(0, shard_offsets_[bucket], end - begin);
+  }
   return grad_data_.narrow(0, begin, end - begin);
 }
 
 at::Tensor ParamAndGradBuffer::ParamView(int i) const {
   const layout::ParamPlacement& p = layout_.params[i];
-  at::Tensor flat = param_data_.narrow(0, p.start, p.numel());
-  return params_.size() > static_cast<size_t>(i) ? flat.view(params_[i].sizes()) : flat;
+  const int64_t start = p.start - layout_.buckets[p.bucket].start;
+  at::Tensor flat = ParamBucket(p.bucket).narrow(0, start, p.numel());
+  return params_.size() > static_cast<size_t>(i) && params_[i].defined()
+             ? flat.view(params_[i].sizes())
+             : flat;
 }
 
 at::Tensor ParamAndGradBuffer::GradView(int i) const {
   const layout::ParamPlacement& p = layout_.params[i];
-  at::Tensor flat = grad_data_.narrow(0, p.start, p.numel());
-  return params_.size() > static_cast<size_t>(i) ? flat.view(params_[i].sizes()) : flat;
+  const int64_t start = p.start - layout_.buckets[p.bucket].start;
+  at::Tensor flat = GradBucket(p.bucket).narrow(0, start, p.numel());
+  return params_.size() > static_cast<size_t>(i) && params_[i].defined()
+             ? flat.view(params_[i].sizes())
+             : flat;
 }
 
-void ParamAndGradBuffer::ZeroGrads() { grad_data_.zero_(); }
+void ParamAndGradBuffer::MaterializeParams(int bucket) {
+  if (residency_ == Residency::kFull || params_materialized_[bucket]) return;
+  transient_->Add(AllocateStorage(param_buckets_[bucket]));
+  params_materialized_[bucket] = true;
+}
+
+void ParamAndGradBuffer::ReleaseParams(int bucket) {
+  if (residency_ == Residency::kFull || !params_materialized_[bucket]) return;
+  FreeStorage(param_buckets_[bucket]);
+  transient_->Remove(StorageBytes(param_buckets_[bucket]));
+  params_materialized_[bucket] = false;
+}
+
+void ParamAndGradBuffer::MaterializeGrads(int bucket) {
+  if (residency_ == Residency::kFull || grads_materialized_[bucket]) return;
+  transient_->Add(AllocateStorage(grad_buckets_[bucket]));
+  grad_buckets_[bucket].zero_();
+  grads_materialized_[bucket] = true;
+}
+
+void ParamAndGradBuffer::ReleaseGrads(int bucket) {
+  if (residency_ == Residency::kFull || !grads_materialized_[bucket]) return;
+  FreeStorage(grad_buckets_[bucket]);
+  transient_->Remove(StorageBytes(grad_buckets_[bucket]));
+  grads_materialized_[bucket] = false;
+}
+
+bool ParamAndGradBuffer::params_materialized(int bucket) const {
+  return residency_ == Residency::kFull || params_materialized_[bucket];
+}
+
+bool ParamAndGradBuffer::grads_materialized(int bucket) const {
+  return residency_ == Residency::kFull || grads_materialized_[bucket];
+}
+
+void ParamAndGradBuffer::ZeroGrads() {
+  if (residency_ == Residency::kFull) {
+    grad_data_.zero_();
+    return;
+  }
+  grad_shards_.zero_();
+  for (int b = 0; b < num_buckets(); ++b) {
+    if (grads_materialized_[b]) grad_buckets_[b].zero_();
+  }
+}
+
+BufferMemory ParamAndGradBuffer::memory() const {
+  BufferMemory m;
+  if (residency_ == Residency::kFull) {
+    m.param_bytes = StorageBytes(param_data_);
+    m.grad_bytes = StorageBytes(grad_data_);
+    return m;
+  }
+  m.param_bytes = StorageBytes(param_shards_);
+  m.grad_bytes = StorageBytes(grad_shards_);
+  for (int b = 0; b < num_buckets(); ++b) {
+    if (params_materialized_[b]) m.transient_bytes += StorageBytes(param_buckets_[b]);
+    if (grads_materialized_[b]) m.transient_bytes += StorageBytes(grad_buckets_[b]);
+  }
+  return m;
+}
 
 }  // namespace orthoshard::buffers

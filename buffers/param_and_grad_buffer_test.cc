@@ -2,6 +2,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
@@ -194,6 +195,65 @@ TEST(ParamAndGradBufferTest, WorksOnComputedLayouts) {
     for (const auto& p : buffer->layout().params) placed += p.numel();
     EXPECT_EQ(buffer->grad_data().sum().item<float>(), static_cast<float>(placed));
   }
+}
+
+// Sharded residency, rank 1 of HandLayout: shard 1 of bucket 0 is [10, 20) (the last 2 elements of
+// 'a' and all of 'b'), of bucket 1 [26, 32) (padding only).
+TEST(ParamAndGradBufferTest, ShardedKeepsOnlyTheRanksShardsAndFullBucketsAreTransient) {
+  std::vector<at::Tensor> params = HandParams();
+  const at::Tensor a = params[0].detach().clone(), b = params[2].detach().clone();
+  BufferOptions options;
+  options.residency = Residency::kSharded;
+  options.rank = 1;
+  ASSERT_OK_AND_ASSIGN(auto buffer, ParamAndGradBuffer::Create(HandLayout(), params, options));
+  EXPECT_FALSE(buffer->param_data().defined());
+  EXPECT_FALSE(buffer->grad_data().defined());
+  // Persistent: 10 + 6 shard elements, bf16 params and fp32 grads.
+  BufferMemory memory = buffer->memory();
+  EXPECT_EQ(memory.param_bytes, 16 * 2);
+  EXPECT_EQ(memory.grad_bytes, 16 * 4);
+  EXPECT_EQ(memory.transient_bytes, 0);
+  EXPECT_TRUE(buffer->ParamShard(0, 1).narrow(0, 0, 2).equal(a.view({-1}).narrow(0, 10, 2)));
+  EXPECT_TRUE(buffer->ParamShard(0, 1).narrow(0, 2, 5).equal(b));
+  EXPECT_EQ(buffer->ParamShard(1, 1).abs().sum().item<float>(), 0.0f);
+  // The params and their grads alias the released buckets: no memory of their own.
+  for (int i : {0, 2, 3}) {
+    EXPECT_EQ(params[i].storage().nbytes(), 0u) << i;
+    EXPECT_EQ(params[i].grad().storage().nbytes(), 0u) << i;
+  }
+  EXPECT_FALSE(buffer->params_materialized(0));
+
+  // Materialized, a bucket's memory is where the params and grads point; a gather would fill it.
+  buffer->MaterializeParams(0);
+  buffer->MaterializeGrads(0);
+  EXPECT_EQ(buffer->memory().transient_bytes, 20 * 2 + 20 * 4);
+  EXPECT_EQ(params[0].data_ptr(), buffer->ParamBucket(0).data_ptr());
+  EXPECT_EQ(params[0].grad().data_ptr(), buffer->GradBucket(0).data_ptr());
+  EXPECT_EQ(buffer->GradBucket(0).abs().sum().item<float>(), 0.0f);  // zeroed
+  buffer->ParamBucket(0).narrow(0, 0, 12).copy_(a.view({-1}));
+  buffer->ParamBucket(0).narrow(0, 12, 5).copy_(b);
+  params[0].to(at::kFloat).sum().add(params[2].to(at::kFloat).mul(2).sum()).backward();
+  EXPECT_TRUE(buffer->GradView(0).equal(at::ones({3, 4}, at::kFloat)));
+  EXPECT_TRUE(buffer->GradView(1).equal(at::full({5}, 2, at::kFloat)));
+
+  // Released and materialized again: same storage objects, fresh zeroed grads, peak kept.
+  buffer->ReleaseParams(0);
+  buffer->ReleaseGrads(0);
+  EXPECT_EQ(buffer->memory().transient_bytes, 0);
+  EXPECT_EQ(params[0].storage().nbytes(), 0u);
+  EXPECT_EQ(buffer->transient().peak(), 20 * 2 + 20 * 4);
+  buffer->MaterializeGrads(0);
+  EXPECT_EQ(params[0].grad().storage().nbytes(), 20u * 4);
+  EXPECT_EQ(params[0].grad().abs().sum().item<float>(), 0.0f);
+  buffer->GradShard(0, 1).fill_(3);
+  buffer->ZeroGrads();
+  EXPECT_EQ(buffer->GradShard(0, 1).abs().sum().item<float>(), 0.0f);
+  buffer->ReleaseGrads(0);
+
+  options.rank = 2;
+  EXPECT_THAT(ParamAndGradBuffer::Create(HandLayout(), HandParams(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("sharded residency for rank 2, expected a rank in [0, 2)")));
 }
 
 TEST(ParamAndGradBufferTest, RejectsMismatchedParamsAndLayouts) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "ddp/internal/group_state.h"
 
 namespace orthoshard::ddp {
 
@@ -29,32 +30,13 @@ const char* SyncEventKindName(SyncEvent::Kind kind) {
       return "param_gather_waited";
     case SyncEvent::Kind::kBackwardEnded:
       return "backward_ended";
+    case SyncEvent::Kind::kParamsReleased:
+      return "params_released";
+    case SyncEvent::Kind::kGradsReleased:
+      return "grads_released";
   }
   return "unknown";
 }
-
-// State of one bucket group of one buffer.
-struct DistributedDataParallel::Group {
-  int buffer = 0;
-  int group = 0;
-  int sequence = 0;         // index into sequences_
-  int position = 0;         // index into Sequence::order (backprop order)
-  int expected = 0;         // params in the group
-  int ready = 0;            // params whose gradient is ready in the last micro-batch
-  int min_param_index = 0;  // forward index of the group's earliest param
-  std::unique_ptr<collectives::Work> work;  // in-flight reduce-scatter or all-gather
-  bool gather_waited = false;
-};
-
-// The groups of every buffer on one communicator, in launch order.
-struct DistributedDataParallel::Sequence {
-  Communicator* comm = nullptr;
-  std::vector<std::pair<int, int>> order;  // (buffer, group), backprop order
-  int next_grad_launch = 0;                // first position whose reduce-scatter is not launched
-  int next_gather_launch =
-      0;                     // first FORWARD position (order reversed) whose gather is not launched
-  int next_gather_wait = 0;  // first forward position not waited on
-};
 
 // Runs after AccumulateGrad added a param's gradient into its `.grad` view of grad_data.
 class DistributedDataParallel::GradHook : public torch::autograd::FunctionPostHook {
@@ -73,13 +55,15 @@ class DistributedDataParallel::GradHook : public torch::autograd::FunctionPostHo
   int param_index_;
 };
 
-DistributedDataParallel::DistributedDataParallel(const DdpConfig& config) : config_(config) {}
+DistributedDataParallel::DistributedDataParallel(const DdpConfig& config)
+    : config_(config), transient_(std::make_shared<buffers::TransientMemory>()) {}
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (size_t i = 0; i < grad_accumulators_.size(); ++i) {
     std::static_pointer_cast<torch::autograd::Node>(grad_accumulators_[i])
         ->del_post_hook(hook_keys_[i]);
   }
+  for (size_t i = 0; i < pre_hook_keys_.size(); ++i) hooked_params_[i].remove_hook(pre_hook_keys_[i]);
 }
 
 absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Create(
@@ -99,6 +83,11 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
                                                        Communicator* dense_comm,
                                                        Communicator* expert_comm) {
   if (dense_comm == nullptr) return absl::InvalidArgumentError("ddp: dense_comm is null");
+  if (sharded() && config_.grad_sync != buffers::GradSync::kReduceScatter) {
+    return absl::InvalidArgumentError(
+        "ddp: sharded residency keeps only this rank's shard of each gradient: it needs the "
+        "reduce-scatter grad sync, not the all-reduce of replicated optimizers");
+  }
   if (expert_comm == nullptr) expert_comm = dense_comm;
   if (expert_comm->device() != dense_comm->device()) {
     return absl::InvalidArgumentError(
@@ -149,11 +138,15 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
   // The buffers live where the communicator reduces (CPU for Gloo, this rank's GPU for NCCL); the
   // params must already be there (ParamAndGradBuffer::Create names any that is not).
   options.device = dense_comm->device();
+  options.residency = config_.residency;
+  options.transient = transient_;
   for (const layout::PerBufferParamLayout& buf : layout.buffers) {
+    Communicator* comm = buf.key.expert ? expert_comm : dense_comm;
+    options.rank = comm->rank();
     ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
                      buffers::ParamAndGradBuffer::Create(buf, params, options));
     buffers_.push_back(std::move(buffer));
-    buffer_comms_.push_back(buf.key.expert ? expert_comm : dense_comm);
+    buffer_comms_.push_back(comm);
   }
 
   BuildGroups(num_params);
@@ -231,6 +224,12 @@ absl::Status DistributedDataParallel::HookGradients(const std::vector<at::Tensor
       }
       hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradHook>(this, i)));
       grad_accumulators_.push_back(std::move(accumulator));
+      if (sharded()) {
+        // Runs before AccumulateGrad adds into `.grad`, whose full bucket may be released.
+        pre_hook_keys_.push_back(
+            params[i].register_hook([this, i](const at::Tensor&) { OnGradAboutToAccumulate(i); }));
+        hooked_params_.push_back(params[i]);
+      }
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(
@@ -262,12 +261,30 @@ absl::Status DistributedDataParallel::TakeError() {
 // ---------------------------------------------------------------------------------------------
 // Grad sync.
 
+void DistributedDataParallel::QueueBackwardCallback() {
+  if (backward_callback_queued_) return;
+  backward_callback_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { OnBackwardEnded(); });
+}
+
+void DistributedDataParallel::OnGradAboutToAccumulate(int param_index) {
+  QueueBackwardCallback();
+  const auto [b, g] = param_group_[param_index];
+  for (int bucket : buffers_[b]->bucket_groups()[g].buckets) buffers_[b]->MaterializeGrads(bucket);
+}
+
 void DistributedDataParallel::OnGradReady(int param_index) {
-  if (!is_last_microbatch_) return;
-  if (!backward_callback_queued_) {
-    backward_callback_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { OnBackwardEnded(); });
+  if (sharded()) {
+    // Every gradient of the group is in: nothing reads its params again in this backward.
+    const auto [b, g] = param_group_[param_index];
+    Group& group = *groups_[b][g];
+    if (++group.accumulated == group.expected) {
+      absl::Status status = ReleaseParams(b, g, -1);
+      if (!status.ok()) RecordError(std::move(status));
+    }
   }
+  if (!is_last_microbatch_) return;
+  QueueBackwardCallback();
   if (param_ready_[param_index]) {
     RecordError(absl::FailedPreconditionError(absl::StrCat(
         "ddp: the gradient of param #", param_index,
@@ -286,7 +303,15 @@ void DistributedDataParallel::OnGradReady(int param_index) {
 
 void DistributedDataParallel::OnBackwardEnded() {
   backward_callback_queued_ = false;
-  Emit(SyncEvent::Kind::kBackwardEnded, -1, -1, -1);
+  if (sharded()) {
+    // Groups with a param that got no gradient, and prefetches nobody waited on.
+    absl::Status status = ReleaseAllParams();
+    if (!status.ok()) RecordError(std::move(status));
+    for (auto& buffer_groups : groups_) {
+      for (auto& group : buffer_groups) group->accumulated = 0;
+    }
+  }
+  if (is_last_microbatch_) Emit(SyncEvent::Kind::kBackwardEnded, -1, -1, -1);
 }
 
 absl::Status DistributedDataParallel::LaunchReadyGradReduces(Sequence& seq) {
@@ -303,6 +328,9 @@ absl::Status DistributedDataParallel::LaunchGradReduce(Sequence& seq, int pos) {
   // A param gather still in flight on this communicator is finished first, so the collective order
   // does not depend on how far the forward got.
   if (param_sync_in_flight_) RETURN_IF_ERROR(FinishParamSync());
+  // kSharded: at most two reduce-scatters in flight, so that full grads are released as backward
+  // goes (their input must live until they finish).
+  if (sharded() && pos >= 2) RETURN_IF_ERROR(WaitGroup(seq, pos - 2, /*gather=*/false, -1));
   const auto [b, g] = seq.order[pos];
   buffers::ParamAndGradBuffer& buf = *buffers_[b];
   Group& group = *groups_[b][g];
@@ -311,6 +339,8 @@ absl::Status DistributedDataParallel::LaunchGradReduce(Sequence& seq, int pos) {
   const std::vector<int>& buckets = buf.bucket_groups()[g].buckets;
   try {
     c10::NoGradGuard no_grad;
+    // A group none of whose params got a gradient this step has no full grads yet: zeros.
+    for (int bucket : buckets) buf.MaterializeGrads(bucket);
     // Pre-scale so that the SUM is the mean (Megatron's gradient_scaling_factor).
     if (config_.average_gradients && size > 1) {
       for (int bucket : buckets) buf.GradBucket(bucket).mul_(1.0 / size);
@@ -328,11 +358,11 @@ absl::Status DistributedDataParallel::LaunchGradReduce(Sequence& seq, int pos) {
   return absl::OkStatus();
 }
 
-absl::Status DistributedDataParallel::WaitGroup(Sequence& seq, int pos, bool gather, int layer) {
-  const auto [b, g] = seq.order[pos];
-  Group& group = *groups_[b][g];
-  if (group.work == nullptr) return absl::OkStatus();
-  const absl::Status status = group.work->Wait(config_.timeout.value_or(seq.comm->timeout()));
+absl::Status DistributedDataParallel::WaitWork(std::unique_ptr<collectives::Work>& work,
+                                               const Sequence& seq, int b, int g, bool gather,
+                                               int layer) {
+  if (work == nullptr) return absl::OkStatus();
+  const absl::Status status = work->Wait(config_.timeout.value_or(seq.comm->timeout()));
   if (!status.ok()) {
     return absl::Status(
         status.code(),
@@ -341,9 +371,18 @@ absl::Status DistributedDataParallel::WaitGroup(Sequence& seq, int pos, bool gat
                      absl::StrJoin(buffers_[b]->bucket_groups()[g].buckets, ","),
                      ") failed: ", status.message()));
   }
-  group.work.reset();
+  work.reset();
   Emit(gather ? SyncEvent::Kind::kParamGatherWaited : SyncEvent::Kind::kGradReduceWaited, b, g,
        layer);
+  return absl::OkStatus();
+}
+
+absl::Status DistributedDataParallel::WaitGroup(Sequence& seq, int pos, bool gather, int layer) {
+  const auto [b, g] = seq.order[pos];
+  Group& group = *groups_[b][g];
+  if (group.work == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(WaitWork(group.work, seq, b, g, gather, layer));
+  if (sharded() && !gather) ReleaseGrads(b, g);
   return absl::OkStatus();
 }
 
@@ -377,6 +416,20 @@ void DistributedDataParallel::ZeroGradBuffers() {
   ResetGradSyncState();
 }
 
+DdpMemory DistributedDataParallel::memory() const {
+  DdpMemory m;
+  for (const auto& buffer : buffers_) {
+    const buffers::BufferMemory b = buffer->memory();
+    m.param_bytes += b.param_bytes;
+    m.grad_bytes += b.grad_bytes;
+    m.transient_bytes += b.transient_bytes;
+  }
+  m.peak_transient_bytes = transient_->peak();
+  return m;
+}
+
+void DistributedDataParallel::ResetPeakMemory() { transient_->ResetPeak(); }
+
 // ---------------------------------------------------------------------------------------------
 // Param sync. Forward position f of a sequence is backprop position size - 1 - f.
 
@@ -396,6 +449,8 @@ absl::Status DistributedDataParallel::StartParamSync() {
   RETURN_IF_ERROR(TakeError());
   // Replicated optimizers updated every param on every rank: nothing to gather.
   if (config_.grad_sync == buffers::GradSync::kAllReduce) return absl::OkStatus();
+  // Sharded: whatever is still gathered predates the step; the next forward gathers per layer.
+  if (sharded()) return ReleaseAllParams();
   if (param_sync_in_flight_) RETURN_IF_ERROR(FinishParamSync());
   for (Sequence& seq : sequences_) {
     seq.next_gather_launch = 0;
@@ -409,6 +464,16 @@ absl::Status DistributedDataParallel::StartParamSync() {
 
 absl::Status DistributedDataParallel::FinishParamSync() {
   RETURN_IF_ERROR(TakeError());
+  if (sharded()) {
+    for (int b = 0; b < num_buffers(); ++b) {
+      for (int g = 0; g < static_cast<int>(groups_[b].size()); ++g) {
+        if (groups_[b][g]->params == Group::Params::kInFlight) {
+          RETURN_IF_ERROR(EnsureGathered(b, g, -1));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   if (!param_sync_in_flight_) return absl::OkStatus();
   // Cleared first: LaunchGradReduce must not come back here.
   param_sync_in_flight_ = false;
@@ -450,10 +515,10 @@ absl::Status DistributedDataParallel::PreForward(int layer) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::function<void(int layer)>> DistributedDataParallel::PreForwardHook(
-    const std::vector<int>& param_layers) {
+absl::StatusOr<LayerHooks> DistributedDataParallel::MakeLayerHooks(
+    const std::vector<int>& param_layers, const std::vector<std::pair<int, int>>& extra_reads) {
   if (param_layers.size() != param_group_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("ddp: PreForwardHook got layers for ",
+    return absl::InvalidArgumentError(absl::StrCat("ddp: layer hooks got layers for ",
                                                    param_layers.size(), " params, expected ",
                                                    param_group_.size()));
   }
@@ -461,28 +526,69 @@ absl::StatusOr<std::function<void(int layer)>> DistributedDataParallel::PreForwa
   for (size_t i = 0; i < param_layers.size(); ++i) {
     if (param_layers[i] < 0 || (i > 0 && param_layers[i] < param_layers[i - 1])) {
       return absl::InvalidArgumentError(
-          absl::StrCat("ddp: PreForwardHook: param #", i, " has layer ", param_layers[i],
+          absl::StrCat("ddp: layer hooks: param #", i, " has layer ", param_layers[i],
                        ", expected a layer >= ", i > 0 ? param_layers[i - 1] : 0,
                        " (layers are non-negative and non-decreasing in param order)"));
     }
     num_layers = std::max(num_layers, param_layers[i] + 1);
   }
-  layer_groups_.assign(num_layers, {});
-  for (size_t i = 0; i < param_layers.size(); ++i) {
-    std::vector<std::pair<int, int>>& groups = layer_groups_[param_layers[i]];
-    if (std::find(groups.begin(), groups.end(), param_group_[i]) == groups.end()) {
-      groups.push_back(param_group_[i]);
+  std::vector<std::pair<int, int>> reads;  // (param, layer)
+  for (size_t i = 0; i < param_layers.size(); ++i) reads.push_back({static_cast<int>(i), param_layers[i]});
+  for (const auto& [param, layer] : extra_reads) {
+    if (param < 0 || param >= static_cast<int>(param_layers.size()) || layer < 0 ||
+        layer >= num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ddp: layer hooks: extra read of param #", param, " by layer ", layer,
+          ", expected a param in [0, ", param_layers.size(), ") and a layer in [0, ", num_layers,
+          ")"));
     }
+    reads.push_back({param, layer});
   }
-  return std::function<void(int)>([this, num_layers](int layer) {
-    if (layer < 0 || layer >= num_layers) {
-      RecordError(absl::InvalidArgumentError(absl::StrCat(
-          "ddp: pre-forward hook called for layer ", layer, ", expected [0, ", num_layers, ")")));
-      return;
+  layer_groups_.assign(num_layers, {});
+  for (auto& buffer_groups : groups_) {
+    for (auto& group : buffer_groups) group->last_reader = -1;
+  }
+  for (const auto& [param, layer] : reads) {
+    std::vector<std::pair<int, int>>& groups = layer_groups_[layer];
+    const auto [b, g] = param_group_[param];
+    if (std::find(groups.begin(), groups.end(), param_group_[param]) == groups.end()) {
+      groups.push_back(param_group_[param]);
     }
-    absl::Status status = PreForward(layer);
+    groups_[b][g]->last_reader = std::max(groups_[b][g]->last_reader, layer);
+  }
+  // Each layer's groups in forward order, so that every rank launches them alike.
+  for (std::vector<std::pair<int, int>>& groups : layer_groups_) {
+    std::sort(groups.begin(), groups.end(), [this](const auto& x, const auto& y) {
+      const Group& a = *groups_[x.first][x.second];
+      const Group& b = *groups_[y.first][y.second];
+      return std::make_pair(a.sequence, -a.position) < std::make_pair(b.sequence, -b.position);
+    });
+  }
+  num_layers_ = num_layers;
+  auto check = [this, num_layers](int layer) {
+    if (layer >= 0 && layer < num_layers) return true;
+    RecordError(absl::InvalidArgumentError(absl::StrCat(
+        "ddp: layer hook called for layer ", layer, ", expected [0, ", num_layers, ")")));
+    return false;
+  };
+  LayerHooks hooks;
+  hooks.pre_forward = [this, check](int layer) {
+    if (!check(layer)) return;
+    absl::Status status = sharded() ? ShardedPreForward(layer) : PreForward(layer);
     if (!status.ok()) RecordError(std::move(status));
-  });
+  };
+  hooks.post_forward = [this, check](int layer, const at::Tensor& output) {
+    if (!sharded() || !check(layer)) return;
+    absl::Status status = ShardedPostForward(layer, output);
+    if (!status.ok()) RecordError(std::move(status));
+  };
+  return hooks;
+}
+
+absl::StatusOr<std::function<void(int layer)>> DistributedDataParallel::PreForwardHook(
+    const std::vector<int>& param_layers) {
+  ASSIGN_OR_RETURN(LayerHooks hooks, MakeLayerHooks(param_layers));
+  return std::move(hooks.pre_forward);
 }
 
 }  // namespace orthoshard::ddp

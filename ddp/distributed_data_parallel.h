@@ -21,6 +21,34 @@
 // are launched in one fixed order computed from the layout (see GradReduceOrder()), whatever the
 // order in which gradients become ready, so ranks never launch mismatched collectives.
 //
+// Parameter sharding (DdpConfig::residency = kSharded; ZeRO-3 / FSDP). Between uses each rank keeps
+// only its shard of every bucket, of params and of grads (buffers::Residency::kSharded); full
+// buckets are transient:
+//   forward   before layer L runs, the bucket groups holding a param that L reads are gathered
+//             (materialized, all-gathered and waited on), and those of layer L + 1 are launched
+//             (prefetch); after L's forward, a group whose last reader is L is released, except
+//             in grad mode for the last layer (its backward comes next) or with
+//             reshard_after_forward off (kept until backward).
+//   backward  LayerHooks::post_forward puts a hook on layer L's output, so that before L's backward
+//             its groups are gathered again (normally launched by the prefetch of layer L + 1's
+//             backward) and those of layer L - 1 are launched. Gradients accumulate into the full
+//             grad buckets, materialized (zeroed) right before the first gradient of a step
+//             reaches them. Once every gradient of a group is accumulated in a backward, nothing
+//             reads its params any more (autograd accumulates a leaf's gradient after every node
+//             that uses it) and they are released. In the last micro-batch a complete group is
+//             reduce-scattered into this rank's grad shards as above, and its full grads are
+//             released once the reduce-scatter finished (at the latest in FinishGradSync). With
+//             micro-batches the full grads of a step stay until that reduce-scatter, so the
+//             mean gradient is computed exactly as with kFull (accumulated, then reduced once).
+//   step      the optimizer updates this rank's shards; StartParamSync gathers nothing (the next
+//             forward gathers what it needs).
+// The gathers and reduce-scatters are the same collectives as kFull's, on the same buckets, so a
+// sharded run computes the same values in the same order as a full one: bitwise the same params.
+// Cross-rank: in kSharded, backward launches collectives from autograd hooks in the order the
+// engine runs them, which is the same on every rank for the same graph (as with overlap_grad_reduce).
+// Whatever drives the model must call LayerHooks around every layer of every forward, in grad mode
+// and not: reading a param whose group is not gathered reads freed memory.
+//
 // Threading: not thread-safe. Backward must run on the thread that owns this object (LibTorch's
 // CPU autograd runs the hooks on the thread that called backward). GPU streams are not handled.
 #ifndef ORTHOSHARD_DDP_DISTRIBUTED_DATA_PARALLEL_H_
@@ -54,7 +82,13 @@ struct SyncEvent {
     kParamGatherLaunched,  // a bucket group's all-gather was launched
     kParamGatherWaited,    // ... and waited on successfully
     kBackwardEnded,        // the autograd engine finished the backward pass of the last micro-batch
+    kParamsReleased,
+    kGradsReleased,
   };
+  // kSharded residency only:
+  //   kParamsReleased: a bucket group's gathered params were freed (buffer, group, layer: the
+  //     layer after whose forward, or -1 during backward or at StartParamSync).
+  //   kGradsReleased: a bucket group's full grads were freed after their reduce-scatter.
   Kind kind = Kind::kBackwardEnded;
   int buffer = -1;  // index into FullParamLayout::buffers (-1 for kBackwardEnded)
   int group = -1;   // index into that buffer's bucket_groups() (-1 for kBackwardEnded)
@@ -91,6 +125,41 @@ struct DdpConfig {
   std::optional<absl::Duration> timeout;
   // Called after every event (see SyncEvent) on the calling thread; may be empty.
   std::function<void(const SyncEvent&)> on_event;
+  // What each rank keeps between uses: kFull (the whole buffers: DDP, ZeRO-1) or kSharded (its
+  // shard of every bucket, full buckets gathered per layer: ZeRO-3; see the file comment).
+  // kSharded needs grad_sync = kReduceScatter and gathers per layer whatever overlap_param_gather
+  // says.
+  buffers::Residency residency = buffers::Residency::kFull;
+  // kSharded: release a group's gathered params after the forward of the last layer that reads
+  // it, and gather them again for backward (two gathers per micro-batch, least memory). false:
+  // keep them from the forward until their gradients are complete (one gather per micro-batch,
+  // the whole model's params held during forward and backward, ZeRO-2-like).
+  bool reshard_after_forward = true;
+};
+
+// The functions a model calls around each of its layers (torch::nn::Module has no forward hooks),
+// for every forward pass, in grad mode or not:
+//   pre_forward(L)          right before layer L (0-based, forward order) reads any param;
+//                           exactly once per layer per forward pass, L increasing.
+//   post_forward(L, output) after layer L issued every read of its params, with the tensor its
+//                           backward starts from (the layer's output: all of L's backward runs
+//                           after the gradient of `output` is computed). May be undefined, e.g.
+//                           under no-grad. kFull residency ignores it.
+// Failures are recorded and returned by the next FinishGradSync / StartParamSync /
+// FinishParamSync (the forward then ran on stale params and must be discarded). The functions
+// refer to the DistributedDataParallel that made them: never call them after it is destroyed.
+struct LayerHooks {
+  std::function<void(int layer)> pre_forward;
+  std::function<void(int layer, const at::Tensor& output)> post_forward;
+};
+
+// What this rank holds of the buffers, in bytes (see buffers::BufferMemory), and the most
+// transient bytes (gathered params, full grads) it held at once since the last ResetPeak.
+struct DdpMemory {
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t transient_bytes = 0;
+  int64_t peak_transient_bytes = 0;
 };
 
 class DistributedDataParallel {
@@ -105,8 +174,9 @@ class DistributedDataParallel {
   //   Both must outlive this object.
   // Errors: kInvalidArgument naming the param or buffer for a param placed in no buffer or in two,
   // a param without requires_grad or not a leaf, a communicator whose size differs from the
-  // buffer's dp, communicators on different devices, a non-fp32 grad buffer with grad_reduce_in_fp32, buckets_per_group < 1; and
-  // every error of ParamAndGradBuffer::Create.
+  // buffer's dp, communicators on different devices, a non-fp32 grad buffer with
+  // grad_reduce_in_fp32, buckets_per_group < 1, kSharded residency with the all-reduce grad sync;
+  // and every error of ParamAndGradBuffer::Create.
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
       const layout::FullParamLayout& layout, const std::vector<at::Tensor>& params,
       collectives::Communicator* dense_comm, collectives::Communicator* expert_comm,
@@ -133,6 +203,10 @@ class DistributedDataParallel {
   // Call at the start of each step. Precondition: no grad sync in flight (FinishGradSync returned).
   void ZeroGradBuffers();
 
+  // What this rank holds now, and the transient peak (kSharded; 0 for kFull).
+  DdpMemory memory() const;
+  void ResetPeakMemory();
+
   // Launches the grad sync of every bucket group not launched yet (in GradReduceOrder()) and
   // waits for all of them. Afterwards, on each rank, GradShard(bucket, rank) of every bucket of
   // every buffer holds the mean (or, without average_gradients, the sum) over the ranks of that
@@ -148,25 +222,30 @@ class DistributedDataParallel {
   // rank, in place in param_data (nothing with kAllReduce). Without overlap_param_gather, launches everything and waits
   // before returning. With it, launches the first bucket group in forward order and returns; the
   // pre-forward hook waits on the rest (FinishParamSync waits on whatever is left). A param sync
-  // still in flight is finished first. Errors: as FinishGradSync, for the all-gathers.
+  // still in flight is finished first. kSharded: releases whatever is still gathered (its contents
+  // predate the step) and launches nothing: the next forward gathers per layer. Errors: as
+  // FinishGradSync, for the all-gathers.
   absl::Status StartParamSync();
 
-  // Launches and waits on every bucket group's all-gather not waited on yet. Errors: as
-  // StartParamSync, including one recorded by the pre-forward hook.
+  // Launches and waits on every bucket group's all-gather not waited on yet. kSharded: waits on
+  // the gathers in flight (no full params are kept between steps). Errors: as StartParamSync,
+  // including one recorded by the pre-forward hook.
   absl::Status FinishParamSync();
 
-  // The forward-side mechanism for overlap_param_gather. torch::nn::Module has no forward
-  // pre-hooks, so the model calls the returned function with layer index L (0-based, in forward
-  // order) right before layer L runs its forward, exactly once per layer per forward pass, in
-  // increasing L. `param_layers[i]` is the layer of params[i] (the list given to Create), in [0,
-  // num_layers), non-decreasing in i. The function waits on every bucket group that holds a param
-  // of layer L and was not waited on yet (launching it and the groups before it in forward order
-  // first if needed), then launches the next group in forward order. Without a param sync in flight
-  // it does nothing. A failure is recorded and returned by the next FinishParamSync /
-  // StartParamSync / FinishGradSync (the forward then ran on stale params and must be discarded).
-  // The function refers to this object: it must not be called after this object is destroyed.
-  // Errors: kInvalidArgument if param_layers has the wrong size, a layer out of range or a
-  // decreasing layer index.
+  // The layer hooks (see LayerHooks) for a model whose params[i] (the list given to Create) is
+  // owned by forward layer param_layers[i] (non-negative, non-decreasing in i) and also read by the
+  // layers `extra_reads` lists as (param index, layer) pairs (a tied embedding read by the output
+  // head). kFull: pre_forward is the overlap_param_gather mechanism: it waits on every bucket group
+  // that holds a param of layer L and was not waited on yet (launching it and the groups before it
+  // in forward order first if needed), then launches the next group in forward order; without a
+  // param sync in flight it does nothing. kSharded: see the file comment. Errors:
+  // kInvalidArgument if param_layers has the wrong size, a layer out of range or a decreasing
+  // layer index, or an extra read names a param or layer out of range.
+  absl::StatusOr<LayerHooks> MakeLayerHooks(
+      const std::vector<int>& param_layers,
+      const std::vector<std::pair<int, int>>& extra_reads = {});
+
+  // MakeLayerHooks(param_layers).pre_forward, for kFull models that read only their own params.
   absl::StatusOr<std::function<void(int layer)>> PreForwardHook(
       const std::vector<int>& param_layers);
 
@@ -180,10 +259,13 @@ class DistributedDataParallel {
   struct Group;     // per (buffer, bucket group) state
   struct Sequence;  // per communicator: the groups in launch order
   class GradHook;
+  class GradPreHook;
 
   explicit DistributedDataParallel(const DdpConfig& config);
 
   void OnGradReady(int param_index);
+  void OnGradAboutToAccumulate(int param_index);
+  void QueueBackwardCallback();
   void OnBackwardEnded();
   // Create's work: checks the layout, params and communicators, builds the buffers, then the rest.
   absl::Status ValidateAndBuild(const layout::FullParamLayout& layout,
@@ -200,8 +282,22 @@ class DistributedDataParallel {
   absl::Status LaunchGradReduce(Sequence& seq, int pos);
   absl::Status LaunchReadyGradReduces(Sequence& seq);
   absl::Status WaitGroup(Sequence& seq, int pos, bool gather, int layer);
+  // Waits on `work` (null: nothing to wait on) of group g of buffer b, naming them on failure.
+  absl::Status WaitWork(std::unique_ptr<collectives::Work>& work, const Sequence& seq, int b, int g,
+                        bool gather, int layer);
   absl::Status LaunchParamGather(Sequence& seq, int pos, int layer);
   absl::Status PreForward(int layer);
+  bool sharded() const { return config_.residency == buffers::Residency::kSharded; }
+  // kSharded (distributed_data_parallel_sharded.cc).
+  absl::Status LaunchGather(int b, int g, int layer);
+  absl::Status EnsureGathered(int b, int g, int layer);
+  absl::Status PrefetchLayer(int layer);
+  absl::Status ReleaseParams(int b, int g, int layer);
+  absl::Status ReleaseAllParams();
+  void ReleaseGrads(int b, int g);
+  absl::Status ShardedPreForward(int layer);
+  absl::Status ShardedPostForward(int layer, const at::Tensor& output);
+  absl::Status ShardedPreBackward(int layer);
   void RecordError(absl::Status status);
   absl::Status TakeError();
 
@@ -216,6 +312,12 @@ class DistributedDataParallel {
   std::vector<std::shared_ptr<void>> grad_accumulators_;  // torch::autograd::Node
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<std::vector<std::pair<int, int>>> layer_groups_;  // [layer] -> (buffer, group)
+  // kSharded: each param's tensor hook (runs before its gradient is accumulated) and the param.
+  std::vector<unsigned> pre_hook_keys_;
+  std::vector<at::Tensor> hooked_params_;
+  int num_layers_ = 0;
+  bool forward_grad_enabled_ = false;  // kSharded: grad mode of the forward pass in progress
+  std::shared_ptr<buffers::TransientMemory> transient_;
   bool is_last_microbatch_ = true;
   bool backward_callback_queued_ = false;
   bool param_sync_in_flight_ = false;

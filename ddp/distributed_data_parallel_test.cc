@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -50,11 +51,22 @@ using layout::ParamSpec;
 
 constexpr int64_t kBatch = 4;  // samples per micro-batch
 
+// Runs layer `layer` of a forward: the hooks (may be null) around `body`, which returns the
+// layer's output.
+at::Tensor RunLayer(const LayerHooks* hooks, int layer, const std::function<at::Tensor()>& body) {
+  if (hooks != nullptr && hooks->pre_forward) hooks->pre_forward(layer);
+  at::Tensor out = body();
+  if (hooks != nullptr && hooks->post_forward) hooks->post_forward(layer, out);
+  return out;
+}
+
 struct Model {
   std::vector<ParamSpec> specs;  // forward order
   std::vector<int> layers;       // layer of each param
   int64_t in_features = 0;
-  std::function<at::Tensor(const std::vector<at::Tensor>&, const at::Tensor&)> forward;
+  // The output for input x; calls the hooks (may be null) around each layer.
+  std::function<at::Tensor(const std::vector<at::Tensor>&, const at::Tensor&, const LayerHooks*)>
+      forward;
 };
 
 at::Tensor Pattern(int64_t n, double phase, double freq) {
@@ -84,11 +96,13 @@ Model MainModel() {
              Spec("l3.g", {8}, DType::kFloat32, ParamRole::kAdam)};
   m.layers = {0, 0, 1, 1, 2, 3, 3};
   m.in_features = 16;
-  m.forward = [](const std::vector<at::Tensor>& p, const at::Tensor& x) {
-    at::Tensor h0 = x.mm(p[0].t()).add(p[1]).tanh();                                    // [B, 24]
-    at::Tensor h1 = h0.to(at::kBFloat16).mm(p[2].t()).add(p[3]).to(at::kFloat).tanh();  // [B, 32]
-    at::Tensor h2 = h1.mm(p[4].t()).tanh();                                             // [B, 40]
-    return h2.mm(p[5].t()).mul(p[6]);                                                   // [B, 8]
+  m.forward = [](const std::vector<at::Tensor>& p, const at::Tensor& x, const LayerHooks* h) {
+    at::Tensor h0 = RunLayer(h, 0, [&] { return x.mm(p[0].t()).add(p[1]).tanh(); });  // [B, 24]
+    at::Tensor h1 = RunLayer(h, 1, [&] {                                               // [B, 32]
+      return h0.to(at::kBFloat16).mm(p[2].t()).add(p[3]).to(at::kFloat).tanh();
+    });
+    at::Tensor h2 = RunLayer(h, 2, [&] { return h1.mm(p[4].t()).tanh(); });  // [B, 40]
+    return RunLayer(h, 3, [&] { return h2.mm(p[5].t()).mul(p[6]); });        // [B, 8]
   };
   return m;
 }
@@ -100,8 +114,8 @@ Model TinyModel() {
              Spec("t.b", {3}, DType::kFloat32, ParamRole::kAdam)};
   m.layers = {0, 0};
   m.in_features = 5;
-  m.forward = [](const std::vector<at::Tensor>& p, const at::Tensor& x) {
-    return x.mm(p[0].t()).add(p[1]);
+  m.forward = [](const std::vector<at::Tensor>& p, const at::Tensor& x, const LayerHooks* h) {
+    return RunLayer(h, 0, [&] { return x.mm(p[0].t()).add(p[1]); });
   };
   return m;
 }
@@ -127,8 +141,8 @@ at::Tensor Input(const Model& model, int rank, int micro) {
 
 // Sum over samples of (out - 0.1)^2, divided by `norm` (the samples of the whole step).
 at::Tensor Loss(const Model& model, const std::vector<at::Tensor>& params, const at::Tensor& x,
-                double norm) {
-  return model.forward(params, x).sub(0.1).pow(2).sum().div(norm);
+                double norm, const LayerHooks* hooks = nullptr) {
+  return model.forward(params, x, hooks).sub(0.1).pow(2).sum().div(norm);
 }
 
 // The mean gradient as `world` ranks of `micro` micro-batches compute it, per param as flat fp32:
@@ -182,6 +196,7 @@ struct Run {
   std::vector<at::Tensor> params;
   std::vector<SyncEvent> events;
   std::unique_ptr<DistributedDataParallel> ddp;
+  std::optional<LayerHooks> hooks;  // the forward calls them when set
 };
 
 absl::StatusOr<std::unique_ptr<Run>> MakeRun(const Model& model, int world, DdpConfig config,
@@ -207,8 +222,16 @@ absl::Status Step(const Model& model, Run& run, int rank, int micro) {
   run.events.clear();
   for (int m = 0; m < micro; ++m) {
     run.ddp->set_is_last_microbatch(m == micro - 1);
-    Loss(model, run.params, Input(model, rank, m), kBatch * micro).backward();
-    if (m < micro - 1 && !run.events.empty()) {
+    Loss(model, run.params, Input(model, rank, m), kBatch * micro,
+         run.hooks ? &*run.hooks : nullptr)
+        .backward();
+    // Sharded residency gathers and releases params in every micro-batch; nothing else may happen.
+    const bool communicated = std::any_of(run.events.begin(), run.events.end(), [](const SyncEvent& e) {
+      return e.kind != SyncEvent::Kind::kParamGatherLaunched &&
+             e.kind != SyncEvent::Kind::kParamGatherWaited &&
+             e.kind != SyncEvent::Kind::kParamsReleased;
+    });
+    if (m < micro - 1 && communicated) {
       return absl::InternalError(absl::StrCat("micro-batch ", m, " of ", micro, " caused ",
                                               run.events.size(), " sync events, expected none"));
     }
@@ -257,7 +280,7 @@ absl::Status CheckGradShard(const DistributedDataParallel& ddp, const ReferenceG
         bound.narrow(0, lo - s, hi - lo)
             .copy_(ref.abs_sum[p.param_index].narrow(0, lo - p.start, hi - lo));
       }
-      const at::Tensor actual = buf.grad_data().narrow(0, s, e - s).to(at::kFloat);
+      const at::Tensor actual = buf.GradShard(k, rank).to(at::kFloat);
       const at::Tensor diff = actual.sub(expected).abs();
       const bool ok = world <= 2 ? at::equal(actual, expected)
                                  : diff.le(bound.mul(bound_factor)).all().item<bool>();
@@ -488,6 +511,100 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
   return absl::OkStatus();
 }
 
+// Sharded residency (ZeRO-3): two steps of `micro` micro-batches through the layer hooks. The
+// gradient shards equal the reference mean (the grad_sync bound) and a kFull run's bitwise; between
+// steps no full bucket exists: every bucket's param and grad storage and every param's and
+// `.grad`'s storage hold 0 bytes, and the persistent bytes are this rank's shards. With
+// reshard_after_forward the forward releases groups after their last layer (all but the last
+// layer's), and the transient peak stays below the whole buffers.
+absl::Status ShardedPhase(const Model& model, int world, int rank, Communicator* comm,
+                          Communicator* expert_comm, int micro, bool reshard, bool overlap) {
+  const ReferenceGrads ref = ReferenceMeanGrads(model, world, micro);
+  DdpConfig full_config;
+  full_config.overlap_grad_reduce = overlap;
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> full, MakeRun(model, world, full_config, comm, expert_comm));
+  DdpConfig config = full_config;
+  config.residency = buffers::Residency::kSharded;
+  config.reshard_after_forward = reshard;
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(model, world, config, comm, expert_comm));
+  ASSIGN_OR_RETURN(run->hooks, run->ddp->MakeLayerHooks(model.layers));
+  const std::string what = absl::StrCat("sharded (micro ", micro, ", reshard_after_forward ",
+                                        reshard, ", overlap_grad_reduce ", overlap, ")");
+  int64_t full_bytes = 0, shard_bytes = 0;
+  for (int b = 0; b < run->ddp->num_buffers(); ++b) {
+    const buffers::ParamAndGradBuffer& buf = run->ddp->buffer(b);
+    int64_t shard_numel = 0;
+    for (int k = 0; k < buf.num_buckets(); ++k) shard_numel += buf.layout().buckets[k].shard_size;
+    const int64_t bytes_per_element = buf.ParamBucket(0).element_size() + 4;  // fp32 grads
+    full_bytes += buf.layout().numel() * bytes_per_element;
+    shard_bytes += shard_numel * bytes_per_element;
+  }
+  auto check_released = [&](const std::string& when) -> absl::Status {
+    const DdpMemory memory = run->ddp->memory();
+    if (memory.transient_bytes != 0 || memory.param_bytes + memory.grad_bytes != shard_bytes) {
+      return absl::InternalError(absl::StrCat(what, " ", when, ": ", memory.transient_bytes,
+                                              " transient bytes, ",
+                                              memory.param_bytes + memory.grad_bytes,
+                                              " persistent (expected 0 and ", shard_bytes, ")"));
+    }
+    for (int b = 0; b < run->ddp->num_buffers(); ++b) {
+      const buffers::ParamAndGradBuffer& buf = run->ddp->buffer(b);
+      for (int k = 0; k < buf.num_buckets(); ++k) {
+        if (buf.params_materialized(k) || buf.grads_materialized(k) ||
+            buf.ParamBucket(k).storage().nbytes() != 0 ||
+            buf.GradBucket(k).storage().nbytes() != 0) {
+          return absl::InternalError(absl::StrCat(what, " ", when, ": buffer ", b, " bucket ", k,
+                                                  " still holds full-size storage"));
+        }
+      }
+    }
+    for (size_t i = 0; i < run->params.size(); ++i) {
+      if (run->params[i].storage().nbytes() != 0 || run->params[i].grad().storage().nbytes() != 0) {
+        return absl::InternalError(absl::StrCat(what, " ", when, ": param ", model.specs[i].name,
+                                                " or its grad still has storage"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check_released("after Create"));
+  for (int step = 0; step < 2; ++step) {
+    RETURN_IF_ERROR(Step(model, *run, rank, micro));
+    RETURN_IF_ERROR(Step(model, *full, rank, micro));
+    RETURN_IF_ERROR(CheckGradShards(*run->ddp, ref, rank, world));
+    RETURN_IF_ERROR(CheckShardsBitwise(*run->ddp, *full->ddp, rank));
+    int released_in_forward = 0;
+    for (const SyncEvent& e : run->events) {
+      released_in_forward += e.kind == SyncEvent::Kind::kParamsReleased && e.layer >= 0;
+    }
+    const int layers = model.layers.back() + 1;
+    if (reshard && layers > 1 && released_in_forward == 0) {
+      return absl::InternalError(what + ": no group released after its forward");
+    }
+    if (!reshard && released_in_forward != 0) {
+      return absl::InternalError(what + ": groups released during forward");
+    }
+    RETURN_IF_ERROR(run->ddp->StartParamSync());
+    RETURN_IF_ERROR(check_released(absl::StrCat("after step ", step)));
+  }
+  const DdpMemory memory = run->ddp->memory();
+  std::printf("ddp %s on rank %d: persistent %lld bytes, transient peak %lld, whole buffers %lld\n",
+              what.c_str(), rank, static_cast<long long>(memory.param_bytes + memory.grad_bytes),
+              static_cast<long long>(memory.peak_transient_bytes),
+              static_cast<long long>(full_bytes));
+  if (memory.peak_transient_bytes <= 0 || memory.peak_transient_bytes > full_bytes) {
+    return absl::InternalError(absl::StrCat(what, ": transient peak ", memory.peak_transient_bytes,
+                                            " bytes, expected in (0, ", full_bytes, "]"));
+  }
+  // Sharded ranks cannot step replicated optimizers: the all-reduce grad sync is refused.
+  config.grad_sync = buffers::GradSync::kAllReduce;
+  std::vector<at::Tensor> params = MakeParams(model);
+  auto refused = DistributedDataParallel::Create(Plan(model, world), params, comm, expert_comm, config);
+  if (refused.ok() || !absl::StrContains(refused.status().message(), "reduce-scatter grad sync")) {
+    return absl::InternalError("sharded residency with the all-reduce grad sync was not refused");
+  }
+  return absl::OkStatus();
+}
+
 // Validation errors at Create and PreForwardHook.
 absl::Status ErrorsPhase(int world, Communicator* comm) {
   const Model model = TinyModel();
@@ -580,6 +697,13 @@ TEST_P(DdpMultiRankTest, AllPhasesPassOnEveryRank) {
         {"param_sync_overlap_grouped",
          [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, true, 2); }},
         {"tiny_grad_sync", [&] { return GradSyncPhase(tiny, world, rank, dense, nullptr); }},
+        {"sharded",
+         [&] { return ShardedPhase(main_model, world, rank, dense, expert, 1, true, true); }},
+        {"sharded_micro3",
+         [&] { return ShardedPhase(main_model, world, rank, dense, expert, 3, true, true); }},
+        {"sharded_keep_after_forward_no_overlap",
+         [&] { return ShardedPhase(main_model, world, rank, dense, expert, 2, false, false); }},
+        {"tiny_sharded", [&] { return ShardedPhase(tiny, world, rank, dense, nullptr, 1, true, true); }},
         {"tiny_param_sync_overlap",
          [&] { return ParamSyncPhase(tiny, world, rank, dense, nullptr, true); }},
         // Last: it leaves a collective unfinished (the harness ends the rank without teardown).

@@ -47,6 +47,12 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
   for (ParamAndGradBuffer* buffer : buffers) {
     if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
     const layout::PerBufferParamLayout& layout = buffer->layout();
+    if (mode == DistributedMode::kReplicated &&
+        buffer->residency() != buffers::Residency::kFull) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buffer ", layout.key.ToString(), " keeps only rank ", buffer->rank(),
+          "'s shards (sharded residency); replicated optimizers step every param whole"));
+    }
     for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
       const layout::ParamPlacement& p = layout.params[i];
       const auto [shard_begin, shard_end] = layout.ShardRange(p.bucket, rank);
@@ -57,7 +63,17 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
         s.saved_begin = lo < hi ? lo - p.start : 0;
         s.saved_end = lo < hi ? hi - p.start : 0;
         slots.push_back(std::move(s));
-      } else if (p.role == layout::ParamRole::kMuon) {
+        continue;
+      }
+      // Sharded: views of this rank's shards, which hold the reduced gradients and which the param
+      // sync gathers from, in either residency.
+      auto param_part = [&](int64_t begin, int64_t end) {
+        return buffer->ParamShard(p.bucket, rank).narrow(0, begin - shard_begin, end - begin);
+      };
+      auto grad_part = [&](int64_t begin, int64_t end) {
+        return buffer->GradShard(p.bucket, rank).narrow(0, begin - shard_begin, end - begin);
+      };
+      if (p.role == layout::ParamRole::kMuon) {
         const int owner = layout.OwnerOf(p);
         if (owner < 0) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -65,15 +81,17 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
               layout::StrategyName(layout.strategy),
               " buffer; Muon needs whole matrices (use a shard-aligned layout)"));
         }
-        if (owner == rank) slots.push_back(Slot::Whole(p.name, buffer->ParamView(i),
-                                                       buffer->GradView(i)));
+        if (owner != rank) continue;
+        const c10::IntArrayRef shape = buffer->Param(i).sizes();
+        slots.push_back(Slot::Whole(p.name, param_part(p.start, p.end).view(shape),
+                                    grad_part(p.start, p.end).view(shape)));
       } else if (lo < hi) {
         Slot s;
         s.name = p.name;
         s.full_shape = buffer->Param(i).sizes().vec();
         s.offset = lo - p.start;
-        s.param = buffer->param_data().narrow(0, lo, hi - lo);
-        s.grad = buffer->grad_data().narrow(0, lo, hi - lo);
+        s.param = param_part(lo, hi);
+        s.grad = grad_part(lo, hi);
         s.saved_end = hi - lo;
         slots.push_back(std::move(s));
       }

@@ -6,7 +6,10 @@
 //                and momentum for those only; a rank that owns no matrix is idle); AdamW-routed
 //                params as this rank's element range ShardRange(bucket, rank) of every bucket
 //                (ZeRO-1; a param straddling shards contributes a slice). Statistics: one
-//                all-reduce per step.
+//                all-reduce per step. Every slot is a view of this rank's shards
+//                (ParamShard/GradShard), so the buffers' residency does not matter: with kFull
+//                they lie inside the whole buffer, with kSharded (ZeRO-3) in the persistent shard
+//                storage that is all the rank keeps.
 //   kReplicated  every param whole on every rank (the baseline). Every rank holds the same
 //                gradients, so no statistics all-reduce; each rank saves only the elements its
 //                shards of the buffers cover, so the ranks' exports describe the state once.
@@ -64,8 +67,8 @@ class AllReduceStatsReducer final : public StatsReducer {
 RoutingReport LayoutRouting(absl::Span<buffers::ParamAndGradBuffer* const> buffers);
 
 // The slots rank `rank` updates in `mode` (see the file comment): views of the buffers' params and
-// grads. Errors: kInvalidArgument when a buffer is null, or a Muon param straddles a shard boundary
-// ("param 'w' is routed to muon but straddles a shard boundary of a distopt buffer; Muon needs
+// grads. Errors: kInvalidArgument when a buffer is null, kReplicated over a buffer with sharded
+// residency, or a Muon param straddles a shard boundary ("param 'w' is routed to muon but straddles a shard boundary of a distopt buffer; Muon needs
 // whole matrices (use a shard-aligned layout)").
 absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                                             int rank, DistributedMode mode);
