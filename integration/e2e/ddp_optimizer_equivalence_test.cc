@@ -5,8 +5,8 @@
 // loss = mean over the slice; DDP averages, giving the mean over the global batch). Real backward
 // runs through DDP's gradient hooks; the forward calls DDP's pre-forward hook per layer. Every
 // configuration -- mode (sharded: layer-wise Muon + ZeRO-1 AdamW; replicated: every rank steps
-// everything) x overlap_grad_reduce x overlap_param_gather x micro-batches (1 or 2) -- is checked
-// against a single-process reference stepped alongside it (SimulatedRanks below), on any CPU:
+// everything; fsdp: sharded with sharded params) x overlap_grad_reduce x overlap_param_gather (or,
+// for fsdp, reshard_after_forward) x micro-batches (1 or 2) -- is checked against a single-process reference stepped alongside it (SimulatedRanks below), on any CPU:
 //
 //  (A) The gradient. At every step, the mean gradient DDP leaves on the ranks (the reduced shards,
 //      all-gathered by the test into scratch memory) is compared with the reference's, computed at
@@ -37,8 +37,12 @@
 // paths really ran; each Muon matrix owned by one rank; and at 1 rank with 1 micro-batch, where
 // nothing differs from plain single-process training, the final params bitwise equal to a
 // ChainedOptimizer run that computes its own gradients and statistics.
+// Sharded residency (ZeRO-3: each rank keeps only its shards, params gathered per layer for forward
+// and backward, fsdp_* configs, with and without reshard_after_forward) passes the same checks and
+// must give params bitwise equal to the layer-wise run's (same values, same order), with no
+// full-size param or grad storage left on any rank after backward or after a step.
 // Every rank prints "e2e config NAME max|grad diff| X (bound Y) ..." per configuration (2 models x
-// 2 modes x 4 overlap variants x 2 micro counts) and fails naming the config, step, param and
+// 3 modes x 4 overlap variants x 2 micro counts) and fails naming the config, step, param and
 // difference otherwise.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -158,24 +162,26 @@ at::Tensor RmsNorm(const at::Tensor& h, const at::Tensor& weight) {
   return h.mul(h.pow(2).mean({-1}, /*keepdim=*/true).add(1e-6).rsqrt()).mul(weight);
 }
 
-// Sum over the rows of x of the squared error, divided by `norm`. `pre_forward(layer)` is called
-// right before each layer runs (DDP's pre-forward hook; may be empty).
+// Sum over the rows of x of the squared error, divided by `norm`. DDP's layer hooks (may be null)
+// run around each layer: pre_forward before it, post_forward with its output after it.
 at::Tensor Loss(const Model& model, const std::vector<at::Tensor>& p, const at::Tensor& x,
-                const at::Tensor& y, double norm, const std::function<void(int)>& pre_forward) {
-  auto enter = [&](int layer) {
-    if (pre_forward) pre_forward(layer);
+                const at::Tensor& y, double norm, const ddp::LayerHooks* hooks) {
+  auto layer = [&](int index, const std::function<at::Tensor()>& body) {
+    if (hooks != nullptr) hooks->pre_forward(index);
+    at::Tensor out = body();
+    if (hooks != nullptr) hooks->post_forward(index, out);
+    return out;
   };
-  enter(0);
-  at::Tensor h = x.mm(p[0]);
+  at::Tensor h = layer(0, [&] { return x.mm(p[0]); });
   for (int b = 0; b < model.blocks; ++b) {
-    enter(1 + b);
     const int i = 1 + 4 * b;
-    at::Tensor u = RmsNorm(h, p[i]).mm(p[i + 1].t()).add(p[i + 2]).tanh();
-    h = h.add(u.mm(p[i + 3].t()));
+    h = layer(1 + b, [&] {
+      at::Tensor u = RmsNorm(h, p[i]).mm(p[i + 1].t()).add(p[i + 2]).tanh();
+      return h.add(u.mm(p[i + 3].t()));
+    });
   }
-  enter(1 + model.blocks);
   const int i = 1 + 4 * model.blocks;
-  at::Tensor out = RmsNorm(h, p[i]).mm(p[i + 1].t());
+  at::Tensor out = layer(1 + model.blocks, [&] { return RmsNorm(h, p[i]).mm(p[i + 1].t()); });
   return out.sub(y).pow(2).sum().div(norm);
 }
 
@@ -235,7 +241,7 @@ class SimulatedRanks {
       for (int m = 0; m < micro_; ++m) {
         const int64_t start = r * slice + m * micro_rows;
         Loss(model_, params_, x.narrow(0, start, micro_rows), y.narrow(0, start, micro_rows),
-             slice, {})
+             slice, nullptr)
             .backward();
       }
       c10::NoGradGuard no_grad;
@@ -292,7 +298,7 @@ absl::StatusOr<std::vector<at::Tensor>> SingleProcess(const Model& model) {
     for (at::Tensor& p : params) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
-    Loss(model, params, Inputs(step), Targets(step), kGlobalBatch, {}).backward();
+    Loss(model, params, Inputs(step), Targets(step), kGlobalBatch, nullptr).backward();
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) grads[i].copy_(params[i].grad());
     RETURN_IF_ERROR(opt->Step().status());
@@ -304,27 +310,38 @@ absl::StatusOr<std::vector<at::Tensor>> SingleProcess(const Model& model) {
 
 struct RunConfig {
   DistributedMode mode = DistributedMode::kSharded;
+  // Sharded residency (ZeRO-3, mode kSharded): each rank keeps only its shards; params are
+  // gathered per layer for forward and backward.
+  bool shard_params = false;
   bool overlap_grad = false;
-  bool overlap_param = false;
+  bool overlap_param = false;  // full residency: overlap_param_gather
+  bool reshard = true;         // sharded residency: reshard_after_forward
   int micro = 1;
   std::string Name() const {
+    if (shard_params) {
+      return absl::StrCat("fsdp_grad", overlap_grad ? "On" : "Off", "_reshard",
+                          reshard ? "On" : "Off", "_micro", micro);
+    }
     return absl::StrCat(mode == DistributedMode::kSharded ? "sharded" : "replicated",
                         "_grad", overlap_grad ? "On" : "Off", "_param", overlap_param ? "On" : "Off",
                         "_micro", micro);
   }
 };
 
-// The mean gradient of every param as the ranks hold it after FinishGradSync: each rank's reduced
-// shards, all-gathered into scratch memory (the grad buffers are left as the optimizer will read
-// them; in replicated mode they already hold it whole on every rank, and the gather is a copy).
-absl::StatusOr<std::vector<at::Tensor>> GatherMeanGradient(const Model& model, Communicator& comm,
-                                                           ddp::DistributedDataParallel& ddp) {
-  std::vector<at::Tensor> grads(model.specs.size());
+// Every param as the ranks' shards of the param buffers (`params`) or of the grad buffers hold it,
+// all-gathered into scratch memory (the buffers are left as they are). After FinishGradSync the
+// grad shards hold the mean gradient; in replicated mode every rank already holds it whole and the
+// gather is a copy. With sharded residency the param shards are the only copy of the params
+// between uses.
+absl::StatusOr<std::vector<at::Tensor>> GatherShards(const Model& model, Communicator& comm,
+                                                     ddp::DistributedDataParallel& ddp,
+                                                     bool params) {
+  std::vector<at::Tensor> out(model.specs.size());
   std::vector<at::Tensor> scratch;
   std::vector<collectives::CollectiveOp> ops;
   for (int b = 0; b < ddp.num_buffers(); ++b) {
     buffers::ParamAndGradBuffer& buf = ddp.buffer(b);
-    scratch.push_back(at::zeros_like(buf.grad_data()));
+    scratch.push_back(at::zeros({buf.layout().numel()}, at::kFloat));
     for (int k = 0; k < buf.num_buckets(); ++k) {
       collectives::AllGatherOptions options;
       for (int r = 0; r < comm.size(); ++r) {
@@ -333,7 +350,7 @@ absl::StatusOr<std::vector<at::Tensor>> GatherMeanGradient(const Model& model, C
       }
       const layout::Bucket& bucket = buf.layout().buckets[k];
       ops.push_back(collectives::AllGatherOp{
-          buf.GradShard(k, comm.rank()),
+          params ? buf.ParamShard(k, comm.rank()) : buf.GradShard(k, comm.rank()),
           scratch.back().narrow(0, bucket.start, bucket.end - bucket.start), std::move(options)});
     }
   }
@@ -341,12 +358,38 @@ absl::StatusOr<std::vector<at::Tensor>> GatherMeanGradient(const Model& model, C
   RETURN_IF_ERROR(work->Wait(comm.timeout()));
   for (int b = 0; b < ddp.num_buffers(); ++b) {
     for (const layout::ParamPlacement& p : ddp.buffer(b).layout().params) {
-      grads[p.param_index] = scratch[b]
-                                 .narrow(0, p.start, p.numel())
-                                 .view(model.specs[p.param_index].shape);
+      out[p.param_index] = scratch[b]
+                               .narrow(0, p.start, p.numel())
+                               .view(model.specs[p.param_index].shape);
     }
   }
-  return grads;
+  return out;
+}
+
+// Sharded residency between steps: no full bucket is held (every param's and `.grad`'s storage is
+// empty) and the persistent bytes are this rank's shards.
+absl::Status CheckNothingGathered(const Model& model, const ddp::DistributedDataParallel& ddp,
+                                  const std::vector<at::Tensor>& params, const std::string& where) {
+  const ddp::DdpMemory memory = ddp.memory();
+  int64_t shard_bytes = 0;
+  for (int b = 0; b < ddp.num_buffers(); ++b) {
+    for (const layout::Bucket& bucket : ddp.buffer(b).layout().buckets) {
+      shard_bytes += bucket.shard_size * (4 + 4);  // fp32 params and grads
+    }
+  }
+  if (memory.transient_bytes != 0 || memory.param_bytes + memory.grad_bytes != shard_bytes) {
+    return absl::InternalError(absl::StrCat(where, ": ", memory.transient_bytes,
+                                            " transient bytes and ",
+                                            memory.param_bytes + memory.grad_bytes,
+                                            " persistent, expected 0 and ", shard_bytes));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].storage().nbytes() != 0 || params[i].grad().storage().nbytes() != 0) {
+      return absl::InternalError(absl::StrCat(where, ": param '", model.specs[i].name,
+                                              "' or its gradient holds full-size storage"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // (A): the distributed mean gradient against the simulated ranks', elementwise within
@@ -433,6 +476,10 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
   ddp::DdpConfig dc;
   dc.overlap_grad_reduce = rc.overlap_grad;
   dc.overlap_param_gather = rc.overlap_param;
+  if (rc.shard_params) {
+    dc.residency = buffers::Residency::kSharded;
+    dc.reshard_after_forward = rc.reshard;
+  }
   // Replicated optimizers need the whole mean gradient on every rank, and update every param.
   dc.grad_sync = rc.mode == DistributedMode::kSharded ? buffers::GradSync::kReduceScatter
                                                       : buffers::GradSync::kAllReduce;
@@ -448,7 +495,7 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
     if (e.kind == Kind::kParamGatherWaited && e.layer >= 0) ++gathers_waited_by_hook;
   };
   ASSIGN_OR_RETURN(auto ddp, ddp::DistributedDataParallel::Create(plan, params, &comm, nullptr, dc));
-  ASSIGN_OR_RETURN(std::function<void(int)> hook, ddp->PreForwardHook(model.layers));
+  ASSIGN_OR_RETURN(const ddp::LayerHooks hooks, ddp->MakeLayerHooks(model.layers));
   std::vector<buffers::ParamAndGradBuffer*> buffers;
   for (int b = 0; b < ddp->num_buffers(); ++b) buffers.push_back(&ddp->buffer(b));
   ASSIGN_OR_RETURN(auto opt, CreateDistributedOptimizer(buffers, &comm, Config(), rc.mode));
@@ -464,15 +511,25 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
       ddp->set_is_last_microbatch(m == rc.micro - 1);
       const int64_t start = rank * slice + m * micro_rows;
       Loss(model, params, x.narrow(0, start, micro_rows), y.narrow(0, start, micro_rows), slice,
-           hook)
+           &hooks)
           .backward();
     }
     RETURN_IF_ERROR(ddp->FinishGradSync());
-    // (B) of the previous step: the params this forward used (every gather waited on by now).
-    RETURN_IF_ERROR(ExpectBitwise(model, Detached(params), sim.params(),
-                                  where + ": params vs the reference's"));
+    // (B) of the previous step: the params this forward used (every gather waited on by now; with
+    // sharded residency the shards they were gathered from).
+    if (rc.shard_params) {
+      ASSIGN_OR_RETURN(const std::vector<at::Tensor> gathered,
+                       GatherShards(model, comm, *ddp, /*params=*/true));
+      RETURN_IF_ERROR(ExpectBitwise(model, gathered, sim.params(),
+                                    where + ": gathered param shards vs the reference's"));
+      RETURN_IF_ERROR(CheckNothingGathered(model, *ddp, params, where + " after backward"));
+    } else {
+      RETURN_IF_ERROR(ExpectBitwise(model, Detached(params), sim.params(),
+                                    where + ": params vs the reference's"));
+    }
     // (A) at those params.
-    ASSIGN_OR_RETURN(const std::vector<at::Tensor> mean, GatherMeanGradient(model, comm, *ddp));
+    ASSIGN_OR_RETURN(const std::vector<at::Tensor> mean,
+                     GatherShards(model, comm, *ddp, /*params=*/false));
     ASSIGN_OR_RETURN(const double grad_diff,
                      CheckGradient(model, dp, mean, sim.Gradient(step), where));
     result.max_grad_diff = std::max(result.max_grad_diff, grad_diff);
@@ -497,13 +554,19 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
     RETURN_IF_ERROR(ddp->StartParamSync());
   }
   RETURN_IF_ERROR(ddp->FinishParamSync());
-  result.params = Detached(params);
+  if (rc.shard_params) {
+    RETURN_IF_ERROR(CheckNothingGathered(model, *ddp, params, rc.Name() + " after the last step"));
+    ASSIGN_OR_RETURN(result.params, GatherShards(model, comm, *ddp, /*params=*/true));
+  } else {
+    result.params = Detached(params);
+  }
   RETURN_IF_ERROR(ExpectBitwise(model, result.params, sim.params(),
                                 rc.Name() + " after the last step: params vs the reference's"));
   // The overlap paths really ran (every step launches all grad syncs during backward; steps 1..
   // have their gathers waited on by the hooks), and never without the flag. Replicated runs have
-  // no param sync to overlap.
-  const bool gathers_expected = rc.overlap_param && rc.mode == DistributedMode::kSharded;
+  // no param sync to overlap; sharded residency gathers in the hooks always.
+  const bool gathers_expected =
+      rc.shard_params || (rc.overlap_param && rc.mode == DistributedMode::kSharded);
   if ((grad_launches_in_backward > 0) != rc.overlap_grad ||
       (gathers_waited_by_hook > 0) != gathers_expected) {
     return absl::InternalError(absl::StrCat(rc.Name(), ": ", grad_launches_in_backward,
@@ -560,15 +623,25 @@ absl::StatusOr<int> RunModel(const Model& model, const std::string& model_name,
   int configs = 0;
   ASSIGN_OR_RETURN(const std::vector<at::Tensor> single, SingleProcess(model));
   for (int micro : {1, 2}) {
-    for (DistributedMode mode : {DistributedMode::kSharded, DistributedMode::kReplicated}) {
+    std::vector<at::Tensor> sharded_base;  // layer-wise, full residency, no overlap
+    std::string sharded_base_name;
+    // Layer-wise (full residency), replicated, and layer-wise with sharded params (ZeRO-3), which
+    // must be bitwise equal to the layer-wise run: the same values computed in the same order.
+    for (int mode = 0; mode < 3; ++mode) {
       std::vector<at::Tensor> base;  // this mode and micro count, no overlap
       std::string base_name;
+      if (mode == 2) {
+        base = sharded_base;
+        base_name = sharded_base_name;
+      }
       for (int variant = 0; variant < 4; ++variant) {
         RunConfig rc;
-        rc.mode = mode;
+        rc.mode = mode == 1 ? DistributedMode::kReplicated : DistributedMode::kSharded;
+        rc.shard_params = mode == 2;
         rc.micro = micro;
         rc.overlap_grad = variant & 1;
-        rc.overlap_param = variant & 2;
+        rc.overlap_param = !rc.shard_params && (variant & 2);
+        rc.reshard = !(variant & 2);
         const std::string name = absl::StrCat(model_name, "/", rc.Name());
         ASSIGN_OR_RETURN(auto sim, SimulatedRanks::Create(model, comm.size(), micro));
         ASSIGN_OR_RETURN(const TrainResult got, Train(model, rc, comm, *sim));
@@ -587,6 +660,10 @@ absl::StatusOr<int> RunModel(const Model& model, const std::string& model_name,
         if (base.empty()) {
           base = got.params;
           base_name = name;
+          if (mode == 0) {
+            sharded_base = base;
+            sharded_base_name = name;
+          }
         } else {
           // Overlap on vs off: bitwise.
           RETURN_IF_ERROR(ExpectBitwise(model, got.params, base, name + " vs " + base_name));
@@ -616,7 +693,7 @@ TEST_P(DdpOptimizerEquivalenceTest, EveryRankMatchesSingleProcess) {
         for (const auto& [blocks, name] :
              {std::pair<int, const char*>{2, "model4"}, {1, "model2"}}) {
           ASSERT_OK_AND_ASSIGN(const int configs, RunModel(MakeModel(blocks), name, comm));
-          EXPECT_EQ(configs, 16) << name;  // 2 modes x 4 overlap variants x 2 micro counts
+          EXPECT_EQ(configs, 24) << name;  // 3 modes x 4 overlap variants x 2 micro counts
         }
       },
       options);
