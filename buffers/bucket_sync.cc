@@ -73,6 +73,9 @@ absl::StatusOr<std::vector<std::unique_ptr<collectives::Work>>> LaunchParamSync(
     collectives::Communicator& comm, absl::Span<ParamAndGradBuffer* const> buffers) {
   return LaunchPerBucketGroup(comm, buffers,
                               [&](const ParamAndGradBuffer& buffer, absl::Span<const int> buckets) {
+                                if (buffer.residency() == Residency::kSharded) {
+                                  return std::vector<collectives::CollectiveOp>();
+                                }
                                 return ParamSyncOps(buffer, buckets, comm.rank());
                               });
 }

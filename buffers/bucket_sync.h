@@ -40,7 +40,8 @@ std::vector<collectives::CollectiveOp> GradSyncOps(const ParamAndGradBuffer& buf
                                                    absl::Span<const int> buckets, GradSync kind,
                                                    collectives::ReduceOp op, int rank);
 
-// One all-gather per bucket in `buckets`: shard `rank` of param_data into the bucket.
+// One all-gather per bucket in `buckets`: shard `rank` of the params into the bucket (in place for
+// full residency; from the persistent shard into the materialized transient bucket for sharded).
 std::vector<collectives::CollectiveOp> ParamSyncOps(const ParamAndGradBuffer& buffer,
                                                     absl::Span<const int> buckets, int rank);
 
@@ -50,8 +51,9 @@ absl::StatusOr<std::vector<std::unique_ptr<collectives::Work>>> LaunchGradSync(
     collectives::Communicator& comm, absl::Span<ParamAndGradBuffer* const> buffers, GradSync kind,
     collectives::ReduceOp op);
 
-// The param sync of every bucket of every buffer, one LaunchGroup per bucket group. Errors: as
-// LaunchGradSync.
+// The param sync of every bucket of every buffer with full residency, one LaunchGroup per bucket
+// group. Buffers with sharded residency are skipped: they hold no full params between uses (their
+// users gather buckets when they need them, e.g. DDP per layer). Errors: as LaunchGradSync.
 absl::StatusOr<std::vector<std::unique_ptr<collectives::Work>>> LaunchParamSync(
     collectives::Communicator& comm, absl::Span<ParamAndGradBuffer* const> buffers);
 

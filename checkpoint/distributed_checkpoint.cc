@@ -82,24 +82,62 @@ at::Tensor HostCopy(const at::Tensor& t) {
   return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
 
+// Whether a param of `bucket` crosses a shard boundary, so that no rank holds it whole in a
+// sharded buffer (the same answer on every rank).
+bool BucketHasStraddler(const layout::PerBufferParamLayout& layout, int bucket) {
+  for (const layout::ParamPlacement& p : layout.params) {
+    if (p.bucket == bucket && p.numel() > 0 && layout.OwnerOf(p) < 0) return true;
+  }
+  return false;
+}
+
+// Appends a host copy of every param of `bucket` whose first element `rank` owns. With sharded
+// residency a param inside this rank's shard is copied from the shard; a bucket with a param that
+// straddles shards is all-gathered first (collective: every rank gathers the same buckets).
+absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
+                            collectives::Communicator& comm, RankSnapshot& snap) {
+  const layout::PerBufferParamLayout& layout = buffer.layout();
+  const int rank = comm.rank();
+  const bool sharded = buffer.residency() == buffers::Residency::kSharded;
+  const bool gather = sharded && BucketHasStraddler(layout, bucket);
+  const bool was_materialized = buffer.params_materialized(bucket);
+  if (gather) {
+    buffer.MaterializeParams(bucket);
+    ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work,
+                     comm.LaunchGroup(buffers::ParamSyncOps(buffer, {bucket}, rank)));
+    RETURN_IF_ERROR(work->Wait(comm.timeout()));
+  }
+  const int64_t shard_begin = layout.ShardRange(bucket, rank).first;
+  for (int i : buffer.BucketParams(bucket)) {
+    const layout::ParamPlacement& p = layout.params[i];
+    if (FirstElementOwner(layout, p) != rank) continue;
+    const at::Tensor live =
+        !sharded || gather ? buffer.Param(i)
+                           : buffer.ParamShard(bucket, rank)
+                                 .narrow(0, p.start - shard_begin, p.numel())
+                                 .view(buffer.Param(i).sizes());
+    at::Tensor t = HostCopy(live);
+    ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
+    snap.tensors.push_back(t);
+    snap.records.push_back({p.name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
+  }
+  if (gather && !was_materialized) buffer.ReleaseParams(bucket);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<RankSnapshot> SnapshotRank(
     const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::OptimizerState& optimizer, int rank) {
+    const optimizers::OptimizerState& optimizer, collectives::Communicator& comm) {
   RankSnapshot snap;
-  snap.rank = rank;
+  snap.rank = comm.rank();
   snap.step = shared.step;
+  const int rank = snap.rank;
   try {
     for (buffers::ParamAndGradBuffer* buffer : buffers) {
-      const layout::PerBufferParamLayout& layout = buffer->layout();
-      for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
-        if (FirstElementOwner(layout, layout.params[i]) != rank) continue;
-        at::Tensor t = HostCopy(buffer->Param(i));
-        ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
-        snap.tensors.push_back(t);
-        snap.records.push_back(
-            {layout.params[i].name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
+      for (int b = 0; b < buffer->num_buckets(); ++b) {
+        RETURN_IF_ERROR(SnapshotParams(*buffer, b, comm, snap));
       }
     }
     for (const StateRecord& s : optimizer.ExportState()) {  // clones: only a device copy is new
@@ -271,7 +309,7 @@ absl::Status SaveDistributedCheckpoint(
   if (!begin.ok()) return begin;
   if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
 
-  absl::StatusOr<RankSnapshot> snap = SnapshotRank(shared, buffers, optimizer, rank);
+  absl::StatusOr<RankSnapshot> snap = SnapshotRank(shared, buffers, optimizer, comm);
   absl::Status write = snap.ok() ? WriteRankSnapshot(tmp, *snap) : snap.status();
   if (write.ok() && options.after_shard_written) write = options.after_shard_written();
   ASSIGN_OR_RETURN(bool all_written, AllRanksOk(comm, write.ok()));  // barrier: every shard fsynced
@@ -302,7 +340,7 @@ absl::Status AsyncCheckpointSaver::Start(
   ASSIGN_OR_RETURN(bool begun, AllRanksOk(comm, begin.ok()));
   if (!begin.ok()) return begin;
   if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
-  ASSIGN_OR_RETURN(snapshot_, SnapshotRank(shared, buffers, optimizer, comm.rank()));
+  ASSIGN_OR_RETURN(snapshot_, SnapshotRank(shared, buffers, optimizer, comm));
   root_ = root;
   shared_ = shared;
   buffers_.assign(buffers.begin(), buffers.end());
@@ -371,8 +409,8 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
       const auto [lo, hi] = p.buffer->layout().ShardRange(placement.bucket, comm.rank());
       const int64_t b = std::max(lo, placement.start);
       const int64_t e = std::min(hi, placement.end);
-      p.buffer->param_data()
-          .narrow(0, b, e - b)
+      p.buffer->ParamShard(placement.bucket, comm.rank())
+          .narrow(0, b - lo, e - b)
           .copy_(p.value.reshape({-1}).narrow(0, b - placement.start, e - b));
     }
   } catch (const c10::Error& e) {

@@ -8,6 +8,10 @@
 //             the param's first element (its OwnerOf owner for shard-aligned layouts; for a ZeRO-1
 //             param straddling shards, the owner of the first element). Save must run after the
 //             param sync, when every rank holds every param, so the whole param is available there.
+//             Buffers with sharded residency (ZeRO-3) hold no full params between steps: a param
+//             inside the writer's shard is read from the shard, and a bucket holding a param that
+//             straddles shards is all-gathered into its transient storage for the snapshot, one
+//             bucket at a time, and released again (so saves are collective in either case).
 //   state     kind "state@<offset>.rank<r>": one StateRecord of the optimizer's ExportState
 //             (optimizers/state.h: "<param>/exp_avg", "<param>/main_param", "chained/step", ...),
 //             i.e. the flattened piece rank r saves, starting at element
@@ -21,8 +25,9 @@
 // new layout (all CRC-32C checked), and every optimizer state record (ImportState picks out what
 // this rank now owns from the reassembled slices). Only when every rank has read and checked all
 // of its records (agreed through an all-reduce) does anything live change: the optimizer state is
-// imported, the owned param elements are copied into param_data, and the param all-gather runs so
-// every rank holds the same params.
+// imported, the owned param elements are copied into this rank's shards, and the param all-gather
+// runs so every rank holds the same params (buffers with sharded residency are gathered by the next
+// forward instead).
 //
 // SaveDistributedCheckpoint is synchronous. AsyncCheckpointSaver snapshots to host memory
 // synchronously and writes the shard on a background thread while training goes on; the commit
@@ -92,11 +97,14 @@ struct RankSnapshot {
   std::vector<std::pair<std::string, std::string>> full_shapes;  // state name → "48,16"
 };
 
-// Clones this rank's params (those whose first element it owns) and optimizer state. Errors:
-// kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch).
+// Clones rank comm.rank()'s params (those whose first element it owns) and optimizer state.
+// Collective over `comm` when a buffer has sharded residency and a param that straddles shards
+// (see "param" above); every rank must call it. Precondition: no param sync in flight. Errors:
+// kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch); the
+// communicator's.
 absl::StatusOr<RankSnapshot> SnapshotRank(
     const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::OptimizerState& optimizer, int rank);
+    const optimizers::OptimizerState& optimizer, collectives::Communicator& comm);
 
 // Writes `snap` as rank<r>.safetensors plus its record list into the `.tmp` directory `tmp`
 // (no collectives; safe on a background thread). Errors: those of WriteShard, OS errors.
@@ -151,7 +159,7 @@ class AsyncCheckpointSaver {
 };
 
 // Loads the checkpoint at `path` (a step directory, or a root whose `latest` is followed) into
-// `buffers` (param_data) and `optimizer`, at comm.size() ranks, any layout. Errors (nothing live
+// `buffers` (this rank's shards, then the param sync) and `optimizer`, at comm.size() ranks, any layout. Errors (nothing live
 // is changed on any of them): those of CheckpointReader::Open (kNotFound, kDataLoss naming the
 // file and tensor for a missing, truncated or corrupted shard, kFailedPrecondition for an unknown
 // format version); kNotFound "checkpoint <dir>: no record '<name>' (param)" for a param of the

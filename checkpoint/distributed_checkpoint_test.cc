@@ -16,6 +16,10 @@
 //                           names step 3, which loads and resumes bitwise
 //   CorruptedShard          one flipped byte in rank1.safetensors: load fails on every rank naming
 //                           the file, and nothing (params, optimizer state) changed
+//   Fsdp*                   a run with sharded residency (ZeRO-3: each rank keeps only its shards,
+//                           the snapshot gathers buckets whose params straddle shards) saved at dp
+//                           2 resumes bitwise with full residency at dp 3, a full one saved at dp 3
+//                           resumes sharded at dp 2, and an async save of a sharded run resumes
 //   Replicated*             a replicated run (every rank steps everything, saves its share) saved
 //                           at dp 2 resumes bitwise sharded at dp 3, and a sharded one replicated
 #include <csignal>
@@ -60,6 +64,7 @@ struct Options {
   int steps = 0;
   int old_dp = 0;
   bool replicated = false;  // the run's mode: replicated, else sharded
+  bool shard_params = false;  // sharded residency (ZeRO-3)
 };
 
 // One training step as DDP and the trainer run it: grad sync, step, param sync.
@@ -73,6 +78,7 @@ absl::Status TrainStep(collectives::Communicator& comm, const std::vector<layout
                                               : buffers::GradSync::kReduceScatter,
                                    collectives::ReduceOp::kAvg));
   RETURN_IF_ERROR(buffers::WaitAll(works, comm.timeout()));
+  odt::ReleaseFullGrads(model);
   RETURN_IF_ERROR(opt.Step().status());
   ASSIGN_OR_RETURN(works, buffers::LaunchParamSync(comm, model.buffers));
   return buffers::WaitAll(works, comm.timeout());
@@ -93,8 +99,10 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
   const std::vector<layout::ParamSpec> specs = odt::SmallModel(2);
   const optimizers::ChainedConfig config = odt::TestConfig(0.0);
   ASSIGN_OR_RETURN(odt::DistributedModel model,
-                   odt::BuildDistributedModel(specs, dp, layout::Strategy::kLayerwise,
-                                              kBucketSize));
+                   odt::BuildDistributedModel(
+                       specs, dp, layout::Strategy::kLayerwise, kBucketSize,
+                       o.shard_params ? buffers::Residency::kSharded : buffers::Residency::kFull,
+                       comm.rank()));
   ASSIGN_OR_RETURN(auto opt, od::CreateDistributedOptimizer(
                                  model.buffers, &comm, config,
                                  o.replicated ? od::DistributedMode::kReplicated
@@ -103,6 +111,16 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
   const std::string& s = o.scenario;
 
   if (s == "save" || s == "crash") {
+    if (o.shard_params && dp > 1) {
+      // The snapshot's gather path is exercised: some param straddles a shard boundary.
+      bool straddler = false;
+      for (const buffers::ParamAndGradBuffer* b : model.buffers) {
+        for (const layout::ParamPlacement& p : b->layout().params) {
+          straddler = straddler || b->layout().OwnerOf(p) < 0;
+        }
+      }
+      RETURN_IF_ERROR(Check(straddler, "no param straddles a shard boundary"));
+    }
     for (int step = 0; step < o.steps; ++step) {
       RETURN_IF_ERROR(TrainStep(comm, specs, model, *opt, step, o.replicated));
     }
@@ -164,8 +182,7 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
     return saver.Finalize();
   }
   if (s == "corrupt") {
-    std::vector<at::Tensor> before;
-    for (const at::Tensor& p : model.params) before.push_back(p.clone());
+    ASSIGN_OR_RETURN(const std::vector<at::Tensor> before, odt::WholeParams(comm, model));
     absl::StatusOr<SharedState> loaded =
         LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm);
     RETURN_IF_ERROR(Check(!loaded.ok(), "loading a corrupted checkpoint succeeded"));
@@ -174,7 +191,8 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
                               absl::StrContains(error, "crc32c"),
                           "the load error does not name the corrupted shard: " + error));
     RETURN_IF_ERROR(Check(opt->steps_taken() == 0, "optimizer state changed by a failed load"));
-    return CompareParamsBitwise(specs, model.params, before, "after a failed load");
+    ASSIGN_OR_RETURN(const std::vector<at::Tensor> after, odt::WholeParams(comm, model));
+    return CompareParamsBitwise(specs, after, before, "after a failed load");
   }
   if (s == "resume") {
     ASSIGN_OR_RETURN(SharedState got, LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm));
@@ -186,12 +204,14 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
                           "shared state differs"));
     RETURN_IF_ERROR(Check(opt->steps_taken() == o.steps, "optimizer step count not restored"));
     for (int step = 0; step < o.steps; ++step) RETURN_IF_ERROR(ref->Step(o.old_dp, step).status());
-    RETURN_IF_ERROR(CompareParamsBitwise(specs, model.params, ref->params(), "after load"));
+    ASSIGN_OR_RETURN(std::vector<at::Tensor> params, odt::WholeParams(comm, model));
+    RETURN_IF_ERROR(CompareParamsBitwise(specs, params, ref->params(), "after load"));
     for (int step = o.steps; step < 2 * o.steps; ++step) {
       RETURN_IF_ERROR(TrainStep(comm, specs, model, *opt, step, o.replicated));
       RETURN_IF_ERROR(ref->Step(dp, step).status());
+      ASSIGN_OR_RETURN(params, odt::WholeParams(comm, model));
       RETURN_IF_ERROR(
-          CompareParamsBitwise(specs, model.params, ref->params(), absl::StrCat("step ", step)));
+          CompareParamsBitwise(specs, params, ref->params(), absl::StrCat("step ", step)));
     }
     return absl::OkStatus();
   }
@@ -200,9 +220,9 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
 
 // Runs `scenario` on `world` ranks over `root`, 3 steps; `old_dp` is the dp it was saved at.
 void RunJob(const std::string& scenario, const std::string& root, int world, int old_dp = 0,
-            bool replicated = false) {
+            bool replicated = false, bool shard_params = false) {
   RunOnRanks(world, [&](Communicator& comm) {
-    ASSERT_OK(RunScenario({scenario, root, 3, old_dp, replicated}, comm));
+    ASSERT_OK(RunScenario({scenario, root, 3, old_dp, replicated, shard_params}, comm));
   });
 }
 
@@ -243,6 +263,24 @@ TEST(DistributedCheckpointTest, ShardedRunResumesReplicated) {
   const std::string root = FreshRoot("sharded_to_replicated");
   RunJob("save", root, 3);
   RunJob("resume", root, 2, 3, /*replicated=*/true);
+}
+
+TEST(DistributedCheckpointTest, FsdpRunResumesWithFullResidencyAtAnotherDp) {
+  const std::string root = FreshRoot("fsdp_to_full");
+  RunJob("save", root, 2, 0, false, /*shard_params=*/true);
+  RunJob("resume", root, 3, 2);
+}
+
+TEST(DistributedCheckpointTest, FullResidencyRunResumesFsdpAtAnotherDp) {
+  const std::string root = FreshRoot("full_to_fsdp");
+  RunJob("save", root, 3);
+  RunJob("resume", root, 2, 3, false, /*shard_params=*/true);
+}
+
+TEST(DistributedCheckpointTest, FsdpAsyncSaveResumes) {
+  const std::string root = FreshRoot("fsdp_async");
+  RunJob("async_save", root, 2, 0, false, /*shard_params=*/true);
+  RunJob("resume", JoinPath(root, "step_000003"), 2, 2, false, /*shard_params=*/true);
 }
 
 TEST(DistributedCheckpointTest, AsyncSaveSnapshotsWhileTrainingContinues) {

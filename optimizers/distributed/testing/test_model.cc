@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "buffers/bucket_sync.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::optimizers::distributed::testing {
@@ -101,7 +102,8 @@ at::Tensor MeanGrad(const ParamSpec& spec, int index, int dp, int step) {
 
 absl::StatusOr<DistributedModel> BuildDistributedModel(const std::vector<ParamSpec>& specs, int dp,
                                                        layout::Strategy muon_strategy,
-                                                       int64_t bucket_size) {
+                                                       int64_t bucket_size,
+                                                       buffers::Residency residency, int rank) {
   layout::LayoutOptions options;
   options.dp = dp;
   options.bucket_size = bucket_size;
@@ -109,9 +111,12 @@ absl::StatusOr<DistributedModel> BuildDistributedModel(const std::vector<ParamSp
   DistributedModel model;
   ASSIGN_OR_RETURN(model.layout, layout::ComputeFullParamLayout(specs, options));
   model.params = MakeModelParams(specs);
+  buffers::BufferOptions buffer_options;
+  buffer_options.residency = residency;
+  buffer_options.rank = rank;
   for (const layout::PerBufferParamLayout& b : model.layout.buffers) {
     ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
-                     buffers::ParamAndGradBuffer::Create(b, model.params));
+                     buffers::ParamAndGradBuffer::Create(b, model.params, buffer_options));
     model.buffers.push_back(buffer.get());
     model.owned_buffers.push_back(std::move(buffer));
   }
@@ -121,12 +126,40 @@ absl::StatusOr<DistributedModel> BuildDistributedModel(const std::vector<ParamSp
 void FillRankGrads(const std::vector<ParamSpec>& specs, DistributedModel& model, int rank,
                    int step) {
   for (buffers::ParamAndGradBuffer* buffer : model.buffers) {
+    for (int b = 0; b < buffer->num_buckets(); ++b) buffer->MaterializeGrads(b);
     buffer->ZeroGrads();
     for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
       const int index = buffer->layout().params[i].param_index;
       buffer->GradView(i).copy_(RankGrad(specs[index], index, rank, step));
     }
   }
+}
+
+void ReleaseFullGrads(DistributedModel& model) {
+  for (buffers::ParamAndGradBuffer* buffer : model.buffers) {
+    for (int b = 0; b < buffer->num_buckets(); ++b) buffer->ReleaseGrads(b);
+  }
+}
+
+absl::StatusOr<std::vector<at::Tensor>> WholeParams(collectives::Communicator& comm,
+                                                    DistributedModel& model) {
+  std::vector<at::Tensor> whole(model.params.size());
+  for (buffers::ParamAndGradBuffer* buffer : model.buffers) {
+    const bool sharded = buffer->residency() == buffers::Residency::kSharded;
+    for (int b = 0; b < buffer->num_buckets(); ++b) {
+      if (sharded) {
+        buffer->MaterializeParams(b);
+        ASSIGN_OR_RETURN(auto work,
+                         comm.LaunchGroup(buffers::ParamSyncOps(*buffer, {b}, comm.rank())));
+        RETURN_IF_ERROR(work->Wait(comm.timeout()));
+      }
+      for (int i : buffer->BucketParams(b)) {
+        whole[buffer->layout().params[i].param_index] = buffer->Param(i).detach().clone();
+      }
+      if (sharded) buffer->ReleaseParams(b);
+    }
+  }
+  return whole;
 }
 
 ChainedConfig TestConfig(double max_grad_norm) {

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "buffers/param_and_grad_buffer.h"
+#include "collectives/communicator.h"
 #include "layout/layout.h"
 #include "optimizers/chained.h"
 
@@ -48,14 +49,24 @@ struct DistributedModel {
   std::vector<buffers::ParamAndGradBuffer*> buffers;
 };
 
-// Lays out `specs` over `dp` ranks with `bucket_size` elements and builds the buffers.
-absl::StatusOr<DistributedModel> BuildDistributedModel(const std::vector<layout::ParamSpec>& specs,
-                                                       int dp, layout::Strategy muon_strategy,
-                                                       int64_t bucket_size);
+// Lays out `specs` over `dp` ranks with `bucket_size` elements and builds the buffers, keeping
+// everything (kFull) or only rank `rank`'s shards (kSharded, ZeRO-3).
+absl::StatusOr<DistributedModel> BuildDistributedModel(
+    const std::vector<layout::ParamSpec>& specs, int dp, layout::Strategy muon_strategy,
+    int64_t bucket_size, buffers::Residency residency = buffers::Residency::kFull, int rank = 0);
 
-// Zeroes every grad buffer and writes RankGrad(rank, step) into each param's gradient view.
+// Zeroes every grad buffer and writes RankGrad(rank, step) into each param's gradient view (with
+// sharded residency into the full grad buckets, materialized for it: run the grad sync, then
+// ReleaseFullGrads).
 void FillRankGrads(const std::vector<layout::ParamSpec>& specs, DistributedModel& model, int rank,
                    int step);
+// Frees the full grad buckets of sharded buffers (a no-op for kFull).
+void ReleaseFullGrads(DistributedModel& model);
+
+// Every param whole, as fresh tensors: clones of the params for kFull buffers; for kSharded ones,
+// each bucket all-gathered from the ranks' shards (collective over `comm`; buckets stay released).
+absl::StatusOr<std::vector<at::Tensor>> WholeParams(collectives::Communicator& comm,
+                                                    DistributedModel& model);
 
 // Every param of `got` bitwise equal to `want`'s; else kInternal naming `when`, the first param that
 // differs and the largest difference.
