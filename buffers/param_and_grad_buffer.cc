@@ -283,6 +283,21 @@ at::Tensor ParamAndGradBuffer::GradView(int i) const {
              : flat;
 }
 
+void ParamAndGradBuffer::SetParam(int i, const at::Tensor& value) {
+  const layout::ParamPlacement& p = layout_.params[i];
+  assert(value.numel() == p.numel());
+  c10::NoGradGuard no_grad;
+  const at::Tensor flat = value.detach().reshape({-1});
+  if (residency_ == Residency::kFull) {
+    param_data_.narrow(0, p.start, p.numel()).copy_(flat);
+    return;
+  }
+  const auto [lo, hi] = OwnedRange(i);
+  if (lo == hi) return;
+  const int64_t shard_begin = layout_.ShardRange(p.bucket, rank_).first;
+  ParamShard(p.bucket, rank_).narrow(0, lo - shard_begin, hi - lo).copy_(flat.narrow(0, lo - p.start, hi - lo));
+}
+
 void ParamAndGradBuffer::MaterializeParams(int bucket) {
   if (residency_ == Residency::kFull || params_materialized_[bucket]) return;
   transient_->Add(AllocateStorage(param_buckets_[bucket]));

@@ -153,6 +153,11 @@ class ParamAndGradBuffer {
   at::Tensor ParamView(int i) const;
   at::Tensor GradView(int i) const;
 
+  // Writes `value` (param i's numel, any float dtype and device) as param i's value into what this
+  // rank keeps: the whole param (kFull) or the elements of it in this rank's shard (kSharded). For
+  // initialising params that were built without values. Precondition (DCHECKed): the numel.
+  void SetParam(int i, const at::Tensor& value);
+
   // kSharded: allocates the memory of bucket `bucket`'s full param tensor (contents undefined
   // until a param sync fills it) or grad tensor (zeroed); frees it again. No-ops for kFull, where
   // everything is always there, and when already in that state. Release only what no collective

@@ -157,6 +157,13 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
 // Groups, and which group every param belongs to.
 void DistributedDataParallel::BuildGroups(int num_params) {
   param_group_.assign(num_params, {-1, -1});
+  param_placement_.assign(num_params, {-1, -1});
+  for (int b = 0; b < num_buffers(); ++b) {
+    const std::vector<layout::ParamPlacement>& placed = buffers_[b]->layout().params;
+    for (int i = 0; i < static_cast<int>(placed.size()); ++i) {
+      param_placement_[placed[i].param_index] = {b, i};
+    }
+  }
   param_ready_.assign(num_params, false);
   groups_.resize(buffers_.size());
   for (int b = 0; b < num_buffers(); ++b) {
@@ -414,6 +421,28 @@ absl::Status DistributedDataParallel::FinishGradSync() {
 void DistributedDataParallel::ZeroGradBuffers() {
   for (auto& buffer : buffers_) buffer->ZeroGrads();
   ResetGradSyncState();
+}
+
+absl::Status DistributedDataParallel::SetParam(int param_index, const at::Tensor& value) {
+  if (param_index < 0 || param_index >= static_cast<int>(param_placement_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("ddp: SetParam of param #", param_index,
+                                                   ", expected [0, ", param_placement_.size(),
+                                                   ")"));
+  }
+  const auto [b, i] = param_placement_[param_index];
+  const layout::ParamPlacement& p = buffers_[b]->layout().params[i];
+  if (!value.defined() || value.numel() != p.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ddp: SetParam of '", p.name, "' with ", value.defined() ? value.numel() : 0,
+        " elements, the param has ", p.numel()));
+  }
+  try {
+    buffers_[b]->SetParam(i, value);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("ddp: SetParam of '", p.name,
+                                            "': ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
 }
 
 DdpMemory DistributedDataParallel::memory() const {

@@ -203,6 +203,12 @@ class DistributedDataParallel {
   // Call at the start of each step. Precondition: no grad sync in flight (FinishGradSync returned).
   void ZeroGradBuffers();
 
+  // Writes `value` as the value of params[param_index] (the list given to Create) into what this
+  // rank keeps of it (buffers::ParamAndGradBuffer::SetParam): for models built without values
+  // (integration's Gpt::CreateUninitialized), so that a sharded rank never holds the whole model.
+  // Errors: kInvalidArgument for an index out of range or a value with another element count.
+  absl::Status SetParam(int param_index, const at::Tensor& value);
+
   // What this rank holds now, and the transient peak (kSharded; 0 for kFull).
   DdpMemory memory() const;
   void ResetPeakMemory();
@@ -308,6 +314,7 @@ class DistributedDataParallel {
   std::vector<Sequence> sequences_;
   // Per model param: (buffer, group); and its grad accumulator (the tensor only holds it weakly).
   std::vector<std::pair<int, int>> param_group_;
+  std::vector<std::pair<int, int>> param_placement_;  // per model param: (buffer, placement index)
   std::vector<bool> param_ready_;  // gradient ready in the current step's last micro-batch
   std::vector<std::shared_ptr<void>> grad_accumulators_;  // torch::autograd::Node
   std::vector<std::uintptr_t> hook_keys_;

@@ -15,6 +15,7 @@
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
@@ -92,8 +93,8 @@ at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   return at::cat(at::TensorList(parts), -1);
 }
 
-absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::ScalarType dtype,
-                                at::Device device) {
+absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::ScalarType dtype,
+                                             at::Device device) {
   RETURN_IF_ERROR(ValidateConfig(config));
   if (dtype != at::kFloat && dtype != at::kDouble) {
     return absl::InvalidArgumentError(absl::StrCat("Gpt: param dtype must be float or double, got ",
@@ -105,21 +106,16 @@ absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::Scal
     const int64_t C = config.hidden, V = config.vocab_size, F = config.ffn_hidden;
     const int64_t H = config.num_heads, KV = config.num_kv_heads, D = C / H;
     const int L = static_cast<int>(config.num_layers);
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     const double residual_std = config.init_std / std::sqrt(2.0 * L);
 
+    // Uninitialised memory: nothing is written (or, for large params, even committed) until the
+    // values arrive.
     auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
                    double std, FusedSplit split = {}) {
-      at::Tensor t;
-      if (kind == ParamKind::kNorm) {
-        t = at::ones(shape, at::TensorOptions().dtype(dtype).device(device));
-      } else {
-        t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-        t.normal_(0.0, std, gen);
-        t = t.to(device, dtype);
-      }
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
       t.set_requires_grad(true);
       model.params_.push_back({std::move(name), t, kind, layer, std::move(split)});
+      model.init_std_.push_back(std);
       return t;
     };
 
@@ -138,10 +134,13 @@ absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::Scal
       model.layers_.push_back(std::move(layer));
     }
     model.final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0);
-    model.output_ = config.tie_embeddings
-                        ? model.embedding_
-                        : add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1,
-                              config.init_std);
+    if (config.tie_embeddings) {
+      model.output_ = model.embedding_;
+      model.params_.front().also_read_by = {L + 1};
+    } else {
+      model.output_ = add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1,
+                          config.init_std);
+    }
     RotaryTables(config.max_seq_len, D, config.rope_theta, dtype, &model.rope_cos_,
                  &model.rope_sin_);
     model.rope_cos_ = model.rope_cos_.to(device);
@@ -150,6 +149,39 @@ absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::Scal
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
   }
+}
+
+absl::Status Gpt::ForEachInitialValue(
+    uint64_t seed, const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const {
+  try {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ModelParam& p = params_[i];
+      at::Tensor value;
+      if (p.kind == ParamKind::kNorm) {
+        value = at::ones(p.tensor.sizes(), at::kFloat);
+      } else {
+        value = at::empty(p.tensor.sizes(), at::kFloat);
+        value.normal_(0.0, init_std_[i], gen);
+      }
+      RETURN_IF_ERROR(fn(static_cast<int>(i), value));
+    }
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::ScalarType dtype,
+                                at::Device device) {
+  ASSIGN_OR_RETURN(Gpt model, CreateUninitialized(config, dtype, device));
+  const std::vector<ModelParam>& params = model.params();
+  RETURN_IF_ERROR(model.ForEachInitialValue(seed, [&](int i, const at::Tensor& value) {
+    at::NoGradGuard no_grad;
+    params[i].tensor.copy_(value);
+    return absl::OkStatus();
+  }));
+  return model;
 }
 
 int64_t Gpt::num_params() const {
@@ -185,15 +217,21 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x) const {
 }
 
 at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens) const {
-  CallHook(0);
+  Enter(0);
   at::Tensor x = at::embedding(embedding_, tokens);  // [B, T, C]
+  Leave(0, x);
   for (size_t i = 0; i < layers_.size(); ++i) {
-    CallHook(static_cast<int>(i) + 1);
+    const int layer = static_cast<int>(i) + 1;
+    Enter(layer);
     x = Block(layers_[i], x);
+    Leave(layer, x);
   }
-  CallHook(static_cast<int>(layers_.size()) + 1);
+  const int head = static_cast<int>(layers_.size()) + 1;
+  Enter(head);
   x = at::rms_norm(x, {config_.hidden}, final_norm_, config_.norm_eps);
-  return at::linear(x, output_);  // [B, T, V]
+  const at::Tensor logits = at::linear(x, output_);  // [B, T, V]
+  Leave(head, logits);
+  return logits;
 }
 
 absl::StatusOr<at::Tensor> Gpt::Forward(const at::Tensor& tokens) const {

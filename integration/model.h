@@ -18,14 +18,16 @@
 // The fused QKV rows are ordered per query group g (Megatron's layout): the H/KV query heads of the
 // group, then its key head, then its value head, each D rows. Query head h uses group h / (H/KV).
 //
-// Pre-forward mechanism (for a data-parallel wrapper that gathers sharded params layer by layer):
-// the forward runs "forward layers" in order, 0 = embedding, 1..L = blocks, L + 1 = head (final norm
-// and output projection). When a hook is set, Forward calls hook(i) exactly once for each forward
-// layer i = 0, 1, ..., L + 1, in that order, on the calling thread, before any param of layer i is
-// read, and after every read of layer i - 1's own params has been issued. Each param's `layer` field
-// says which forward layer owns it. With tied embeddings the head also reads embedding.weight
-// (owned by layer 0): a wrapper that releases gathered params after use must keep layer 0's until
-// hook(L + 1) has returned. A hook must not throw; it may block (e.g. wait on an all-gather).
+// Layer hooks (for a data-parallel wrapper that gathers sharded params layer by layer, ddp/'s
+// LayerHooks): the forward runs "forward layers" in order, 0 = embedding, 1..L = blocks, L + 1 =
+// head (final norm and output projection). When hooks are set, Forward calls, for each forward
+// layer i = 0, 1, ..., L + 1 in that order, on the calling thread: pre_forward(i) before any param
+// of layer i is read, and post_forward(i, output) once every read of the params layer i reads has
+// been issued, with the layer's output (embedding: [B, T, C]; block: [B, T, C]; head: the logits
+// [B, T, V]), from whose gradient all of layer i's backward follows. Each param's `layer` says which
+// forward layer owns it and `also_read_by` which others read it: with tied embeddings the head
+// reads embedding.weight too, so a wrapper that releases gathered params after their last reader
+// keeps it until post_forward(L + 1). Hooks must not throw; they may block (e.g. on an all-gather).
 #ifndef ORTHOSHARD_INTEGRATION_MODEL_H_
 #define ORTHOSHARD_INTEGRATION_MODEL_H_
 
@@ -60,10 +62,14 @@ struct ModelParam {
   ParamKind kind;
   int layer = 0;      // owning forward layer (0 = embedding, 1..L = blocks, L + 1 = head)
   FusedSplit split;
+  std::vector<int> also_read_by;  // other forward layers reading it (the head, for a tied embedding)
 };
 
-// Called before forward layer `layer_index` runs; see the file comment for the contract.
-using PreForwardHook = std::function<void(int layer_index)>;
+// Called around each forward layer; see the file comment for the contract. Either may be empty.
+struct LayerHooks {
+  std::function<void(int layer)> pre_forward;
+  std::function<void(int layer, const at::Tensor& output)> post_forward;
+};
 
 // Applies rotary position embeddings to x [B, N, T, D] (D even) for positions 0..T-1: each pair
 // (x[..., j], x[..., j + D/2]) at position t is rotated by angle t * theta^(-2j/D) (the "rotate
@@ -78,12 +84,27 @@ void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::Scala
 class Gpt {
  public:
   // Builds a model with params initialised from `seed` alone: the same seed gives bit-identical
-  // params on every machine (drawn on CPU in fp32 in the listed order, then cast to `dtype` and
-  // moved to `device`). `dtype` is kFloat or kDouble. Errors: as ValidateConfig; kInvalidArgument
-  // for another dtype; kInternal when LibTorch cannot place the params on `device`.
+  // params on every machine (ForEachInitialValue's values, cast to `dtype` and copied to
+  // `device`). `dtype` is kFloat or kDouble. Errors: as ValidateConfig; kInvalidArgument for
+  // another dtype; kInternal when LibTorch cannot place the params on `device`.
   static absl::StatusOr<Gpt> Create(const GptConfig& config, uint64_t seed,
                                     at::ScalarType dtype = at::kFloat,
                                     at::Device device = at::kCPU);
+
+  // The same model with uninitialised params (allocated, never written: on the CPU, large ones
+  // take no memory until touched), for a caller that moves the params into its own storage
+  // first (a ZeRO-3 wrapper keeping only a shard of each) and then writes ForEachInitialValue's
+  // values there, so that no process ever holds the whole initialised model. Errors: as Create.
+  static absl::StatusOr<Gpt> CreateUninitialized(const GptConfig& config,
+                                                 at::ScalarType dtype = at::kFloat,
+                                                 at::Device device = at::kCPU);
+
+  // Calls fn(i, value) for every param i in order with its initial value for `seed`: an fp32 CPU
+  // tensor of the param's shape, drawn from one CPU generator in the listed order (normal with
+  // the param's init std; norms are ones), one param at a time. Errors: the first of fn's.
+  absl::Status ForEachInitialValue(
+      uint64_t seed,
+      const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const;
 
   const GptConfig& config() const { return config_; }
   // All params, in the order of the file comment. The tensors are shared with the model: updating
@@ -93,8 +114,8 @@ class Gpt {
   int64_t num_params() const;  // total elements
   int num_forward_layers() const { return static_cast<int>(config_.num_layers) + 2; }
 
-  // Installs (or with nullptr clears) the pre-forward hook.
-  void set_pre_forward_hook(PreForwardHook hook) { hook_ = std::move(hook); }
+  // Installs (or, with empty functions, clears) the layer hooks.
+  void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
 
   // logits [B, T, V] for tokens [B, T] (int64 on the params' device, 1 <= T <= max_seq_len, ids
   // in [0, V)).
@@ -113,16 +134,20 @@ class Gpt {
 
   at::Tensor ForwardUnchecked(const at::Tensor& tokens) const;
   at::Tensor Block(const Layer& layer, const at::Tensor& x) const;
-  void CallHook(int layer_index) const {
-    if (hook_) hook_(layer_index);
+  void Enter(int layer) const {
+    if (hooks_.pre_forward) hooks_.pre_forward(layer);
+  }
+  void Leave(int layer, const at::Tensor& output) const {
+    if (hooks_.post_forward) hooks_.post_forward(layer, output);
   }
 
   GptConfig config_;
   std::vector<ModelParam> params_;
+  std::vector<double> init_std_;  // parallel to params_ (0 for norms, which start at 1)
   at::Tensor embedding_, final_norm_, output_;  // output_ aliases embedding_ when tied
   std::vector<Layer> layers_;
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, D/2]
-  PreForwardHook hook_;
+  LayerHooks hooks_;
 };
 
 }  // namespace orthoshard::integration

@@ -81,6 +81,16 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
       summary_.elapsed_s > 0 ? tokens_per_step_ * StepsRun() / summary_.elapsed_s : 0;
   summary_.skipped_steps = skipped_steps;
   summary_.comm_bytes = TotalBytes(comm_);
+  for (size_t r = 0; r < summary_.memory.size(); ++r) {
+    const RankMemory& m = summary_.memory[r];
+    const std::string prefix = absl::StrCat("memory/rank", r, "/");
+    RETURN_IF_ERROR(Scalar(prefix + "params_bytes", summary_.steps, m.params_bytes));
+    RETURN_IF_ERROR(Scalar(prefix + "grads_bytes", summary_.steps, m.grads_bytes));
+    RETURN_IF_ERROR(
+        Scalar(prefix + "optimizer_state_bytes", summary_.steps, m.optimizer_state_bytes));
+    RETURN_IF_ERROR(
+        Scalar(prefix + "peak_transient_bytes", summary_.steps, m.peak_transient_bytes));
+  }
   return tb_ ? tb_->Flush() : absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // Where a training run's measurements go: the TrainSummary (every rank), and on rank 0 the
 // progress line and the TensorBoard scalars (train/loss, train/lr, train/grad_norm,
-// train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss). One object the trainer's loop
+// train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss, memory/rank<r>/...). One object the trainer's loop
 // reports each step and each eval to.
 #ifndef ORTHOSHARD_INTEGRATION_RUN_METRICS_H_
 #define ORTHOSHARD_INTEGRATION_RUN_METRICS_H_
@@ -48,7 +48,9 @@ class RunMetrics {
   // The eval loss after step `step` (0: before training). Errors: the event writer's.
   absl::Status Eval(int64_t step, double loss);
 
-  // The totals, once the steps are done. Errors: the event writer's.
+  // The totals, once the steps are done, and (TensorBoard) each rank's memory from the summary's
+  // `memory` (memory/rank<r>/params_bytes, grads_bytes, optimizer_state_bytes,
+  // peak_transient_bytes at the last step). Errors: the event writer's.
   absl::Status Finish(int64_t skipped_steps);
 
  private:

@@ -33,6 +33,7 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "ddp/distributed_data_parallel.h"
+#include "common/exact_sum.h"
 #include "common/status_macros.h"
 #include "integration/checkpointer.h"
 #include "integration/dataset.h"
@@ -236,12 +237,24 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   ddp_config.overlap_param_gather = !replicated;
   ddp_config.grad_sync =
       replicated ? buffers::GradSync::kAllReduce : buffers::GradSync::kReduceScatter;
+  if (s.mode == DistMode::kFsdp) {
+    ddp_config.residency = buffers::Residency::kSharded;
+    ddp_config.reshard_after_forward = c.reshard_after_forward;
+  }
   ASSIGN_OR_RETURN(s.ddp, ddp::DistributedDataParallel::Create(s.layout, tensors, &comm, nullptr,
                                                                ddp_config));
   std::vector<int> param_layers;
-  for (const ModelParam& p : params) param_layers.push_back(p.layer);
-  ASSIGN_OR_RETURN(std::function<void(int)> hook, s.ddp->PreForwardHook(param_layers));
-  s.model->set_pre_forward_hook(std::move(hook));
+  std::vector<std::pair<int, int>> extra_reads;  // a tied embedding is read by the head too
+  for (size_t i = 0; i < params.size(); ++i) {
+    param_layers.push_back(params[i].layer);
+    for (int layer : params[i].also_read_by) extra_reads.push_back({static_cast<int>(i), layer});
+  }
+  ASSIGN_OR_RETURN(ddp::LayerHooks hooks, s.ddp->MakeLayerHooks(param_layers, extra_reads));
+  s.model->set_layer_hooks({std::move(hooks.pre_forward), std::move(hooks.post_forward)});
+  // The initial values, one param at a time, straight into what this rank keeps (with fsdp only
+  // its shards: no rank ever holds the whole initialised model). The model was built without them.
+  RETURN_IF_ERROR(s.model->ForEachInitialValue(
+      c.seed, [&s](int i, const at::Tensor& value) { return s.ddp->SetParam(i, value); }));
   for (int i = 0; i < s.ddp->num_buffers(); ++i) s.buffers.push_back(&s.ddp->buffer(i));
   // Each fused weight's split (QKV, SwiGLU fc1): Muon orthogonalises it per block in every mode.
   std::map<std::string, optimizers::FusedSplit> splits;
@@ -287,8 +300,9 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   s.train = std::make_unique<DataLoader>(std::move(train));
   s.eval = std::make_unique<DataLoader>(std::move(eval));
 
-  // Initialised from the seed on the CPU, then moved: every device starts from the same weights.
-  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(gpt, c.seed, at::kFloat, comm.device()));
+  // Built without values; BuildDistribution writes them (drawn from the seed on the CPU, so every
+  // device starts from the same weights) into the buffers.
+  ASSIGN_OR_RETURN(Gpt model, Gpt::CreateUninitialized(gpt, at::kFloat, comm.device()));
   s.model = std::make_unique<Gpt>(std::move(model));
   RETURN_IF_ERROR(BuildDistribution(c, gpt, comm, s));
   return s;
@@ -311,31 +325,72 @@ absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
   return ValueOf(mean);
 }
 
-// Compares a cheap checksum of every param (sum and sum of squares, in fp64) with rank 0's; every
-// rank learns whether any rank differs. Returns the sum.
-absl::StatusOr<double> CheckParamsIdentical(Setup& s, Communicator& comm, int64_t step) {
+// Adds every element of `t` (any float dtype, any device) to `sum`.
+void AddToSum(const at::Tensor& t, ExactFloatSum& sum) {
+  const at::Tensor values = t.detach().to(at::kCPU).to(at::kFloat).contiguous();
+  sum.Add(absl::MakeConstSpan(values.data_ptr<float>(), static_cast<size_t>(values.numel())));
+}
+
+// The exact sum of every param (common/exact_sum.h), the same on every rank and for bitwise-equal
+// params at any rank count or layout. With full residency every rank holds every param: each sums
+// its own copy and compares it with rank 0's, and every rank learns whether any differs (a
+// divergence fails the run; `*compared` is set). With sharded residency (fsdp) each rank holds
+// only its shards, so there is nothing to compare: the ranks' exact partial sums are added.
+absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step, bool* compared) {
   at::NoGradGuard no_grad;
   RETURN_IF_ERROR(s.ddp->FinishParamSync());
-  double sum = 0, sum_squares = 0;
+  const bool sharded = s.mode == DistMode::kFsdp;
+  ExactFloatSum local;
   for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
-    const at::Tensor data = buffer->param_data().to(at::kDouble);
-    sum += data.sum().item<double>();
-    sum_squares += data.mul(data).sum().item<double>();
+    if (!sharded) {
+      AddToSum(buffer->param_data(), local);
+      continue;
+    }
+    for (int b = 0; b < buffer->num_buckets(); ++b) AddToSum(buffer->ParamShard(b, comm.rank()), local);
   }
-  at::Tensor reference = at::tensor({sum, sum_squares}, at::kDouble).to(comm.device());
-  RETURN_IF_ERROR(RunGroup(comm, {collectives::BroadcastOp{reference, {0}}}));
-  reference = reference.cpu();
-  const double* r = reference.data_ptr<double>();
-  const bool differs = r[0] != sum || r[1] != sum_squares;
-  at::Tensor flag = ScalarOn(comm, differs ? 1.0 : 0.0);
+  const ExactFloatSum::Limbs limbs = local.limbs();
+  at::Tensor agreed = at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong)
+                          .to(comm.device());
+  *compared = !sharded;
+  if (sharded) {
+    RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreed, {ReduceOp::kSum}}}));
+  } else {
+    RETURN_IF_ERROR(RunGroup(comm, {collectives::BroadcastOp{agreed, {0}}}));
+  }
+  agreed = agreed.cpu();
+  ExactFloatSum::Limbs got;
+  std::copy(agreed.data_ptr<int64_t>(), agreed.data_ptr<int64_t>() + got.size(), got.begin());
+  ExactFloatSum total;
+  total.Merge(got);
+  if (sharded) return total.ToDouble();
+  at::Tensor flag = ScalarOn(comm, total.limbs() != limbs ? 1.0 : 0.0);
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{flag, {ReduceOp::kSum}}}));
   if (const double ranks = ValueOf(flag); ranks != 0) {
     return absl::InternalError(absl::StrFormat(
-        "param checksum differs from rank 0's at step %d on %d rank(s) (this rank: sum %.17g vs "
+        "param checksum differs from rank 0's at step %d on %d rank(s) (this rank: %.17g vs "
         "%.17g)",
-        step, static_cast<int64_t>(ranks), sum, r[0]));
+        step, static_cast<int64_t>(ranks), local.ToDouble(), total.ToDouble()));
   }
-  return sum;
+  return total.ToDouble();
+}
+
+// What every rank holds (params, grads, optimizer state, transient peak), one row per rank.
+absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator& comm) {
+  const ddp::DdpMemory m = s.ddp->memory();
+  at::Tensor rows = at::zeros({comm.size(), 4}, at::kLong);
+  rows[comm.rank()][0].fill_(m.param_bytes);
+  rows[comm.rank()][1].fill_(m.grad_bytes);
+  rows[comm.rank()][2].fill_(s.optimizer->state_bytes());
+  rows[comm.rank()][3].fill_(m.peak_transient_bytes);
+  rows = rows.to(comm.device());
+  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{rows, {ReduceOp::kSum}}}));
+  rows = rows.cpu();
+  std::vector<RankMemory> out(comm.size());
+  for (int r = 0; r < comm.size(); ++r) {
+    const int64_t* row = rows[r].data_ptr<int64_t>();
+    out[r] = {row[0], row[1], row[2], row[3]};
+  }
+  return out;
 }
 
 // The configs a checkpoint records; a resume must match them (trainer.h: "incompatible").
@@ -564,14 +619,16 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
       RETURN_IF_ERROR(metrics.Eval(step, eval));
     }
     if (plan.check) {
-      ASSIGN_OR_RETURN(summary.param_checksum, CheckParamsIdentical(s, comm, step));
-      ++summary.checksum_checks;
+      bool compared = false;
+      ASSIGN_OR_RETURN(summary.param_checksum, ParamChecksum(s, comm, step, &compared));
+      summary.checksum_checks += compared;
     }
     // Snapshot now, written in the background while the next steps run.
     if (plan.save) RETURN_IF_ERROR(saver->Save(SharedStateAt(c, s, step), plan.last));
   }
   if (saver) RETURN_IF_ERROR(saver->Finish());
   RETURN_IF_ERROR(s.ddp->FinishParamSync());
+  ASSIGN_OR_RETURN(summary.memory, GatherRankMemory(s, comm));
   RETURN_IF_ERROR(metrics.Finish(s.optimizer->skipped_steps()));
   return ReportEnd(c, comm, options, summary, plan, policy.consecutive_skips());
 }

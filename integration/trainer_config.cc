@@ -1,6 +1,7 @@
 // TrainerConfig: parsing the text-format proto, validation, and the summary's JSON.
 #include "integration/trainer_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -49,16 +50,19 @@ const char* DistModeName(DistMode mode) {
       return "layerwise";
     case DistMode::kDistOpt:
       return "distopt";
+    case DistMode::kFsdp:
+      return "fsdp";
   }
   return "?";
 }
 
 absl::StatusOr<DistMode> ParseDistMode(absl::string_view name) {
-  for (DistMode mode : {DistMode::kReplicated, DistMode::kLayerwise, DistMode::kDistOpt}) {
+  for (DistMode mode :
+       {DistMode::kReplicated, DistMode::kLayerwise, DistMode::kDistOpt, DistMode::kFsdp}) {
     if (name == DistModeName(mode)) return mode;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--dist '", name, "': expected replicated, layerwise or distopt"));
+      absl::StrCat("--dist '", name, "': expected replicated, layerwise, distopt or fsdp"));
 }
 
 absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
@@ -191,6 +195,28 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// "max_persistent_bytes":N,"max_peak_transient_bytes":N,"memory":[{"rank":0,...},...].
+std::string MemoryJson(const std::vector<RankMemory>& memory) {
+  int64_t max_persistent = 0, max_transient = 0;
+  std::vector<std::string> ranks;
+  for (size_t r = 0; r < memory.size(); ++r) {
+    const RankMemory& m = memory[r];
+    max_persistent = std::max(max_persistent, m.persistent_bytes());
+    max_transient = std::max(max_transient, m.peak_transient_bytes);
+    ranks.push_back(absl::StrFormat(
+        "{\"rank\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,\"optimizer_state_bytes\":%d,"
+        "\"peak_transient_bytes\":%d}",
+        r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes));
+  }
+  return absl::StrFormat(
+      "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]",
+      max_persistent, max_transient, absl::StrJoin(ranks, ","));
+}
+
+}  // namespace
+
 std::string TrainSummary::ToJson() const {
   // %.17g round-trips doubles; the strings are fixed identifiers (no escaping needed).
   return absl::StrFormat(
@@ -198,10 +224,10 @@ std::string TrainSummary::ToJson() const {
       "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
       "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
       "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
-      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g}",
+      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,%s}",
       steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
       elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
-      checksum_checks, failed_saves, stop_signal, param_checksum);
+      checksum_checks, failed_saves, stop_signal, param_checksum, MemoryJson(memory));
 }
 
 }  // namespace orthoshard::integration

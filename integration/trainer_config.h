@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,8 +18,8 @@
 
 namespace orthoshard::integration {
 
-enum class DistMode { kReplicated, kLayerwise, kDistOpt };
-const char* DistModeName(DistMode mode);  // "replicated", "layerwise", "distopt"
+enum class DistMode { kReplicated, kLayerwise, kDistOpt, kFsdp };
+const char* DistModeName(DistMode mode);  // "replicated", "layerwise", "distopt", "fsdp"
 // Errors: kInvalidArgument naming the accepted values.
 absl::StatusOr<DistMode> ParseDistMode(absl::string_view name);
 
@@ -41,6 +42,17 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 // other than cpu or cuda, ...). Whether this build and machine can run cuda is the caller's check.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
+// What one rank holds, in bytes: persistently (its params, grads and optimizer state, as the
+// --dist mode keeps them) and at most at once in transient buffers (fsdp's gathered params and full
+// grads; 0 in the other modes, which keep everything).
+struct RankMemory {
+  int64_t params_bytes = 0;
+  int64_t grads_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t peak_transient_bytes = 0;
+  int64_t persistent_bytes() const { return params_bytes + grads_bytes + optimizer_state_bytes; }
+};
+
 // What a finished run reports (every rank gets the same numbers except the per-rank timings).
 struct TrainSummary {
   int64_t steps = 0;
@@ -61,9 +73,12 @@ struct TrainSummary {
   int64_t checksum_checks = 0;    // cross-rank param checksum comparisons that passed
   int64_t failed_saves = 0;       // checkpoint saves that failed (on_save_failure=continue)
   int stop_signal = 0;            // stopped early on this signal (TrainOptions::stop_signal); 0 = no
-  double param_checksum = 0;      // sum of all params at the end (identical on every rank)
+  // Sum of all params at the end, computed exactly (common/exact_sum.h) and rounded once, so it
+  // is the same on every rank and for bitwise-equal params at any rank count or layout.
+  double param_checksum = 0;
+  std::vector<RankMemory> memory;  // per rank, at the end of the run
 
-  // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...}.
+  // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}.
   std::string ToJson() const;
 };
 

@@ -16,7 +16,9 @@
   X(std::string, dist, "layerwise", \
     "distribution: replicated (grads all-reduced, every rank steps every param), layerwise " \
     "(DDP reduce-scatter + layer-wise Muon + ZeRO-1 AdamW, params all-gathered per layer " \
-    "before forward) or distopt (ZeRO-1 for every param; needs --optimizer=adamw)") \
+    "before forward), distopt (ZeRO-1 for every param; needs --optimizer=adamw) or fsdp " \
+    "(layerwise with sharded params, ZeRO-3: each rank keeps only its shard of params, grads " \
+    "and state; each layer's params are gathered before its forward and its backward)") \
   X(std::string, device, "cpu", \
     "cpu (Gloo) or cuda (NCCL, one GPU per rank: cuda:LOCAL_RANK; needs a build with bazel " \
     "build --config=cuda)") \
@@ -54,6 +56,10 @@
     "tail of the data held out for eval") \
   X(int64_t, bucket_elems, 1 << 16, \
     "soft minimum grad bucket size (elements)") \
+  X(bool, reshard_after_forward, true, \
+    "fsdp: free a layer's gathered params after its forward and gather them again for its " \
+    "backward (least memory); false keeps them from forward to backward (one gather per " \
+    "micro-batch instead of two, the whole model's params held meanwhile)") \
   X(int64_t, check_every, 100, \
     "compare a param checksum across ranks every N steps (and at the end); 0 = end only") \
   X(int64_t, log_every, 10, \

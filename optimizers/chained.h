@@ -141,6 +141,8 @@ class ChainedOptimizer final : public OptimizerState {
 
   int64_t steps_taken() const { return steps_; }
   int64_t skipped_steps() const { return skipped_; }
+  // Bytes of state this rank holds (AdamW's and Muon's SlotOptimizer::state_bytes).
+  int64_t state_bytes() const { return adamw_->state_bytes() + muon_->state_bytes(); }
   const AdamW& adamw() const { return *adamw_; }
   const Muon& muon() const { return *muon_; }
 

@@ -115,6 +115,9 @@ class SlotOptimizer {
 
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
   int64_t numel() const;
+  // Bytes of optimizer state this rank holds: every state tensor of every slot plus the fp32
+  // main params it owns (an fp32 param is its own main param and costs nothing extra).
+  int64_t state_bytes() const;
   const Slot& slot(int64_t i) const { return slots_[i].slot; }
 
  protected:
