@@ -36,8 +36,19 @@ absl::StatusOr<GptConfig> GptPreset(absl::string_view name) {
     c.ffn_hidden = 2048;
     return c;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown model preset '", name, "'; expected one of tiny, small, gpt2-124m"));
+  if (name == "tinyllama-1.1b") {
+    c.vocab_size = 32000;
+    c.max_seq_len = 2048;
+    c.num_layers = 22;
+    c.hidden = 2048;
+    c.num_heads = 32;
+    c.num_kv_heads = 4;
+    c.ffn_hidden = 5632;
+    c.tie_embeddings = false;
+    return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model preset '", name, "'; expected one of tiny, small, gpt2-124m, tinyllama-1.1b"));
 }
 
 absl::Status ValidateConfig(const GptConfig& c) {
@@ -69,12 +80,17 @@ absl::Status ValidateConfig(const GptConfig& c) {
   return absl::OkStatus();
 }
 
-int64_t GptParamCount(const GptConfig& c) {
-  const int64_t C = c.hidden, V = c.vocab_size, F = c.ffn_hidden;
+int64_t GptHiddenMatrixCount(const GptConfig& c) {
+  const int64_t C = c.hidden, F = c.ffn_hidden;
   const int64_t D = C / c.num_heads;
-  const int64_t per_layer = (c.num_heads + 2 * c.num_kv_heads) * D * C + C * c.num_heads * D +
-                            2 * F * C + C * F + 2 * C;
-  return V * C + c.num_layers * per_layer + C + (c.tie_embeddings ? 0 : V * C);
+  return c.num_layers *
+         ((c.num_heads + 2 * c.num_kv_heads) * D * C + C * c.num_heads * D + 2 * F * C + C * F);
+}
+
+int64_t GptParamCount(const GptConfig& c) {
+  const int64_t C = c.hidden, V = c.vocab_size;
+  return V * C + GptHiddenMatrixCount(c) + c.num_layers * 2 * C + C +
+         (c.tie_embeddings ? 0 : V * C);
 }
 
 }  // namespace orthoshard::integration

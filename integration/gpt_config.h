@@ -30,13 +30,20 @@ struct GptConfig {
 // forward+backward of 16 x 64 tokens on one CPU thread; 300 Adam steps reach 0.46 nats on the
 // synthetic corpus), "small" (4 layers, C 256, 8 heads, 2 KV heads, F 704, V 256, T 256), and
 // "gpt2-124m" (12 layers, C 768, 12 heads, F 2048, V 50304, T 1024, tied: GPT-2 small's shape with a
-// SwiGLU MLP of about the same parameter count). Errors: kInvalidArgument naming the known presets.
+// SwiGLU MLP of about the same parameter count), and "tinyllama-1.1b" (TinyLlama-1.1B's shape: 22
+// layers, C 2048, 32 heads, 4 KV heads, F 5632, V 32000, T 2048, untied head; 1.10B params, 17.6 GB
+// of fp32 params, grads and AdamW state: more than this project's 24 GB machine holds for two
+// layerwise ranks, which --dist=fsdp trains). Errors: kInvalidArgument naming the known presets.
 absl::StatusOr<GptConfig> GptPreset(absl::string_view name);
 
 // Number of parameters of a model of `config` (what Gpt::num_params() returns once it is built):
 // embedding V x C; per layer qkv (H + 2 KV) x D x C, proj C x C, fc1 2F x C, fc2 C x F and two
 // norms of C; the final norm C; an untied head V x C. Precondition: ValidateConfig(config) is OK.
 int64_t GptParamCount(const GptConfig& config);
+
+// The elements of the hidden matrices (qkv, proj, fc1, fc2 of every layer): what Muon updates
+// with --optimizer=muon; the rest (embedding, norms, an untied head) is AdamW's.
+int64_t GptHiddenMatrixCount(const GptConfig& config);
 
 // Errors: kInvalidArgument for a non-positive size, hidden not divisible by num_heads, num_heads
 // not divisible by num_kv_heads, an odd head_dim (rotary pairs), or a non-positive theta/eps/std.

@@ -1,7 +1,10 @@
 #include "integration/model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -63,10 +66,15 @@ TEST(GptConfig, PresetsAndValidation) {
   EXPECT_EQ(gpt2.num_heads, 12);
   EXPECT_EQ(gpt2.vocab_size, 50304);
   EXPECT_EQ(gpt2.max_seq_len, 1024);
+  // TinyLlama-1.1B's shape, with its published parameter count.
+  ASSERT_OK_AND_ASSIGN(GptConfig llama, GptPreset("tinyllama-1.1b"));
+  EXPECT_OK(ValidateConfig(llama));
+  EXPECT_EQ(GptParamCount(llama), 1'100'048'384);
+  EXPECT_EQ(GptHiddenMatrixCount(llama), 22 * (5'242'880 + 4'194'304 + 23'068'672 + 11'534'336));
   EXPECT_THAT(GptPreset("huge"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("unknown model preset 'huge'; expected one of tiny, small, "
-                                 "gpt2-124m")));
+                                 "gpt2-124m, tinyllama-1.1b")));
   GptConfig bad = Small(true);
   bad.num_kv_heads = 3;
   EXPECT_THAT(ValidateConfig(bad), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -86,6 +94,41 @@ TEST(GptConfig, PresetsAndValidation) {
   EXPECT_THAT(Gpt::Create(Small(true), 1, at::kHalf).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("param dtype must be float or double, got Half")));
+}
+
+// Resident memory of this process (/proc/self/statm), in bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// Create draws the values ForEachInitialValue hands out, in order, one param at a time; a model
+// built without them takes (on the CPU) no memory for its params until they are written: the
+// 1.1B-param preset's 4.4 GB of params stay virtual, so a ZeRO-3 rank that writes only its shards
+// never holds the whole initialised model.
+TEST(Gpt, InitialValuesStreamOneParamAtATime) {
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(false), 21));
+  ASSERT_OK_AND_ASSIGN(Gpt bare, Gpt::CreateUninitialized(Small(false)));
+  int calls = 0;
+  ASSERT_OK(bare.ForEachInitialValue(21, [&](int i, const at::Tensor& value) {
+    EXPECT_EQ(i, calls++);
+    EXPECT_EQ(value.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(value, model.params()[i].tensor)) << model.params()[i].name;
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(calls, static_cast<int>(model.params().size()));
+  EXPECT_THAT(bare.ForEachInitialValue(21, [](int i, const at::Tensor&) {
+    return i == 3 ? absl::DataLossError("sink full") : absl::OkStatus();
+  }), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sink full")));
+
+  const int64_t before = ResidentBytes();
+  ASSERT_OK_AND_ASSIGN(GptConfig llama, GptPreset("tinyllama-1.1b"));
+  ASSERT_OK_AND_ASSIGN(Gpt big, Gpt::CreateUninitialized(llama));
+  EXPECT_EQ(big.num_params(), GptParamCount(llama));
+  // 4.4 GB of params; what grows is the rotary tables and allocator bookkeeping.
+  EXPECT_LT(ResidentBytes() - before, int64_t{256} << 20);
 }
 
 TEST(Gpt, ParamsNamesShapesRolesAndSplits) {

@@ -22,8 +22,10 @@ struct MachineResources {
 // usage_in_bytes) where there is one.
 MachineResources ProbeMachine();
 
-// The memory a run certainly needs on each rank, in bytes: fp32 params and grads of the whole
-// model, at least one fp32 word of optimizer state per param over the world, the logits of one
+// The memory a run certainly needs on each rank, in bytes: the model's fp32 params and grads and
+// its optimizer state (AdamW 8 bytes per param, Muon 4 per hidden-matrix element), as the --dist
+// mode keeps them (replicated: all of it; layerwise and distopt: whole params and grads, 1/world of
+// the state; fsdp: 1/world of all three), the logits of one
 // micro-batch with their log-softmax (2 x micro-batch x seq_len x vocab x 4), the eval batches'
 // token ids (eval_batches x micro-batch x seq_len x 16), and the token stream twice (loaded, then
 // split into train and eval copies) at DatasetSpecMinTokens. A lower bound: activations, LibTorch

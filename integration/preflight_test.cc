@@ -78,6 +78,45 @@ TEST(Preflight, TheModelTermScalesWithThePreset) {
                        HasSubstr("the model (--model=gpt2-124m")));
 }
 
+// The model term follows what --dist keeps on a rank: TinyLlama-1.1B with AdamW (8 bytes of state
+// per param) on 2 ranks needs 16 bytes per param on a replicated rank, 4 + 4 + 8 / 2 = 12 on a
+// layerwise one (26 GB for the two: more than a 24 GB machine has) and (4 + 4 + 8) / 2 = 8 on an
+// fsdp one, which fits.
+TEST(Preflight, TheModelTermFollowsWhatTheDistModeKeepsPerRank) {
+  TrainerConfig c;
+  c.model = "tinyllama-1.1b";
+  c.optimizer = "adamw";
+  c.global_batch = 2;
+  c.seq_len = 64;
+  c.eval_batches = 1;
+  c.data = "synthetic:100000";
+  const int64_t params = GptParamCount(*GptPreset(c.model));
+  const int64_t rest = [&] {  // logits, eval batches and data: well under 0.1 byte per param
+    TrainerConfig tiny = c;
+    tiny.model = "tiny";
+    tiny.dist = "fsdp";
+    return MinBytesPerRank(tiny, 2);
+  }();
+  const MachineResources machine{2, 24 * kGiB};
+  c.dist = "replicated";
+  EXPECT_GE(MinBytesPerRank(c, 2), 16 * params);
+  c.dist = "layerwise";
+  EXPECT_GE(MinBytesPerRank(c, 2), 12 * params);
+  EXPECT_LT(MinBytesPerRank(c, 2), 12 * params + params / 10);
+  EXPECT_THAT(CheckMachine(c, 2, 2, machine),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the model (--model=tinyllama-1.1b, 1100048384 params, "
+                                 "--dist=layerwise: params and grads, its shard of the state)")));
+  c.dist = "fsdp";
+  EXPECT_GE(MinBytesPerRank(c, 2), 8 * params);
+  EXPECT_LT(MinBytesPerRank(c, 2), 8 * params + params / 10 + rest);
+  EXPECT_OK(CheckMachine(c, 2, 2, machine));
+  // Muon's momentum is 4 bytes per hidden-matrix element, AdamW's moments 8 for the rest.
+  c.optimizer = "muon";
+  const int64_t muon = GptHiddenMatrixCount(*GptPreset(c.model));
+  EXPECT_GE(MinBytesPerRank(c, 2), (8 * params + 8 * (params - muon) + 4 * muon) / 2);
+}
+
 TEST(Preflight, ProbeReadsThisMachine) {
   const MachineResources m = ProbeMachine();
   EXPECT_GE(m.cores, 1);

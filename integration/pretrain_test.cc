@@ -170,7 +170,7 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--config=" + dir + "/missing.textproto", "cannot open"},
       {"--config=" + dir + "/bad.textproto", "stepz"},
       {"--dist=distopt", "Muon needs whole matrices"},
-      {"--dist=mesh", "expected replicated, layerwise or distopt"},
+      {"--dist=mesh", "expected replicated, layerwise, distopt or fsdp"},
       {"--device=cuda", "--device=cuda: "},  // built without CUDA here, or no GPU visible
       {"--device=tpu", "--device 'tpu': expected cpu or cuda"},
       {"--resume", "--resume needs --save_dir"},

@@ -8,7 +8,7 @@
 // clang-format off
 #define ORTHOSHARD_TRAINER_CONFIG_FIELDS(X) \
   X(std::string, model, "tiny", \
-    "model preset: tiny, small, gpt2-124m") \
+    "model preset: tiny, small, gpt2-124m, tinyllama-1.1b") \
   X(std::string, data, "synthetic", \
     "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX") \
   X(std::string, optimizer, "muon", \

@@ -104,7 +104,7 @@ TEST(TrainerConfig, DistModes) {
   config.dist = "mesh";
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("expected replicated, layerwise or distopt")));
+                       HasSubstr("expected replicated, layerwise, distopt or fsdp")));
 }
 
 TEST(TrainerConfig, DeviceIsCpuOrCuda) {
