@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report_lib as rl  # noqa: E402
 
-SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "checkpoint"]
+SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint"]
 
 
 def sh(cmd, cwd=None):
@@ -122,6 +122,53 @@ def bench_args(quick):
 PRETRAIN_MODES = [("muon_layerwise", ["--optimizer=muon", "--dist=layerwise"]),
                   ("adamw_zero1", ["--optimizer=adamw", "--dist=distopt"]),
                   (rl.PRETRAIN_BASELINE, ["--optimizer=muon", "--dist=replicated"])]
+
+
+# Section 5 (fsdp), all on 2 local ranks: step time per mode (one repeat runs them back to back;
+# fp32 Newton-Schulz: this project's CPUs may lack bf16 arithmetic, where bf16 matmuls are ~60x
+# slower and would measure that instead of the distribution scheme).
+FSDP_COMMON = ["--model=small", "--eval_every=0", "--eval_batches=1", "--check_every=0",
+               "--muon_ns_dtype=fp32"]
+FSDP_MODE_FLAGS = {"muon_layerwise": ["--optimizer=muon", "--dist=layerwise"],
+                   "adamw_layerwise": ["--optimizer=adamw", "--dist=layerwise"],
+                   "muon_fsdp": ["--optimizer=muon", "--dist=fsdp"],
+                   "adamw_fsdp": ["--optimizer=adamw", "--dist=fsdp"],
+                   "muon_fsdp_no_prefetch": ["--optimizer=muon", "--dist=fsdp",
+                                             "--prefetch_params=false"]}
+FSDP_MEMORY_DPS = [1, 2, 4]
+# A run that only fsdp can do on a 24 GB machine: TinyLlama-1.1B with AdamW (16 bytes per param of
+# params, grads and state: 17.6 GB) on 2 ranks; layerwise keeps params and grads whole on both.
+FSDP_LARGE = ["--model=tinyllama-1.1b", "--optimizer=adamw", "--steps=3", "--seq_len=64",
+              "--global_batch=2", "--lr=3e-4", "--warmup_steps=1", "--eval_every=0",
+              "--eval_batches=1", "--check_every=0"]
+
+
+def fsdp_args(quick):
+    steps = ["--steps=2", "--global_batch=8"] if quick else ["--steps=10", "--global_batch=32"]
+    memory = (["--model=small"] if quick else ["--model=gpt2-124m", "--seq_len=64"]) + [
+        "--steps=1", "--global_batch=4", "--eval_every=0", "--eval_batches=1", "--check_every=0",
+        "--muon_ns_dtype=fp32"]
+    return FSDP_COMMON + steps, memory
+
+
+def run_large(path):
+    """The FSDP_LARGE run under layerwise and fsdp: {dist: (exit code, last stderr line or the
+    summary JSON)}. Failing is an expected outcome here, so exit codes are returned, not raised."""
+    out = {}
+    for dist in ("layerwise", "fsdp"):
+        args = FSDP_LARGE + [f"--dist={dist}"]
+        print(f"[bench] {path} {' '.join(args)}", file=sys.stderr, flush=True)
+        try:
+            proc = subprocess.run([path] + args, capture_output=True, text=True, timeout=1800)
+        except subprocess.TimeoutExpired:
+            out[dist] = (None, "timed out after 1800 s")
+            continue
+        if proc.returncode == 0:
+            out[dist] = (0, rl.parse_pretrain(proc.stdout))
+        else:
+            lines = [l for l in proc.stderr.splitlines() if l.strip()]
+            out[dist] = (proc.returncode, lines[-1] if lines else "")
+    return out
 
 
 def command_for(name, args):
@@ -234,6 +281,9 @@ def main():
         plan.append("checkpoint")
     if "pretrain" in only and os.path.exists(BIN["pretrain"]):
         plan.append("pretrain")
+    if "fsdp" in only and os.path.exists(BIN["pretrain"]):
+        plan.append("fsdp")
+    fsdp_step_args, fsdp_memory_args = fsdp_args(a.quick)
     raw = {name: [] for name in plan}
     errors = {}
     for rep in range(repeats):
@@ -245,6 +295,11 @@ def main():
                     raw[name].append(rl.pretrain_rows({
                         mode: rl.parse_pretrain(runner.run(BIN[name], args[name] + flags))
                         for mode, flags in PRETRAIN_MODES}))
+                elif name == "fsdp":
+                    raw[name].append(rl.fsdp_rows({
+                        mode: rl.parse_pretrain(runner.run(BIN["pretrain"],
+                                                           fsdp_step_args + flags))
+                        for mode, flags in FSDP_MODE_FLAGS.items()}))
                 elif name in ("optimizers", "checkpoint"):
                     rows = gbench(runner, BIN[name], args[name])
                     raw[name].append(rl.parse_checkpoint(rows) if name == "checkpoint" else rows)
@@ -256,6 +311,19 @@ def main():
             except (RuntimeError, rl.ParseError, FileNotFoundError, subprocess.TimeoutExpired) as e:
                 errors[name] = str(e)
                 print(f"[bench] {name} failed: {e}", file=sys.stderr)
+    # Memory is exact arithmetic (no timing): one run per mode and dp.
+    fsdp_memory, fsdp_large = None, None
+    if "fsdp" in plan:
+        try:
+            fsdp_memory = rl.summarize([rl.fsdp_memory_rows({
+                (dist, dp): rl.parse_pretrain(runner.run(
+                    BIN["pretrain"],
+                    fsdp_memory_args + [f"--dist={dist}", f"--nproc_per_node={dp}"]))
+                for dist in ("layerwise", "fsdp") for dp in FSDP_MEMORY_DPS})])
+        except (RuntimeError, rl.ParseError, subprocess.TimeoutExpired) as e:
+            errors["fsdp_memory"] = str(e)
+        if not a.quick:
+            fsdp_large = run_large(BIN["pretrain"])
     layout_doc = None
     if "layout" in only:
         try:
@@ -400,9 +468,69 @@ def main():
         else:
             md += ["Not measured yet: `//integration:pretrain` is not in this build.", ""]
 
-    # 5. Checkpoint.
+    # 5. Parameter sharding.
+    if "fsdp" in only:
+        md += ["## 5. Parameter sharding (ZeRO-3): `--dist=fsdp` against `--dist=layerwise`", "",
+               "`--dist=fsdp` keeps on each rank only its shard of every bucket — params, grads and "
+               "optimizer state — and gathers a layer's bucket groups before its forward and again "
+               "before its backward, prefetching the next layer's, and reduce-scatters each group's "
+               "gradients as soon as they are complete. Muon matrices stay whole inside one rank's "
+               "shard (the layer-wise layout), so Muon adds no communication: the gathers and "
+               "reduce-scatters are those AdamW needs too. Both modes train bitwise the same params "
+               "(`//integration:fsdp_test`).", ""]
+        md += ["### Memory per rank", "",
+               "The most any rank holds persistently (params + grads + optimizer state, fp32, "
+               "Muon for the hidden matrices), from the run's summary, against the ideal: the whole "
+               "model's (layerwise at dp 1) divided by dp. *transient peak*: the most gathered "
+               "params and full grads a fsdp rank held at once (the whole buffers, params and "
+               "grads, are 2× the params column of dp 1).", "",
+               "Reproduce: " + ", ".join(
+                   f"`{command_for('pretrain', fsdp_memory_args + [f'--dist={d}', f'--nproc_per_node={n}'])}`"
+                   for d in ("layerwise", "fsdp") for n in (2,)) + " (and dp 1, 4)", ""]
+        if fsdp_memory:
+            md += [rl.fsdp_memory_table(fsdp_memory), ""]
+        elif "fsdp_memory" in errors:
+            md.append(failed("fsdp_memory"))
+        md += ["### Step time, communication and overlap (2 ranks, `small`)", "",
+               "Step time is the mean over the run's steps (evals excluded). *waited on*: time "
+               "rank 0 spent blocked in the waits for param gathers and grad syncs per step (what "
+               "overlap did not hide). *logical bytes / ideal*: the communicator's logical bytes "
+               "per step (the full tensor of each collective) over 2× the param buffer for "
+               "layerwise (reduce-scatter + all-gather) and 3× for fsdp (all-gather for forward, "
+               "again for backward, reduce-scatter); the wire bytes of a ring are (N−1)/N of the "
+               "logical ones, and Gloo's reduce-scatter is an all-reduce (twice the wire bytes "
+               "of a real one; see issue 19).", "",
+               "Reproduce: " + ", ".join(f"`{command_for('pretrain', fsdp_step_args + f)}`"
+                                         for f in FSDP_MODE_FLAGS.values()), ""]
+        if "fsdp" in summaries:
+            md += [rl.fsdp_step_table(summaries["fsdp"]), "", rl.fsdp_ratio_table(summaries["fsdp"]),
+                   ""]
+        elif "fsdp" in errors:
+            md.append(failed("fsdp"))
+        if fsdp_large:
+            md += ["### A run only fsdp can do here", "",
+                   "TinyLlama-1.1B's shape (`--model=tinyllama-1.1b`, 1.10B params) with AdamW on 2 "
+                   "ranks of this machine: params + grads + AdamW state are 16 bytes per param, "
+                   "17.6 GB in all.", "",
+                   "Reproduce: " + ", ".join(
+                       f"`{command_for('pretrain', FSDP_LARGE + [f'--dist={d}'])}`"
+                       for d in ("layerwise", "fsdp")), ""]
+            for dist, (code, result) in fsdp_large.items():
+                if code == 0:
+                    md.append(
+                        f"- `--dist={dist}`: trained {result['steps']} steps, loss "
+                        f"{result['initial_loss']:.3f} → {result['final_loss']:.3f} (eval "
+                        f"{result['initial_eval_loss']:.3f} → {result['eval_loss']:.3f}), "
+                        f"{1000 * result['elapsed_s'] / result['steps']:.0f} ms per step; per rank "
+                        f"{result['max_persistent_bytes'] / 2**30:.2f} GiB persistent + "
+                        f"{result['max_peak_transient_bytes'] / 2**30:.2f} GiB transient peak.")
+                else:
+                    md.append(f"- `--dist={dist}`: exit {code}: `{result[:400]}`")
+            md.append("")
+
+    # 6. Checkpoint.
     if "checkpoint" in only:
-        md += ["## 5. Checkpoint: save/load vs plain write/read of the same bytes", "",
+        md += ["## 6. Checkpoint: save/load vs plain write/read of the same bytes", "",
                "256 MiB (64 × 4 MiB fp32 tensors) under $TMPDIR. Writes include fsync; reads run "
                "with a warm page cache. Ratio: bytes/s over the baseline's bytes/s in the same run.",
                "", f"Reproduce: `{command_for('checkpoint', args['checkpoint'])}`", ""]

@@ -224,6 +224,79 @@ def pretrain_rows(summaries):
     return rows
 
 
+# Step-time modes of the fsdp section (`pretrain` flags per mode are in report.py).
+FSDP_MODES = ["muon_layerwise", "adamw_layerwise", "muon_fsdp", "adamw_fsdp",
+              "muon_fsdp_no_prefetch"]
+
+
+def _step_ms(doc, mode):
+    steps = doc.get("steps", 0)
+    if not isinstance(doc.get("elapsed_s"), (int, float)) or not steps:
+        raise ParseError(f"pretrain {mode}: no elapsed_s or steps in the summary")
+    return 1000.0 * doc["elapsed_s"] / steps
+
+
+def fsdp_rows(summaries):
+    """{mode: pretrain summary JSON} of one repeat (every FSDP_MODES mode) → rows: per mode its step
+    time, the time it waited on param gathers and grad syncs, and its logical bytes per step over
+    the ideal (layerwise: a reduce-scatter and an all-gather of the buffer, 2x; fsdp: an all-gather
+    for forward, one for backward and a reduce-scatter, 3x); and a "ratios" row with the figures the
+    issue asks for, each within this repeat."""
+    for mode in FSDP_MODES:
+        if mode not in summaries:
+            raise ParseError(f"fsdp: no {mode} run")
+    rows = {}
+    for mode in FSDP_MODES:
+        doc = summaries[mode]
+        buffer = doc.get("param_buffer_bytes", 0)
+        per_step = doc.get("comm_bytes_per_step")
+        if not buffer or not isinstance(per_step, (int, float)):
+            raise ParseError(f"pretrain {mode}: no comm_bytes_per_step or param_buffer_bytes")
+        passes = 3 if "fsdp" in mode else 2
+        rows[mode] = {"step_ms": _step_ms(doc, mode),
+                      "gather_wait_ms": 1000.0 * doc.get("param_gather_wait_s", 0.0),
+                      "grad_wait_ms": 1000.0 * doc.get("grad_sync_wait_s", 0.0),
+                      "comm_MB": per_step / 2**20,
+                      "comm_vs_ideal": per_step / (passes * buffer)}
+    r = {m: rows[m]["step_ms"] for m in FSDP_MODES}
+    exposed_no_prefetch = rows["muon_fsdp_no_prefetch"]["gather_wait_ms"]
+    rows["ratios"] = {
+        "muon_over_adamw_fsdp": r["muon_fsdp"] / r["adamw_fsdp"],
+        "muon_over_adamw_layerwise": r["muon_layerwise"] / r["adamw_layerwise"],
+        "fsdp_over_layerwise_muon": r["muon_fsdp"] / r["muon_layerwise"],
+        "fsdp_over_layerwise_adamw": r["adamw_fsdp"] / r["adamw_layerwise"],
+        # Muon's extra time with sharded params minus without: what sharding costs Muon.
+        "muon_extra_ms_fsdp": r["muon_fsdp"] - r["adamw_fsdp"],
+        "muon_extra_ms_layerwise": r["muon_layerwise"] - r["adamw_layerwise"],
+        "gather_hidden_share": (1.0 - rows["muon_fsdp"]["gather_wait_ms"] / exposed_no_prefetch
+                                if exposed_no_prefetch > 0 else None),
+    }
+    return rows
+
+
+def fsdp_memory_rows(summaries):
+    """{(dist, dp): pretrain summary JSON} → {dp: figures}: per-rank persistent bytes (the most
+    any rank holds) of layerwise and fsdp, the ideal (params + grads + state of the whole model,
+    from layerwise at dp 1) / dp, and fsdp's transient peak. Exact byte counts, no timing."""
+    whole_doc = summaries.get(("layerwise", 1))
+    if not whole_doc:
+        raise ParseError("fsdp memory: no layerwise run at dp 1 (the whole model)")
+    whole = whole_doc.get("max_persistent_bytes", 0)
+    rows = {}
+    for dp in sorted({dp for _, dp in summaries}):
+        lw, fs = summaries.get(("layerwise", dp)), summaries.get(("fsdp", dp))
+        if not lw or not fs:
+            raise ParseError(f"fsdp memory: missing a run at dp {dp}")
+        ideal = whole / dp
+        rows[dp] = {"layerwise_MB": lw["max_persistent_bytes"] / 2**20,
+                    "fsdp_MB": fs["max_persistent_bytes"] / 2**20,
+                    "ideal_MB": ideal / 2**20,
+                    "fsdp_over_ideal": fs["max_persistent_bytes"] / ideal,
+                    "layerwise_over_fsdp": lw["max_persistent_bytes"] / fs["max_persistent_bytes"],
+                    "fsdp_peak_transient_MB": fs["max_peak_transient_bytes"] / 2**20}
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Rendering.
 
@@ -363,3 +436,38 @@ def pretrain_table(summary):
     rows = [[mode, stat_cell(st, "tokens_per_s", 0), stat_cell(st, "vs_replicated", 3),
              stat_cell(st, "loss", 3)] for mode, st in summary.items()]
     return markdown_table(["mode", "tokens/s", "vs replicated Muon", "final loss"], rows)
+
+
+def fsdp_step_table(summary):
+    rows = [[mode, stat_cell(st, "step_ms", 0), stat_cell(st, "gather_wait_ms", 1),
+             stat_cell(st, "grad_wait_ms", 1), stat_cell(st, "comm_MB", 1),
+             stat_cell(st, "comm_vs_ideal", 3)]
+            for mode, st in summary.items() if mode != "ratios"]
+    return markdown_table(["mode", "step ms", "waited on param gathers ms",
+                           "waited on grad syncs ms", "logical MB per step",
+                           "logical bytes / ideal"], rows)
+
+
+def fsdp_ratio_table(summary):
+    st = summary.get("ratios", {})
+    return markdown_table(["figure", "value"], [
+        ["Muon-fsdp / AdamW-fsdp step time (goal ≤ 1.1; Megatron's draft 1.5–2.7)",
+         stat_cell(st, "muon_over_adamw_fsdp", 3)],
+        ["Muon-layerwise / AdamW-layerwise step time (the same compute without param sharding)",
+         stat_cell(st, "muon_over_adamw_layerwise", 3)],
+        ["Muon's extra ms per step over AdamW, fsdp", stat_cell(st, "muon_extra_ms_fsdp", 0)],
+        ["Muon's extra ms per step over AdamW, layerwise",
+         stat_cell(st, "muon_extra_ms_layerwise", 0)],
+        ["fsdp / layerwise step time, Muon", stat_cell(st, "fsdp_over_layerwise_muon", 3)],
+        ["fsdp / layerwise step time, AdamW", stat_cell(st, "fsdp_over_layerwise_adamw", 3)],
+        ["share of param-gather time hidden by prefetching, 1 − waited(prefetch) / "
+         "waited(no prefetch)", stat_cell(st, "gather_hidden_share", 1, 100, "%")]])
+
+
+def fsdp_memory_table(summary):
+    rows = [[str(dp), stat_cell(st, "layerwise_MB", 1), stat_cell(st, "fsdp_MB", 1),
+             stat_cell(st, "ideal_MB", 1), stat_cell(st, "fsdp_over_ideal", 3),
+             stat_cell(st, "layerwise_over_fsdp", 2), stat_cell(st, "fsdp_peak_transient_MB", 1)]
+            for dp, st in summary.items()]
+    return markdown_table(["dp", "layerwise MB", "fsdp MB", "ideal (whole) / dp MB",
+                           "fsdp / ideal", "layerwise / fsdp", "fsdp transient peak MB"], rows)

@@ -227,6 +227,45 @@ class RenderTest(unittest.TestCase):
         with self.assertRaisesRegex(rl.ParseError, "no muon_replicated run"):
             rl.pretrain_rows({"muon_layerwise": {"tokens_per_s": 1.0}})
 
+    def test_fsdp_rows_and_tables(self):
+        def doc(elapsed, gather, per_step):
+            return {"steps": 10, "elapsed_s": elapsed, "param_gather_wait_s": gather,
+                    "grad_sync_wait_s": 0.01, "comm_bytes_per_step": per_step,
+                    "param_buffer_bytes": 1 << 20}
+        run = rl.fsdp_rows({
+            "muon_layerwise": doc(6.0, 0.02, 2 << 20),
+            "adamw_layerwise": doc(5.0, 0.02, 2 << 20),
+            "muon_fsdp": doc(5.5, 0.025, 3 << 20),
+            "adamw_fsdp": doc(5.0, 0.02, 3 << 20),
+            "muon_fsdp_no_prefetch": doc(6.0, 0.1, 3 << 20),
+        })
+        self.assertAlmostEqual(run["muon_fsdp"]["step_ms"], 550.0)
+        self.assertAlmostEqual(run["muon_fsdp"]["comm_vs_ideal"], 1.0)
+        self.assertAlmostEqual(run["muon_layerwise"]["comm_vs_ideal"], 1.0)
+        ratios = run["ratios"]
+        self.assertAlmostEqual(ratios["muon_over_adamw_fsdp"], 1.1)
+        self.assertAlmostEqual(ratios["muon_over_adamw_layerwise"], 1.2)
+        self.assertAlmostEqual(ratios["fsdp_over_layerwise_adamw"], 1.0)
+        self.assertAlmostEqual(ratios["gather_hidden_share"], 0.75)
+        summary = rl.summarize([run])
+        self.assertIn("| muon_fsdp | 550 | 25.0 | 10.0 | 3.0 | 1.000 |",
+                      rl.fsdp_step_table(summary).splitlines())
+        self.assertIn("| share of param-gather time hidden by prefetching, 1 − waited(prefetch) / "
+                      "waited(no prefetch) | 75.0% |", rl.fsdp_ratio_table(summary).splitlines())
+        with self.assertRaisesRegex(rl.ParseError, "no adamw_layerwise run"):
+            rl.fsdp_rows({"muon_layerwise": doc(1, 0, 1)})
+
+        def mem(persistent, transient):
+            return {"max_persistent_bytes": persistent, "max_peak_transient_bytes": transient}
+        rows = rl.fsdp_memory_rows({("layerwise", 1): mem(12 << 20, 0), ("fsdp", 1): mem(12 << 20, 1 << 20),
+                                    ("layerwise", 2): mem(10 << 20, 0), ("fsdp", 2): mem(6 << 20, 1 << 20)})
+        self.assertAlmostEqual(rows[2]["ideal_MB"], 6.0)
+        self.assertAlmostEqual(rows[2]["fsdp_over_ideal"], 1.0)
+        self.assertEqual(rl.fsdp_memory_table(rl.summarize([rows])).splitlines()[3],
+                         "| 2 | 10.0 | 6.0 | 6.0 | 1.000 | 1.67 | 1.0 |")
+        with self.assertRaisesRegex(rl.ParseError, "no layerwise run at dp 1"):
+            rl.fsdp_memory_rows({("fsdp", 1): mem(1, 1)})
+
     def test_layout_table(self):
         tables = rl.layout_tables(LAYOUT)
         self.assertEqual(list(tables), ["gpt8b"])

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "ddp/internal/group_state.h"
 
@@ -369,7 +370,9 @@ absl::Status DistributedDataParallel::WaitWork(std::unique_ptr<collectives::Work
                                                const Sequence& seq, int b, int g, bool gather,
                                                int layer) {
   if (work == nullptr) return absl::OkStatus();
+  const absl::Time start = absl::Now();
   const absl::Status status = work->Wait(config_.timeout.value_or(seq.comm->timeout()));
+  (gather ? waits_.param_gather_s : waits_.grad_sync_s) += absl::ToDoubleSeconds(absl::Now() - start);
   if (!status.ok()) {
     return absl::Status(
         status.code(),

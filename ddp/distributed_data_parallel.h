@@ -135,6 +135,10 @@ struct DdpConfig {
   // keep them from the forward until their gradients are complete (one gather per micro-batch,
   // the whole model's params held during forward and backward, ZeRO-2-like).
   bool reshard_after_forward = true;
+  // kSharded: launch the gathers of the next layer (forward) or the previous one (backward) while
+  // the current layer computes. false: each gather is launched when its layer starts and waited
+  // on at once (nothing hidden; for measuring what prefetching hides).
+  bool prefetch = true;
 };
 
 // The functions a model calls around each of its layers (torch::nn::Module has no forward hooks),
@@ -160,6 +164,13 @@ struct DdpMemory {
   int64_t grad_bytes = 0;
   int64_t transient_bytes = 0;
   int64_t peak_transient_bytes = 0;
+};
+
+// Time this rank spent blocked on collectives DDP launched, since Create: the communication that
+// was not hidden behind computation (wall time inside Work::Wait).
+struct DdpWaits {
+  double param_gather_s = 0;  // param all-gathers (the kFull param sync and kSharded gathers)
+  double grad_sync_s = 0;     // grad reduce-scatters / all-reduces
 };
 
 class DistributedDataParallel {
@@ -212,6 +223,7 @@ class DistributedDataParallel {
   // What this rank holds now, and the transient peak (kSharded; 0 for kFull).
   DdpMemory memory() const;
   void ResetPeakMemory();
+  const DdpWaits& waits() const { return waits_; }
 
   // Launches the grad sync of every bucket group not launched yet (in GradReduceOrder()) and
   // waits for all of them. Afterwards, on each rank, GradShard(bucket, rank) of every bucket of
@@ -324,6 +336,7 @@ class DistributedDataParallel {
   std::vector<at::Tensor> hooked_params_;
   int num_layers_ = 0;
   bool forward_grad_enabled_ = false;  // kSharded: grad mode of the forward pass in progress
+  DdpWaits waits_;
   std::shared_ptr<buffers::TransientMemory> transient_;
   bool is_last_microbatch_ = true;
   bool backward_callback_queued_ = false;

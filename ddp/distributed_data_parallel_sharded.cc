@@ -43,7 +43,7 @@ absl::Status DistributedDataParallel::EnsureGathered(int b, int g, int layer) {
 }
 
 absl::Status DistributedDataParallel::PrefetchLayer(int layer) {
-  if (layer < 0 || layer >= num_layers_) return absl::OkStatus();
+  if (!config_.prefetch || layer < 0 || layer >= num_layers_) return absl::OkStatus();
   for (const auto& [b, g] : layer_groups_[layer]) RETURN_IF_ERROR(LaunchGather(b, g, layer));
   return absl::OkStatus();
 }

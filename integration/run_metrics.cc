@@ -1,5 +1,6 @@
 #include "integration/run_metrics.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -45,8 +46,12 @@ absl::Status RunMetrics::OpenTensorBoard(const std::string& log_dir) {
 }
 
 absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepResult& result,
-                              absl::Duration time) {
+                              const StepCost& cost) {
+  const absl::Duration time = cost.time;
   train_time_ += time;
+  totals_.comm_bytes += cost.comm_bytes;
+  totals_.param_gather_wait_s += cost.param_gather_wait_s;
+  totals_.grad_sync_wait_s += cost.grad_sync_wait_s;
   if (step == first_step_) summary_.initial_loss = loss;
   summary_.final_loss = loss;
   summary_.steps = step;
@@ -60,6 +65,8 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   RETURN_IF_ERROR(Scalar("train/grad_norm", step, result.grad_norm));
   RETURN_IF_ERROR(Scalar("train/tokens_per_s", step, tokens_per_s));
   RETURN_IF_ERROR(Scalar("train/step_time_s", step, absl::ToDoubleSeconds(time)));
+  RETURN_IF_ERROR(Scalar("comm/param_gather_wait_s", step, cost.param_gather_wait_s));
+  RETURN_IF_ERROR(Scalar("comm/grad_sync_wait_s", step, cost.grad_sync_wait_s));
   return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
 }
 
@@ -81,6 +88,10 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
       summary_.elapsed_s > 0 ? tokens_per_step_ * StepsRun() / summary_.elapsed_s : 0;
   summary_.skipped_steps = skipped_steps;
   summary_.comm_bytes = TotalBytes(comm_);
+  const int64_t steps_run = std::max<int64_t>(1, StepsRun());
+  summary_.comm_bytes_per_step = totals_.comm_bytes / steps_run;
+  summary_.param_gather_wait_s = totals_.param_gather_wait_s / steps_run;
+  summary_.grad_sync_wait_s = totals_.grad_sync_wait_s / steps_run;
   for (size_t r = 0; r < summary_.memory.size(); ++r) {
     const RankMemory& m = summary_.memory[r];
     const std::string prefix = absl::StrCat("memory/rank", r, "/");

@@ -25,6 +25,15 @@ namespace orthoshard::integration {
 // Logical bytes `comm` launched so far (every kind of collective).
 int64_t TotalBytes(const collectives::Communicator& comm);
 
+// What one step cost this rank: wall time, logical bytes it launched, and the time it waited on
+// param gathers and grad syncs (communication not hidden behind computation).
+struct StepCost {
+  absl::Duration time;
+  int64_t comm_bytes = 0;
+  double param_gather_wait_s = 0;
+  double grad_sync_wait_s = 0;
+};
+
 class RunMetrics {
  public:
   // `summary` is filled as the run goes; the first step run is `first_step` (after a resume, the
@@ -40,10 +49,10 @@ class RunMetrics {
   // The progress line, for whoever prints between its updates (the checkpointer).
   ProgressPrinter& progress() { return progress_; }
 
-  // Step `step` took `time`, its loss (mean over ranks) was `loss` and the optimizer reported
+  // Step `step` cost `cost`, its loss (mean over ranks) was `loss` and the optimizer reported
   // `result`. Errors: the event writer's.
   absl::Status Step(int64_t step, double loss, const optimizers::StepResult& result,
-                    absl::Duration time);
+                    const StepCost& cost);
 
   // The eval loss after step `step` (0: before training). Errors: the event writer's.
   absl::Status Eval(int64_t step, double loss);
@@ -66,6 +75,7 @@ class RunMetrics {
   ProgressPrinter progress_;
   std::unique_ptr<EventWriter> tb_;
   absl::Duration train_time_;
+  StepCost totals_;  // summed over the steps run
 };
 
 }  // namespace orthoshard::integration

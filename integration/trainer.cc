@@ -228,6 +228,8 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   cc.adamw.weight_decay = c.weight_decay;
   cc.muon.lr = c.muon_lr;
   cc.muon.weight_decay = c.muon_weight_decay;
+  cc.muon.ns.dtype =
+      c.muon_ns_dtype == "fp32" ? optimizers::NsDType::kFloat32 : optimizers::NsDType::kBFloat16;
   cc.schedule = MakeSchedule(c);
   cc.max_grad_norm = c.max_grad_norm;
 
@@ -240,6 +242,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   if (s.mode == DistMode::kFsdp) {
     ddp_config.residency = buffers::Residency::kSharded;
     ddp_config.reshard_after_forward = c.reshard_after_forward;
+    ddp_config.prefetch = c.prefetch_params;
   }
   ASSIGN_OR_RETURN(s.ddp, ddp::DistributedDataParallel::Create(s.layout, tensors, &comm, nullptr,
                                                                ddp_config));
@@ -507,7 +510,7 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
 struct StepOutcome {
   optimizers::StepResult result;
   StepAgreement::Agreed agreed;  // the same on every rank
-  absl::Duration time;
+  StepCost cost;                 // this rank's
 };
 
 // One optimizer step: the micro-batches' forward and backward (DDP syncs grads as backward goes:
@@ -517,6 +520,8 @@ struct StepOutcome {
 absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement& agreement,
                                     int stop_signal, bool save_written) {
   const absl::Time start = absl::Now();
+  const int64_t bytes_before = TotalBytes(comm);
+  const ddp::DdpWaits waits_before = s.ddp->waits();
   s.ddp->ZeroGradBuffers();
   double loss_sum = 0;
   const std::vector<MicroBatch> batches = s.train->Next();
@@ -538,7 +543,10 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     ASSIGN_OR_RETURN(out.result, s.optimizer->Step());
   }
   RETURN_IF_ERROR(s.ddp->StartParamSync());
-  out.time = absl::Now() - start;
+  out.cost.time = absl::Now() - start;
+  out.cost.comm_bytes = TotalBytes(comm) - bytes_before;
+  out.cost.param_gather_wait_s = s.ddp->waits().param_gather_s - waits_before.param_gather_s;
+  out.cost.grad_sync_wait_s = s.ddp->waits().grad_sync_s - waits_before.grad_sync_s;
   out.agreed = agreement.Read();
   return out;
 }
@@ -613,7 +621,7 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
     if (saver) {
       RETURN_IF_ERROR(saver->CommitIfWrittenEverywhere(outcome.agreed.save_written_everywhere));
     }
-    RETURN_IF_ERROR(metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.time));
+    RETURN_IF_ERROR(metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.cost));
     if (plan.eval) {
       ASSIGN_OR_RETURN(const double eval, Evaluate(s, comm));
       RETURN_IF_ERROR(metrics.Eval(step, eval));
@@ -658,6 +666,9 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   summary.model = c.model;
   summary.optimizer = c.optimizer;
   summary.num_params = s.model->num_params();
+  for (const layout::PerBufferParamLayout& b : s.layout.buffers) {
+    summary.param_buffer_bytes += b.numel() * DTypeSize(b.key.param_dtype);
+  }
   summary.unigram_entropy = s.unigram_entropy;
   if (comm.rank() == 0) PrintRunHeader(c, s, comm, options.out);
   RunMetrics metrics(c, comm, options, summary, first_step,

@@ -125,6 +125,10 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--optimizer '", c.optimizer, "': expected muon or adamw"));
   }
+  if (c.muon_ns_dtype != "bf16" && c.muon_ns_dtype != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_ns_dtype '", c.muon_ns_dtype, "': expected bf16 or fp32"));
+  }
   if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "linear" &&
       c.schedule != "wsd") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -224,10 +228,13 @@ std::string TrainSummary::ToJson() const {
       "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
       "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
       "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
-      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,%s}",
+      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,"
+      "\"comm_bytes_per_step\":%d,\"param_gather_wait_s\":%.6f,\"grad_sync_wait_s\":%.6f,"
+      "\"param_buffer_bytes\":%d,%s}",
       steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
       elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
-      checksum_checks, failed_saves, stop_signal, param_checksum, MemoryJson(memory));
+      checksum_checks, failed_saves, stop_signal, param_checksum, comm_bytes_per_step,
+      param_gather_wait_s, grad_sync_wait_s, param_buffer_bytes, MemoryJson(memory));
 }
 
 }  // namespace orthoshard::integration

@@ -70,6 +70,13 @@ struct TrainSummary {
   int64_t num_params = 0;
   int64_t skipped_steps = 0;      // non-finite gradients
   int64_t comm_bytes = 0;         // logical bytes this rank launched (communicator counters)
+  // Per step, mean over the steps run (evals, checks and saves excluded), on this rank: logical
+  // bytes launched, and seconds waited on param gathers and on grad syncs (what overlap did not
+  // hide).
+  int64_t comm_bytes_per_step = 0;
+  double param_gather_wait_s = 0;
+  double grad_sync_wait_s = 0;
+  int64_t param_buffer_bytes = 0;  // the model's params as laid out in buffers (padding included)
   int64_t checksum_checks = 0;    // cross-rank param checksum comparisons that passed
   int64_t failed_saves = 0;       // checkpoint saves that failed (on_save_failure=continue)
   int stop_signal = 0;            // stopped early on this signal (TrainOptions::stop_signal); 0 = no

@@ -38,6 +38,9 @@
     "AdamW weight decay of 2-D params") \
   X(double, muon_weight_decay, 0.01, \
     "Muon weight decay") \
+  X(std::string, muon_ns_dtype, "bf16", \
+    "dtype of Muon's Newton-Schulz iteration: bf16 (as torch.optim.Muon) or fp32 (faster on " \
+    "CPUs without bf16 arithmetic, such as AVX2-only ones)") \
   X(double, max_grad_norm, 1.0, \
     "global-norm clip; <= 0 disables") \
   X(std::string, schedule, "cosine", \
@@ -60,6 +63,9 @@
     "fsdp: free a layer's gathered params after its forward and gather them again for its " \
     "backward (least memory); false keeps them from forward to backward (one gather per " \
     "micro-batch instead of two, the whole model's params held meanwhile)") \
+  X(bool, prefetch_params, true, \
+    "fsdp: gather the next layer's params while the current one computes (forward and " \
+    "backward); false gathers each when its layer starts (to measure what prefetching hides)") \
   X(int64_t, check_every, 100, \
     "compare a param checksum across ranks every N steps (and at the end); 0 = end only") \
   X(int64_t, log_every, 10, \
