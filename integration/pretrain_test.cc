@@ -92,6 +92,21 @@ TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
   EXPECT_EQ(scalars["eval/loss"][0].first, 0);
   EXPECT_EQ(scalars["eval/loss"][2].first, 30);
   EXPECT_NEAR(scalars["eval/loss"][2].second, eval, tb_vs_json(eval));
+  for (const char* tag : {"comm/param_gather_wait_s", "comm/grad_sync_wait_s"}) {
+    EXPECT_EQ(scalars[tag].size(), 30u) << tag;
+  }
+  // Each rank's memory at the last step, as in the JSON (byte counts below 2^24 are exact floats).
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* field :
+         {"params_bytes", "grads_bytes", "optimizer_state_bytes", "peak_transient_bytes"}) {
+      const std::string tag = absl::StrCat("memory/rank", rank, "/", field);
+      ASSERT_EQ(scalars[tag].size(), 1u) << tag;
+      EXPECT_EQ(scalars[tag][0].first, 30) << tag;
+      const std::string entry = absl::StrCat("{\"rank\":", rank, ",");
+      ASSERT_NE(json.find(entry), std::string::npos) << json;
+      EXPECT_EQ(scalars[tag][0].second, JsonNumber(json.substr(json.find(entry)), field)) << tag;
+    }
+  }
 }
 
 // The other modes (the default layerwise is above): loss falls and params agree on both ranks at

@@ -20,6 +20,12 @@
 //                order the gradient reductions add.
 //   kDistOpt     as kLayerwise with every param in the byte-level (ZeRO-1) layout; AdamW only
 //                (Muon needs whole matrices, so --optimizer=muon is rejected).
+//   kFsdp        as kLayerwise with sharded residency (ZeRO-3, ddp/'s DdpConfig::residency): each
+//                rank keeps only its shard of every bucket of params and grads and the optimizer
+//                state of what it owns; the model's layer hooks gather a layer's bucket groups
+//                before its forward and its backward (prefetching the next layer's) and release
+//                them after; nothing is gathered after the step. The same values in the same order
+//                as kLayerwise: bitwise the same losses and params.
 //
 // TrainerConfig, its parsing and validation, and TrainSummary are in trainer_config.h (no LibTorch).
 #ifndef ORTHOSHARD_INTEGRATION_TRAINER_H_
