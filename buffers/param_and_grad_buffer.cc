@@ -2,8 +2,8 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <c10/core/StorageImpl.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
 
 #include <algorithm>
 #include <cassert>
@@ -98,13 +98,11 @@ absl::Status ValidateParam(const layout::ParamPlacement& p, const std::vector<at
 
 }  // namespace
 
-const char* ResidencyName(Residency residency) {
-  return residency == Residency::kSharded ? "sharded" : "full";
-}
-
 namespace {
 
-int64_t StorageBytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+int64_t StorageBytes(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
 
 // Gives `t`'s storage (which `t` covers from offset 0) fresh memory of the tensor's size; every
 // tensor viewing that storage object sees it. Returns the bytes allocated.
@@ -202,20 +200,8 @@ absl::StatusOr<std::unique_ptr<ParamAndGradBuffer>> ParamAndGradBuffer::Create(
         const at::Tensor param_flat = param.detach().reshape({-1});
         const at::Tensor grad_flat =
             param.grad().defined() ? param.grad().reshape({-1}) : at::Tensor();
-        if (buf.residency_ == Residency::kFull) {
-          buf.ParamView(i).copy_(param_flat);
-          if (grad_flat.defined()) buf.GradView(i).copy_(grad_flat);
-        } else if (const auto [lo, hi] = buf.OwnedRange(i); lo < hi) {
-          // Only the elements in this rank's shard are kept.
-          const int64_t shard_begin = layout.ShardRange(b, buf.rank_).first;
-          const int64_t from = lo - layout.params[i].start;
-          buf.ParamShard(b, buf.rank_).narrow(0, lo - shard_begin, hi - lo)
-              .copy_(param_flat.narrow(0, from, hi - lo));
-          if (grad_flat.defined()) {
-            buf.GradShard(b, buf.rank_).narrow(0, lo - shard_begin, hi - lo)
-                .copy_(grad_flat.narrow(0, from, hi - lo));
-          }
-        }
+        buf.WriteKept(i, param_flat, /*grads=*/false);
+        if (grad_flat.defined()) buf.WriteKept(i, grad_flat, /*grads=*/true);
         param.set_data(buf.ParamView(i).view(param.sizes()));
         param.mutable_grad() = buf.GradView(i).view(param.sizes());
         buf.params_[i] = param;
@@ -283,19 +269,25 @@ at::Tensor ParamAndGradBuffer::GradView(int i) const {
              : flat;
 }
 
-void ParamAndGradBuffer::SetParam(int i, const at::Tensor& value) {
+void ParamAndGradBuffer::WriteKept(int i, const at::Tensor& flat, bool grads) {
   const layout::ParamPlacement& p = layout_.params[i];
-  assert(value.numel() == p.numel());
-  c10::NoGradGuard no_grad;
-  const at::Tensor flat = value.detach().reshape({-1});
   if (residency_ == Residency::kFull) {
-    param_data_.narrow(0, p.start, p.numel()).copy_(flat);
+    (grads ? grad_data_ : param_data_).narrow(0, p.start, p.numel()).copy_(flat);
     return;
   }
+  // Only the elements in this rank's shard are kept.
   const auto [lo, hi] = OwnedRange(i);
   if (lo == hi) return;
   const int64_t shard_begin = layout_.ShardRange(p.bucket, rank_).first;
-  ParamShard(p.bucket, rank_).narrow(0, lo - shard_begin, hi - lo).copy_(flat.narrow(0, lo - p.start, hi - lo));
+  (grads ? GradShard(p.bucket, rank_) : ParamShard(p.bucket, rank_))
+      .narrow(0, lo - shard_begin, hi - lo)
+      .copy_(flat.narrow(0, lo - p.start, hi - lo));
+}
+
+void ParamAndGradBuffer::SetParam(int i, const at::Tensor& value) {
+  assert(value.numel() == layout_.params[i].numel());
+  c10::NoGradGuard no_grad;
+  WriteKept(i, value.detach().reshape({-1}), /*grads=*/false);
 }
 
 void ParamAndGradBuffer::MaterializeParams(int bucket) {

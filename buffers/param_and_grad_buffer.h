@@ -55,7 +55,6 @@ enum class Residency {
   kFull,     // the whole buffer, params and grads
   kSharded,  // this rank's shard of every bucket; full buckets only while materialized
 };
-const char* ResidencyName(Residency residency);  // "full", "sharded"
 
 // Bytes of transient storage (materialized param and grad buckets of kSharded buffers) held now,
 // and the most ever held at once. One object may be shared by the buffers of a model, so that the
@@ -180,6 +179,9 @@ class ParamAndGradBuffer {
   ParamAndGradBuffer(const layout::PerBufferParamLayout& layout, const BufferOptions& options);
   // The elements of param `i` that lie in this rank's shard: [begin, end) in buffer offsets.
   std::pair<int64_t, int64_t> OwnedRange(int i) const;
+  // Writes `flat` (param i whole, flattened) into what this rank keeps of its values (`grads`
+  // false) or of its gradient: the whole param (kFull) or its elements in this rank's shard.
+  void WriteKept(int i, const at::Tensor& flat, bool grads);
 
   layout::PerBufferParamLayout layout_;
   Residency residency_ = Residency::kFull;

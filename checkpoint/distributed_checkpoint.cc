@@ -111,11 +111,10 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
   for (int i : buffer.BucketParams(bucket)) {
     const layout::ParamPlacement& p = layout.params[i];
     if (FirstElementOwner(layout, p) != rank) continue;
-    const at::Tensor live =
-        !sharded || gather ? buffer.Param(i)
-                           : buffer.ParamShard(bucket, rank)
-                                 .narrow(0, p.start - shard_begin, p.numel())
-                                 .view(buffer.Param(i).sizes());
+    const at::Tensor live = !sharded || gather ? buffer.Param(i)
+                                               : buffer.ParamShard(bucket, rank)
+                                                     .narrow(0, p.start - shard_begin, p.numel())
+                                                     .view(buffer.Param(i).sizes());
     at::Tensor t = HostCopy(live);
     ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
     snap.tensors.push_back(t);
@@ -127,9 +126,10 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
 
 }  // namespace
 
-absl::StatusOr<RankSnapshot> SnapshotRank(
-    const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::OptimizerState& optimizer, collectives::Communicator& comm) {
+absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
+                                          absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                                          const optimizers::OptimizerState& optimizer,
+                                          collectives::Communicator& comm) {
   RankSnapshot snap;
   snap.rank = comm.rank();
   snap.step = shared.step;

@@ -102,9 +102,10 @@ struct RankSnapshot {
 // (see "param" above); every rank must call it. Precondition: no param sync in flight. Errors:
 // kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch); the
 // communicator's.
-absl::StatusOr<RankSnapshot> SnapshotRank(
-    const SharedState& shared, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-    const optimizers::OptimizerState& optimizer, collectives::Communicator& comm);
+absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
+                                          absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                                          const optimizers::OptimizerState& optimizer,
+                                          collectives::Communicator& comm);
 
 // Writes `snap` as rank<r>.safetensors plus its record list into the `.tmp` directory `tmp`
 // (no collectives; safe on a background thread). Errors: those of WriteShard, OS errors.
@@ -159,14 +160,14 @@ class AsyncCheckpointSaver {
 };
 
 // Loads the checkpoint at `path` (a step directory, or a root whose `latest` is followed) into
-// `buffers` (this rank's shards, then the param sync) and `optimizer`, at comm.size() ranks, any layout. Errors (nothing live
-// is changed on any of them): those of CheckpointReader::Open (kNotFound, kDataLoss naming the
-// file and tensor for a missing, truncated or corrupted shard, kFailedPrecondition for an unknown
-// format version); kNotFound "checkpoint <dir>: no record '<name>' (param)" for a param of the
-// model that was not saved; kFailedPrecondition for a dtype or shape mismatch (naming file and
-// tensor); kDataLoss for bad shared-state metadata; kAborted "another rank failed to load" on
-// ranks whose own reads succeeded. After a successful read, ImportState errors (kNotFound,
-// kInvalidArgument) are returned as such.
+// `buffers` (this rank's shards, then the param sync) and `optimizer`, at comm.size() ranks, any
+// layout. Errors (nothing live is changed on any of them): those of CheckpointReader::Open
+// (kNotFound, kDataLoss naming the file and tensor for a missing, truncated or corrupted shard,
+// kFailedPrecondition for an unknown format version); kNotFound "checkpoint <dir>: no record
+// '<name>' (param)" for a param of the model that was not saved; kFailedPrecondition for a dtype or
+// shape mismatch (naming file and tensor); kDataLoss for bad shared-state metadata; kAborted
+// "another rank failed to load" on ranks whose own reads succeeded. After a successful read,
+// ImportState errors (kNotFound, kInvalidArgument) are returned as such.
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     optimizers::OptimizerState& optimizer,

@@ -98,11 +98,11 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
   const int dp = comm.size();
   const std::vector<layout::ParamSpec> specs = odt::SmallModel(2);
   const optimizers::ChainedConfig config = odt::TestConfig(0.0);
-  ASSIGN_OR_RETURN(odt::DistributedModel model,
-                   odt::BuildDistributedModel(
-                       specs, dp, layout::Strategy::kLayerwise, kBucketSize,
-                       o.shard_params ? buffers::Residency::kSharded : buffers::Residency::kFull,
-                       comm.rank()));
+  ASSIGN_OR_RETURN(
+      odt::DistributedModel model,
+      odt::BuildDistributedModel(
+          specs, dp, layout::Strategy::kLayerwise, kBucketSize,
+          o.shard_params ? buffers::Residency::kSharded : buffers::Residency::kFull, comm.rank()));
   ASSIGN_OR_RETURN(auto opt, od::CreateDistributedOptimizer(
                                  model.buffers, &comm, config,
                                  o.replicated ? od::DistributedMode::kReplicated

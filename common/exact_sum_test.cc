@@ -81,8 +81,9 @@ TEST(ExactFloatSum, DoubleIsCloseToTheExactValue) {
     s.Add(v);
     reference += v;
   }
-  EXPECT_NEAR(s.ToDouble(), static_cast<double>(reference),
-              4 * std::abs(static_cast<double>(reference)) * std::numeric_limits<double>::epsilon());
+  EXPECT_NEAR(
+      s.ToDouble(), static_cast<double>(reference),
+      4 * std::abs(static_cast<double>(reference)) * std::numeric_limits<double>::epsilon());
 }
 
 }  // namespace

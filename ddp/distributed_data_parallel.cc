@@ -64,7 +64,8 @@ DistributedDataParallel::~DistributedDataParallel() {
     std::static_pointer_cast<torch::autograd::Node>(grad_accumulators_[i])
         ->del_post_hook(hook_keys_[i]);
   }
-  for (size_t i = 0; i < pre_hook_keys_.size(); ++i) hooked_params_[i].remove_hook(pre_hook_keys_[i]);
+  for (size_t i = 0; i < pre_hook_keys_.size(); ++i)
+    hooked_params_[i].remove_hook(pre_hook_keys_[i]);
 }
 
 absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Create(
@@ -372,7 +373,8 @@ absl::Status DistributedDataParallel::WaitWork(std::unique_ptr<collectives::Work
   if (work == nullptr) return absl::OkStatus();
   const absl::Time start = absl::Now();
   const absl::Status status = work->Wait(config_.timeout.value_or(seq.comm->timeout()));
-  (gather ? waits_.param_gather_s : waits_.grad_sync_s) += absl::ToDoubleSeconds(absl::Now() - start);
+  (gather ? waits_.param_gather_s : waits_.grad_sync_s) +=
+      absl::ToDoubleSeconds(absl::Now() - start);
   if (!status.ok()) {
     return absl::Status(
         status.code(),
@@ -428,22 +430,21 @@ void DistributedDataParallel::ZeroGradBuffers() {
 
 absl::Status DistributedDataParallel::SetParam(int param_index, const at::Tensor& value) {
   if (param_index < 0 || param_index >= static_cast<int>(param_placement_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("ddp: SetParam of param #", param_index,
-                                                   ", expected [0, ", param_placement_.size(),
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ddp: SetParam of param #", param_index, ", expected [0, ", param_placement_.size(), ")"));
   }
   const auto [b, i] = param_placement_[param_index];
   const layout::ParamPlacement& p = buffers_[b]->layout().params[i];
   if (!value.defined() || value.numel() != p.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ddp: SetParam of '", p.name, "' with ", value.defined() ? value.numel() : 0,
-        " elements, the param has ", p.numel()));
+    return absl::InvalidArgumentError(absl::StrCat("ddp: SetParam of '", p.name, "' with ",
+                                                   value.defined() ? value.numel() : 0,
+                                                   " elements, the param has ", p.numel()));
   }
   try {
     buffers_[b]->SetParam(i, value);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("ddp: SetParam of '", p.name,
-                                            "': ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("ddp: SetParam of '", p.name, "': ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }
@@ -565,14 +566,15 @@ absl::StatusOr<LayerHooks> DistributedDataParallel::MakeLayerHooks(
     num_layers = std::max(num_layers, param_layers[i] + 1);
   }
   std::vector<std::pair<int, int>> reads;  // (param, layer)
-  for (size_t i = 0; i < param_layers.size(); ++i) reads.push_back({static_cast<int>(i), param_layers[i]});
+  for (size_t i = 0; i < param_layers.size(); ++i)
+    reads.push_back({static_cast<int>(i), param_layers[i]});
   for (const auto& [param, layer] : extra_reads) {
     if (param < 0 || param >= static_cast<int>(param_layers.size()) || layer < 0 ||
         layer >= num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ddp: layer hooks: extra read of param #", param, " by layer ", layer,
-          ", expected a param in [0, ", param_layers.size(), ") and a layer in [0, ", num_layers,
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ddp: layer hooks: extra read of param #", param, " by layer ", layer,
+                       ", expected a param in [0, ", param_layers.size(), ") and a layer in [0, ",
+                       num_layers, ")"));
     }
     reads.push_back({param, layer});
   }
@@ -599,8 +601,8 @@ absl::StatusOr<LayerHooks> DistributedDataParallel::MakeLayerHooks(
   num_layers_ = num_layers;
   auto check = [this, num_layers](int layer) {
     if (layer >= 0 && layer < num_layers) return true;
-    RecordError(absl::InvalidArgumentError(absl::StrCat(
-        "ddp: layer hook called for layer ", layer, ", expected [0, ", num_layers, ")")));
+    RecordError(absl::InvalidArgumentError(absl::StrCat("ddp: layer hook called for layer ", layer,
+                                                        ", expected [0, ", num_layers, ")")));
     return false;
   };
   LayerHooks hooks;

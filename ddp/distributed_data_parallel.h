@@ -45,9 +45,9 @@
 // The gathers and reduce-scatters are the same collectives as kFull's, on the same buckets, so a
 // sharded run computes the same values in the same order as a full one: bitwise the same params.
 // Cross-rank: in kSharded, backward launches collectives from autograd hooks in the order the
-// engine runs them, which is the same on every rank for the same graph (as with overlap_grad_reduce).
-// Whatever drives the model must call LayerHooks around every layer of every forward, in grad mode
-// and not: reading a param whose group is not gathered reads freed memory.
+// engine runs them, which is the same on every rank for the same graph (as with
+// overlap_grad_reduce). Whatever drives the model must call LayerHooks around every layer of every
+// forward, in grad mode and not: reading a param whose group is not gathered reads freed memory.
 //
 // Threading: not thread-safe. Backward must run on the thread that owns this object (LibTorch's
 // CPU autograd runs the hooks on the thread that called backward). GPU streams are not handled.
@@ -237,12 +237,12 @@ class DistributedDataParallel {
   absl::Status FinishGradSync();
 
   // All-gathers every bucket: each rank's ParamShard(bucket, rank) becomes that shard on every
-  // rank, in place in param_data (nothing with kAllReduce). Without overlap_param_gather, launches everything and waits
-  // before returning. With it, launches the first bucket group in forward order and returns; the
-  // pre-forward hook waits on the rest (FinishParamSync waits on whatever is left). A param sync
-  // still in flight is finished first. kSharded: releases whatever is still gathered (its contents
-  // predate the step) and launches nothing: the next forward gathers per layer. Errors: as
-  // FinishGradSync, for the all-gathers.
+  // rank, in place in param_data (nothing with kAllReduce). Without overlap_param_gather, launches
+  // everything and waits before returning. With it, launches the first bucket group in forward
+  // order and returns; the pre-forward hook waits on the rest (FinishParamSync waits on whatever is
+  // left). A param sync still in flight is finished first. kSharded: releases whatever is still
+  // gathered (its contents predate the step) and launches nothing: the next forward gathers per
+  // layer. Errors: as FinishGradSync, for the all-gathers.
   absl::Status StartParamSync();
 
   // Launches and waits on every bucket group's all-gather not waited on yet. kSharded: waits on

@@ -24,8 +24,8 @@ absl::Status DistributedDataParallel::LaunchGather(int b, int g, int layer) {
   const std::vector<int>& buckets = buf.bucket_groups()[g].buckets;
   for (int bucket : buckets) buf.MaterializeParams(bucket);
   Sequence& seq = sequences_[group.sequence];
-  ASSIGN_OR_RETURN(group.gather_work, seq.comm->LaunchGroup(buffers::ParamSyncOps(
-                                          buf, buckets, seq.comm->rank())));
+  ASSIGN_OR_RETURN(group.gather_work,
+                   seq.comm->LaunchGroup(buffers::ParamSyncOps(buf, buckets, seq.comm->rank())));
   group.params = Group::Params::kInFlight;
   Emit(SyncEvent::Kind::kParamGatherLaunched, b, g, layer);
   return absl::OkStatus();
@@ -96,8 +96,8 @@ absl::Status DistributedDataParallel::ShardedPostForward(int layer, const at::Te
     });
   }
   // The last layer's backward comes right after the forward: keep its groups.
-  const bool keep = forward_grad_enabled_ &&
-                    (!config_.reshard_after_forward || layer == num_layers_ - 1);
+  const bool keep =
+      forward_grad_enabled_ && (!config_.reshard_after_forward || layer == num_layers_ - 1);
   if (keep) return absl::OkStatus();
   for (const auto& [b, g] : layer_groups_[layer]) {
     if (groups_[b][g]->last_reader == layer) RETURN_IF_ERROR(ReleaseParams(b, g, layer));

@@ -8,6 +8,8 @@
 // including bf16 params with fp32 grads and an expert matrix on its own communicator), computes
 // locally every rank's gradients on that rank's micro-batches as the reference, and checks what DDP
 // produced.
+#include "ddp/distributed_data_parallel.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -35,12 +37,11 @@
 #include "buffers/param_and_grad_buffer.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
-#include "common/status_macros.h"
-#include "ddp/distributed_data_parallel.h"
-#include "layout/layout.h"
 #include "collectives/testing/multi_rank.h"
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
+#include "layout/layout.h"
 
 namespace orthoshard::ddp {
 namespace {
@@ -98,7 +99,7 @@ Model MainModel() {
   m.in_features = 16;
   m.forward = [](const std::vector<at::Tensor>& p, const at::Tensor& x, const LayerHooks* h) {
     at::Tensor h0 = RunLayer(h, 0, [&] { return x.mm(p[0].t()).add(p[1]).tanh(); });  // [B, 24]
-    at::Tensor h1 = RunLayer(h, 1, [&] {                                               // [B, 32]
+    at::Tensor h1 = RunLayer(h, 1, [&] {                                              // [B, 32]
       return h0.to(at::kBFloat16).mm(p[2].t()).add(p[3]).to(at::kFloat).tanh();
     });
     at::Tensor h2 = RunLayer(h, 2, [&] { return h1.mm(p[4].t()).tanh(); });  // [B, 40]
@@ -226,11 +227,12 @@ absl::Status Step(const Model& model, Run& run, int rank, int micro) {
          run.hooks ? &*run.hooks : nullptr)
         .backward();
     // Sharded residency gathers and releases params in every micro-batch; nothing else may happen.
-    const bool communicated = std::any_of(run.events.begin(), run.events.end(), [](const SyncEvent& e) {
-      return e.kind != SyncEvent::Kind::kParamGatherLaunched &&
-             e.kind != SyncEvent::Kind::kParamGatherWaited &&
-             e.kind != SyncEvent::Kind::kParamsReleased;
-    });
+    const bool communicated =
+        std::any_of(run.events.begin(), run.events.end(), [](const SyncEvent& e) {
+          return e.kind != SyncEvent::Kind::kParamGatherLaunched &&
+                 e.kind != SyncEvent::Kind::kParamGatherWaited &&
+                 e.kind != SyncEvent::Kind::kParamsReleased;
+        });
     if (m < micro - 1 && communicated) {
       return absl::InternalError(absl::StrCat("micro-batch ", m, " of ", micro, " caused ",
                                               run.events.size(), " sync events, expected none"));
@@ -522,7 +524,8 @@ absl::Status ShardedPhase(const Model& model, int world, int rank, Communicator*
   const ReferenceGrads ref = ReferenceMeanGrads(model, world, micro);
   DdpConfig full_config;
   full_config.overlap_grad_reduce = overlap;
-  ASSIGN_OR_RETURN(std::unique_ptr<Run> full, MakeRun(model, world, full_config, comm, expert_comm));
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> full,
+                   MakeRun(model, world, full_config, comm, expert_comm));
   DdpConfig config = full_config;
   config.residency = buffers::Residency::kSharded;
   config.reshard_after_forward = reshard;
@@ -598,7 +601,8 @@ absl::Status ShardedPhase(const Model& model, int world, int rank, Communicator*
   // Sharded ranks cannot step replicated optimizers: the all-reduce grad sync is refused.
   config.grad_sync = buffers::GradSync::kAllReduce;
   std::vector<at::Tensor> params = MakeParams(model);
-  auto refused = DistributedDataParallel::Create(Plan(model, world), params, comm, expert_comm, config);
+  auto refused =
+      DistributedDataParallel::Create(Plan(model, world), params, comm, expert_comm, config);
   if (refused.ok() || !absl::StrContains(refused.status().message(), "reduce-scatter grad sync")) {
     return absl::InternalError("sharded residency with the all-reduce grad sync was not refused");
   }
@@ -703,7 +707,8 @@ TEST_P(DdpMultiRankTest, AllPhasesPassOnEveryRank) {
          [&] { return ShardedPhase(main_model, world, rank, dense, expert, 3, true, true); }},
         {"sharded_keep_after_forward_no_overlap",
          [&] { return ShardedPhase(main_model, world, rank, dense, expert, 2, false, false); }},
-        {"tiny_sharded", [&] { return ShardedPhase(tiny, world, rank, dense, nullptr, 1, true, true); }},
+        {"tiny_sharded",
+         [&] { return ShardedPhase(tiny, world, rank, dense, nullptr, 1, true, true); }},
         {"tiny_param_sync_overlap",
          [&] { return ParamSyncPhase(tiny, world, rank, dense, nullptr, true); }},
         // Last: it leaves a collective unfinished (the harness ends the rank without teardown).

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "integration/testing/pretrain_runner.h"
@@ -25,9 +25,9 @@ using testing::TempDir;
 
 // Every field that fsdp and layerwise runs of the same steps must agree on, as printed (17 digits
 // for the checksum).
-const std::vector<std::string> kSameRun = {"steps",     "initial_loss",   "final_loss",
-                                           "initial_eval_loss", "eval_loss", "param_checksum",
-                                           "skipped_steps"};
+const std::vector<std::string> kSameRun = {
+    "steps",     "initial_loss",   "final_loss",   "initial_eval_loss",
+    "eval_loss", "param_checksum", "skipped_steps"};
 // A resumed run reports its own first step and evaluates this rank count's eval slices: what must
 // agree with a straight run is where training ends.
 const std::vector<std::string> kSameEnd = {"steps", "final_loss", "param_checksum"};
@@ -89,21 +89,22 @@ TEST_P(FsdpMatchesLayerwise, BitwiseWithAShardOfTheMemory) {
     const int64_t peak = RankBytes(fsdp, r, "peak_transient_bytes");
     EXPECT_GT(peak, 0);
     // At most the whole buffers, params and grads.
-    EXPECT_LE(peak, RankBytes(layerwise, r, "params_bytes") + RankBytes(layerwise, r, "grads_bytes"));
+    EXPECT_LE(peak,
+              RankBytes(layerwise, r, "params_bytes") + RankBytes(layerwise, r, "grads_bytes"));
   }
   EXPECT_EQ(params, RankBytes(layerwise, 0, "params_bytes"));
   EXPECT_EQ(grads, RankBytes(layerwise, 0, "grads_bytes"));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    RanksOptimizers, FsdpMatchesLayerwise,
-    ::testing::Values(Config{1, "muon", 1}, Config{2, "muon", 1}, Config{2, "adamw", 2},
-                      Config{3, "muon", 2}, Config{3, "adamw", 1}, Config{4, "muon", 1},
-                      Config{4, "adamw", 2}),
-    [](const ::testing::TestParamInfo<Config>& info) {
-      return absl::StrCat(info.param.ranks, "Ranks_", info.param.optimizer, "_micro",
-                          info.param.micro_batches);
-    });
+INSTANTIATE_TEST_SUITE_P(RanksOptimizers, FsdpMatchesLayerwise,
+                         ::testing::Values(Config{1, "muon", 1}, Config{2, "muon", 1},
+                                           Config{2, "adamw", 2}, Config{3, "muon", 2},
+                                           Config{3, "adamw", 1}, Config{4, "muon", 1},
+                                           Config{4, "adamw", 2}),
+                         [](const ::testing::TestParamInfo<Config>& info) {
+                           return absl::StrCat(info.param.ranks, "Ranks_", info.param.optimizer,
+                                               "_micro", info.param.micro_batches);
+                         });
 
 // A checkpoint is the same per-parameter records whatever the mode: one saved by a 2-rank fsdp run
 // resumes with layerwise on 1 rank (2 micro-batches: the same mean gradient bits as 2 ranks), and
@@ -112,9 +113,9 @@ INSTANTIATE_TEST_SUITE_P(
 // over other slices (see pretrain_test's dp 2 -> 1 resume). The fsdp run's eval and its save both
 // gather straddling buckets mid-run (save_every).
 TEST(Fsdp, CheckpointsResumeAcrossModesAndRankCounts) {
-  const std::vector<std::string> common = {"--steps=6", "--eval_every=0", "--check_every=0",
-                                           "--global_batch=16", "--warmup_steps=1",
-                                           "--max_grad_norm=0", "--bucket_elems=8192"};
+  const std::vector<std::string> common = {
+      "--steps=6",        "--eval_every=0",    "--check_every=0",    "--global_batch=16",
+      "--warmup_steps=1", "--max_grad_norm=0", "--bucket_elems=8192"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = common;
     args.insert(args.end(), extra.begin(), extra.end());
@@ -124,8 +125,8 @@ TEST(Fsdp, CheckpointsResumeAcrossModesAndRankCounts) {
   ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
 
   const std::string from_fsdp = TempDir() + "/from_fsdp";
-  RunResult saved = with({"--dist=fsdp", "--stop_after=3", "--save_every=2",
-                          "--save_dir=" + from_fsdp});
+  RunResult saved =
+      with({"--dist=fsdp", "--stop_after=3", "--save_every=2", "--save_dir=" + from_fsdp});
   ASSERT_EQ(saved.exit_code, 0) << saved.out << saved.err;
   RunResult resumed = with({"--dist=layerwise", "--nproc_per_node=1", "--micro_batches=2",
                             "--resume", "--save_dir=" + from_fsdp});

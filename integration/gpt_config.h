@@ -29,8 +29,8 @@ struct GptConfig {
 // Presets by name: "tiny" (2 layers, C 64, 4 heads, F 192, V 256, T 64, tied: about 19 ms per
 // forward+backward of 16 x 64 tokens on one CPU thread; 300 Adam steps reach 0.46 nats on the
 // synthetic corpus), "small" (4 layers, C 256, 8 heads, 2 KV heads, F 704, V 256, T 256), and
-// "gpt2-124m" (12 layers, C 768, 12 heads, F 2048, V 50304, T 1024, tied: GPT-2 small's shape with a
-// SwiGLU MLP of about the same parameter count), and "tinyllama-1.1b" (TinyLlama-1.1B's shape: 22
+// "gpt2-124m" (12 layers, C 768, 12 heads, F 2048, V 50304, T 1024, tied: GPT-2 small's shape with
+// a SwiGLU MLP of about the same parameter count), and "tinyllama-1.1b" (TinyLlama-1.1B's shape: 22
 // layers, C 2048, 32 heads, 4 KV heads, F 5632, V 32000, T 2048, untied head; 1.10B params, 17.6 GB
 // of fp32 params, grads and AdamW state: more than this project's 24 GB machine holds for two
 // layerwise ranks, which --dist=fsdp trains). Errors: kInvalidArgument naming the known presets.

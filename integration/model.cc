@@ -1,10 +1,8 @@
 #include "integration/model.h"
 
-#include <cmath>
-#include <utility>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
@@ -15,8 +13,10 @@
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
-#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+
+#include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -138,8 +138,8 @@ absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::Scalar
       model.output_ = model.embedding_;
       model.params_.front().also_read_by = {L + 1};
     } else {
-      model.output_ = add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1,
-                          config.init_std);
+      model.output_ =
+          add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1, config.init_std);
     }
     RotaryTables(config.max_seq_len, D, config.rope_theta, dtype, &model.rope_cos_,
                  &model.rope_sin_);
@@ -152,7 +152,8 @@ absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::Scalar
 }
 
 absl::Status Gpt::ForEachInitialValue(
-    uint64_t seed, const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const {
+    uint64_t seed,
+    const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const {
   try {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     for (size_t i = 0; i < params_.size(); ++i) {

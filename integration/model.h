@@ -5,14 +5,15 @@
 //              x = x + Down(SiLU(Gate(RMSNorm(x))) * Up(RMSNorm(x)))  SwiGLU
 //
 // Params are fp32 (or fp64 for gradient checks) leaves with requires_grad, listed in a fixed order
-// with a role (for optimizer routing) and, for fused weights, a split into logical blocks (for Muon):
+// with a role (for optimizer routing) and, for fused weights, a split into logical blocks (for
+// Muon):
 //   embedding.weight                [V, C]                          embedding
 //   layers.{i}.attn_norm.weight     [C]                             norm
-//   layers.{i}.attn.qkv.weight      [(H + 2*KV) * D, C]             hidden; KV groups of {H/KV*D, D, D}
-//   layers.{i}.attn.proj.weight     [C, H * D]                      hidden
+//   layers.{i}.attn.qkv.weight      [(H + 2*KV) * D, C]             hidden; KV groups of {H/KV*D,
+//   D, D} layers.{i}.attn.proj.weight     [C, H * D]                      hidden
 //   layers.{i}.mlp_norm.weight      [C]                             norm
-//   layers.{i}.mlp.fc1.weight       [2 * F, C]                      hidden; 1 group of {F, F} (gate, up)
-//   layers.{i}.mlp.fc2.weight       [C, F]                          hidden
+//   layers.{i}.mlp.fc1.weight       [2 * F, C]                      hidden; 1 group of {F, F}
+//   (gate, up) layers.{i}.mlp.fc2.weight       [C, F]                          hidden
 //   final_norm.weight               [C]                             norm
 //   output_layer.weight             [V, C]                          output (absent when tied)
 // The fused QKV rows are ordered per query group g (Megatron's layout): the H/KV query heads of the
@@ -24,10 +25,11 @@
 // layer i = 0, 1, ..., L + 1 in that order, on the calling thread: pre_forward(i) before any param
 // of layer i is read, and post_forward(i, output) once every read of the params layer i reads has
 // been issued, with the layer's output (embedding: [B, T, C]; block: [B, T, C]; head: the logits
-// [B, T, V]), from whose gradient all of layer i's backward follows. Each param's `layer` says which
-// forward layer owns it and `also_read_by` which others read it: with tied embeddings the head
-// reads embedding.weight too, so a wrapper that releases gathered params after their last reader
-// keeps it until post_forward(L + 1). Hooks must not throw; they may block (e.g. on an all-gather).
+// [B, T, V]), from whose gradient all of layer i's backward follows. Each param's `layer` says
+// which forward layer owns it and `also_read_by` which others read it: with tied embeddings the
+// head reads embedding.weight too, so a wrapper that releases gathered params after their last
+// reader keeps it until post_forward(L + 1). Hooks must not throw; they may block (e.g. on an
+// all-gather).
 #ifndef ORTHOSHARD_INTEGRATION_MODEL_H_
 #define ORTHOSHARD_INTEGRATION_MODEL_H_
 
@@ -62,7 +64,8 @@ struct ModelParam {
   ParamKind kind;
   int layer = 0;      // owning forward layer (0 = embedding, 1..L = blocks, L + 1 = head)
   FusedSplit split;
-  std::vector<int> also_read_by;  // other forward layers reading it (the head, for a tied embedding)
+  std::vector<int>
+      also_read_by;  // other forward layers reading it (the head, for a tied embedding)
 };
 
 // Called around each forward layer; see the file comment for the contract. Either may be empty.

@@ -1,12 +1,5 @@
 #include "integration/model.h"
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <cmath>
-#include <fstream>
-#include <vector>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorIndexing.h>
 #include <ATen/TensorOperators.h>
@@ -22,6 +15,12 @@
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tril.h>
 #include <ATen/ops/zeros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <vector>
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -119,9 +118,12 @@ TEST(Gpt, InitialValuesStreamOneParamAtATime) {
     return absl::OkStatus();
   }));
   EXPECT_EQ(calls, static_cast<int>(model.params().size()));
-  EXPECT_THAT(bare.ForEachInitialValue(21, [](int i, const at::Tensor&) {
-    return i == 3 ? absl::DataLossError("sink full") : absl::OkStatus();
-  }), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sink full")));
+  EXPECT_THAT(bare.ForEachInitialValue(21,
+                                       [](int i, const at::Tensor&) {
+                                         return i == 3 ? absl::DataLossError("sink full")
+                                                       : absl::OkStatus();
+                                       }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sink full")));
 
   const int64_t before = ResidentBytes();
   ASSERT_OK_AND_ASSIGN(GptConfig llama, GptPreset("tinyllama-1.1b"));
@@ -370,7 +372,8 @@ TEST(Gpt, LayerHooksRunAroundEachLayerAndItsReadsOfParams) {
       layers.insert(layers.end(), p.also_read_by.begin(), p.also_read_by.end());
       return layers;
     };
-    EXPECT_EQ(model.params().front().also_read_by, tied ? std::vector<int>{head} : std::vector<int>{});
+    EXPECT_EQ(model.params().front().also_read_by,
+              tied ? std::vector<int>{head} : std::vector<int>{});
     std::vector<int> entered, left;
     std::vector<std::vector<int64_t>> output_shapes;
     LayerHooks hooks;
@@ -379,7 +382,8 @@ TEST(Gpt, LayerHooksRunAroundEachLayerAndItsReadsOfParams) {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < model.params().size(); ++i) {
         const std::vector<int> r = readers(model.params()[i]);
-        if (*std::min_element(r.begin(), r.end()) == layer) model.params()[i].tensor.copy_(saved[i]);
+        if (*std::min_element(r.begin(), r.end()) == layer)
+          model.params()[i].tensor.copy_(saved[i]);
       }
     };
     // Gone after the last reader, as a ZeRO-3 wrapper would release it (forward only: the
@@ -392,7 +396,8 @@ TEST(Gpt, LayerHooksRunAroundEachLayerAndItsReadsOfParams) {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < model.params().size(); ++i) {
         const std::vector<int> r = readers(model.params()[i]);
-        if (*std::max_element(r.begin(), r.end()) == layer) model.params()[i].tensor.fill_(std::nan(""));
+        if (*std::max_element(r.begin(), r.end()) == layer)
+          model.params()[i].tensor.fill_(std::nan(""));
       }
     };
     model.set_layer_hooks(hooks);

@@ -90,13 +90,12 @@ std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c,
                               : mode == DistMode::kFsdp     ? (8 * params + state) / world_size
                                                             : 8 * params + state / world_size;
   return {
-      {model_bytes, absl::StrCat("the model (--model=", c.model, ", ", params,
-                                 " params, --dist=", c.dist, ": ",
-                                 mode == DistMode::kFsdp ? "its shard of params, grads and state"
-                                 : mode == DistMode::kReplicated
-                                     ? "params, grads and optimizer state"
-                                     : "params and grads, its shard of the state",
-                                 ")")},
+      {model_bytes,
+       absl::StrCat("the model (--model=", c.model, ", ", params, " params, --dist=", c.dist, ": ",
+                    mode == DistMode::kFsdp         ? "its shard of params, grads and state"
+                    : mode == DistMode::kReplicated ? "params, grads and optimizer state"
+                                                    : "params and grads, its shard of the state",
+                    ")")},
       {2 * micro_batch * seq_len * preset.vocab_size * 4,
        absl::StrCat("the logits of a micro-batch of ", micro_batch,
                     " samples (lower --global_batch or raise --micro_batches)")},

@@ -191,7 +191,8 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--resume", "--resume needs --save_dir"},
       {"--resume --save_dir=" + dir + "/no_ckpt", "no_ckpt/latest' does not exist"},
       {"--save_dir=" + dir + "/bad.bin/ckpt", "bad.bin' is not a directory"},
-      {"--save_dir=" + dir + "/held", "already holds checkpoints (a `latest` pointer): pass --resume"},
+      {"--save_dir=" + dir + "/held",
+       "already holds checkpoints (a `latest` pointer): pass --resume"},
       {"--model=huge", "huge"},
   };
   for (const auto& [arg, message] : cases) {

@@ -1,7 +1,7 @@
 // Where a training run's measurements go: the TrainSummary (every rank), and on rank 0 the
 // progress line and the TensorBoard scalars (train/loss, train/lr, train/grad_norm,
-// train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss, memory/rank<r>/...). One object the trainer's loop
-// reports each step and each eval to.
+// train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss, memory/rank<r>/...). One object the
+// trainer's loop reports each step and each eval to.
 #ifndef ORTHOSHARD_INTEGRATION_RUN_METRICS_H_
 #define ORTHOSHARD_INTEGRATION_RUN_METRICS_H_
 

@@ -2,18 +2,6 @@
 // distributed checkpoints (checkpoint/distributed_checkpoint.h) for save and resume.
 #include "integration/trainer.h"
 
-#include <algorithm>
-#include <atomic>
-#include <csignal>
-#include <cmath>
-#include <functional>
-#include <map>
-#include <optional>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -22,6 +10,18 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -32,9 +32,9 @@
 #include "buffers/param_and_grad_buffer.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/distributed_checkpoint.h"
-#include "ddp/distributed_data_parallel.h"
 #include "common/exact_sum.h"
 #include "common/status_macros.h"
+#include "ddp/distributed_data_parallel.h"
 #include "integration/checkpointer.h"
 #include "integration/dataset.h"
 #include "integration/loader.h"
@@ -349,11 +349,12 @@ absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step,
       AddToSum(buffer->param_data(), local);
       continue;
     }
-    for (int b = 0; b < buffer->num_buckets(); ++b) AddToSum(buffer->ParamShard(b, comm.rank()), local);
+    for (int b = 0; b < buffer->num_buckets(); ++b)
+      AddToSum(buffer->ParamShard(b, comm.rank()), local);
   }
   const ExactFloatSum::Limbs limbs = local.limbs();
-  at::Tensor agreed = at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong)
-                          .to(comm.device());
+  at::Tensor agreed =
+      at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong).to(comm.device());
   *compared = !sharded;
   if (sharded) {
     RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreed, {ReduceOp::kSum}}}));

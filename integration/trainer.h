@@ -1,15 +1,16 @@
-// The pretraining loop: model preset + dataset + per-rank loader + ChainedOptimizer (Muon for hidden
-// matrices, AdamW for the rest) + lr schedule + periodic eval, with a progress line, TensorBoard
-// scalars and a JSON-able summary. One call of Train runs on every rank of a Communicator.
+// The pretraining loop: model preset + dataset + per-rank loader + ChainedOptimizer (Muon for
+// hidden matrices, AdamW for the rest) + lr schedule + periodic eval, with a progress line,
+// TensorBoard scalars and a JSON-able summary. One call of Train runs on every rank of a
+// Communicator.
 //
 // Routing (which params Muon updates) is decided once, published in the layout (ParamSpec::role),
 // and read from there by the optimizer (optimizers::distributed::CreateDistributedOptimizer).
 // Distribution modes (DistMode):
 //   kReplicated  every rank holds and steps every param: DDP all-reduces the grad buckets during
 //                backward (DdpConfig::grad_sync = kAllReduce), then every rank steps the same
-//                ChainedOptimizer (DistributedMode::kReplicated: every param whole, each rank saving
-//                its share) on the same grads, so params stay bit-identical (checked by a cheap
-//                checksum every `check_every` steps and at the end); there is no param sync.
+//                ChainedOptimizer (DistributedMode::kReplicated: every param whole, each rank
+//                saving its share) on the same grads, so params stay bit-identical (checked by a
+//                cheap checksum every `check_every` steps and at the end); there is no param sync.
 //   kLayerwise   ddp::DistributedDataParallel reduce-scatters grad buckets during backward
 //                (overlapped) and all-gathers params through the model's pre-forward hook (each
 //                layer waits for its own bucket group); the ChainedOptimizer (kSharded) steps Muon
@@ -27,7 +28,8 @@
 //                them after; nothing is gathered after the step. The same values in the same order
 //                as kLayerwise: bitwise the same losses and params.
 //
-// TrainerConfig, its parsing and validation, and TrainSummary are in trainer_config.h (no LibTorch).
+// TrainerConfig, its parsing and validation, and TrainSummary are in trainer_config.h (no
+// LibTorch).
 #ifndef ORTHOSHARD_INTEGRATION_TRAINER_H_
 #define ORTHOSHARD_INTEGRATION_TRAINER_H_
 

@@ -215,8 +215,8 @@ std::string MemoryJson(const std::vector<RankMemory>& memory) {
         r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes));
   }
   return absl::StrFormat(
-      "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]",
-      max_persistent, max_transient, absl::StrJoin(ranks, ","));
+      "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]", max_persistent,
+      max_transient, absl::StrJoin(ranks, ","));
 }
 
 }  // namespace

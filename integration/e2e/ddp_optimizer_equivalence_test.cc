@@ -1,12 +1,14 @@
 // End-to-end equivalence of DDP + the distributed optimizer with real Gloo ranks at 1, 2, 3 and 4
-// processes (the multi-rank harness, //collectives:multi_rank). End-to-end proof that ddp/ and optimizers/distributed/ compose: a small transformer-like model
-// built from at:: ops (embedding, residual MLP blocks with RMS norms, an output head) trains for
-// kSteps steps on a global batch of kGlobalBatch samples split across ranks (each rank its slice,
-// loss = mean over the slice; DDP averages, giving the mean over the global batch). Real backward
-// runs through DDP's gradient hooks; the forward calls DDP's pre-forward hook per layer. Every
-// configuration -- mode (sharded: layer-wise Muon + ZeRO-1 AdamW; replicated: every rank steps
-// everything; fsdp: sharded with sharded params) x overlap_grad_reduce x overlap_param_gather (or,
-// for fsdp, reshard_after_forward) x micro-batches (1 or 2) -- is checked against a single-process reference stepped alongside it (SimulatedRanks below), on any CPU:
+// processes (the multi-rank harness, //collectives:multi_rank). End-to-end proof that ddp/ and
+// optimizers/distributed/ compose: a small transformer-like model built from at:: ops (embedding,
+// residual MLP blocks with RMS norms, an output head) trains for kSteps steps on a global batch of
+// kGlobalBatch samples split across ranks (each rank its slice, loss = mean over the slice; DDP
+// averages, giving the mean over the global batch). Real backward runs through DDP's gradient
+// hooks; the forward calls DDP's pre-forward hook per layer. Every configuration -- mode (sharded:
+// layer-wise Muon + ZeRO-1 AdamW; replicated: every rank steps everything; fsdp: sharded with
+// sharded params) x overlap_grad_reduce x overlap_param_gather (or, for fsdp,
+// reshard_after_forward) x micro-batches (1 or 2) -- is checked against a single-process reference
+// stepped alongside it (SimulatedRanks below), on any CPU:
 //
 //  (A) The gradient. At every step, the mean gradient DDP leaves on the ranks (the reduced shards,
 //      all-gathered by the test into scratch memory) is compared with the reference's, computed at
@@ -240,8 +242,8 @@ class SimulatedRanks {
       for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
       for (int m = 0; m < micro_; ++m) {
         const int64_t start = r * slice + m * micro_rows;
-        Loss(model_, params_, x.narrow(0, start, micro_rows), y.narrow(0, start, micro_rows),
-             slice, nullptr)
+        Loss(model_, params_, x.narrow(0, start, micro_rows), y.narrow(0, start, micro_rows), slice,
+             nullptr)
             .backward();
       }
       c10::NoGradGuard no_grad;
@@ -358,9 +360,8 @@ absl::StatusOr<std::vector<at::Tensor>> GatherShards(const Model& model, Communi
   RETURN_IF_ERROR(work->Wait(comm.timeout()));
   for (int b = 0; b < ddp.num_buffers(); ++b) {
     for (const layout::ParamPlacement& p : ddp.buffer(b).layout().params) {
-      out[p.param_index] = scratch[b]
-                               .narrow(0, p.start, p.numel())
-                               .view(model.specs[p.param_index].shape);
+      out[p.param_index] =
+          scratch[b].narrow(0, p.start, p.numel()).view(model.specs[p.param_index].shape);
     }
   }
   return out;
@@ -378,10 +379,9 @@ absl::Status CheckNothingGathered(const Model& model, const ddp::DistributedData
     }
   }
   if (memory.transient_bytes != 0 || memory.param_bytes + memory.grad_bytes != shard_bytes) {
-    return absl::InternalError(absl::StrCat(where, ": ", memory.transient_bytes,
-                                            " transient bytes and ",
-                                            memory.param_bytes + memory.grad_bytes,
-                                            " persistent, expected 0 and ", shard_bytes));
+    return absl::InternalError(absl::StrCat(
+        where, ": ", memory.transient_bytes, " transient bytes and ",
+        memory.param_bytes + memory.grad_bytes, " persistent, expected 0 and ", shard_bytes));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].storage().nbytes() != 0 || params[i].grad().storage().nbytes() != 0) {

@@ -47,8 +47,7 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
   for (ParamAndGradBuffer* buffer : buffers) {
     if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
     const layout::PerBufferParamLayout& layout = buffer->layout();
-    if (mode == DistributedMode::kReplicated &&
-        buffer->residency() != buffers::Residency::kFull) {
+    if (mode == DistributedMode::kReplicated && buffer->residency() != buffers::Residency::kFull) {
       return absl::InvalidArgumentError(absl::StrCat(
           "buffer ", layout.key.ToString(), " keeps only rank ", buffer->rank(),
           "'s shards (sharded residency); replicated optimizers step every param whole"));

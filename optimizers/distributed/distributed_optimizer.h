@@ -1,7 +1,8 @@
 // The ChainedOptimizer of a data-parallel rank, built from the layout over DDP's buffers: which
 // slots this rank updates, and the all-reduce of the step's gradient statistics.
 //
-//   kSharded     Muon-routed params (ParamPlacement::role) as whole matrices on the rank whose shard
+//   kSharded     Muon-routed params (ParamPlacement::role) as whole matrices on the rank whose
+//   shard
 //                holds them (PerBufferParamLayout::OwnerOf: layer-wise ownership, fp32 main params
 //                and momentum for those only; a rank that owns no matrix is idle); AdamW-routed
 //                params as this rank's element range ShardRange(bucket, rank) of every bucket
@@ -68,8 +69,8 @@ RoutingReport LayoutRouting(absl::Span<buffers::ParamAndGradBuffer* const> buffe
 
 // The slots rank `rank` updates in `mode` (see the file comment): views of the buffers' params and
 // grads. Errors: kInvalidArgument when a buffer is null, kReplicated over a buffer with sharded
-// residency, or a Muon param straddles a shard boundary ("param 'w' is routed to muon but straddles a shard boundary of a distopt buffer; Muon needs
-// whole matrices (use a shard-aligned layout)").
+// residency, or a Muon param straddles a shard boundary ("param 'w' is routed to muon but straddles
+// a shard boundary of a distopt buffer; Muon needs whole matrices (use a shard-aligned layout)").
 absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                                             int rank, DistributedMode mode);
 

@@ -1,13 +1,13 @@
 #include "optimizers/distributed/testing/test_model.h"
 
-#include <cmath>
-#include <utility>
-
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/round.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/zeros.h>
+
+#include <cmath>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -6,12 +6,12 @@
 #ifndef ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_TESTING_TEST_MODEL_H_
 #define ORTHOSHARD_OPTIMIZERS_DISTRIBUTED_TESTING_TEST_MODEL_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "buffers/param_and_grad_buffer.h"
