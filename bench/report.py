@@ -403,7 +403,8 @@ def main():
                "### Collectives: bus bandwidth vs size", "",
                "busbw as nccl-tests define it (all-reduce algbw·2(N−1)/N, reduce-scatter and "
                "all-gather algbw·(N−1)/N), so an optimal implementation of each reaches the same "
-               "busbw. Gloo's reduce-scatter is an all-reduce plus a copy.", "",
+               "busbw. The Gloo communicator's reduce-scatter and all-gather are rings over Gloo's "
+               "send/recv (collectives/internal/ring.h); its all-reduce is Gloo's own.", "",
                f"Reproduce: `{command_for('collectives', args['collectives'])}`", ""]
         if "collectives" in summaries:
             md += [rl.collectives_table(summaries["collectives"]), ""]
@@ -428,8 +429,8 @@ def main():
                    f"| logical traffic per step (counters) MB | {rl.stat_cell(sm, 'traffic_MB')} |",
                    f"| grad buffer MB | {rl.stat_cell(sm, 'buffer_MB')} |",
                    f"| ideal wire 2(N−1)/N × buffer MB | {rl.stat_cell(sm, 'ideal_MB')} |",
-                   f"| Gloo wire ≈ 3(N−1)/N × buffer MB (RS emulated by all-reduce) | "
-                   f"{rl.stat_cell(sm, 'gloo_MB')} |", ""]
+                   f"| wire sent by rank 0 per step (counters; Gloo's reduce-scatter and all-gather "
+                   f"are rings) MB | {rl.stat_cell(sm, 'wire_MB')} |", ""]
         else:
             md.append(failed("ddp"))
         md += ["### Distributed optimizer: layerwise vs distopt vs replicated", ""]
@@ -498,8 +499,7 @@ def main():
                "per step (the full tensor of each collective) over 2× the param buffer for "
                "layerwise (reduce-scatter + all-gather) and 3× for fsdp (all-gather for forward, "
                "again for backward, reduce-scatter); the wire bytes of a ring are (N−1)/N of the "
-               "logical ones, and Gloo's reduce-scatter is an all-reduce (twice the wire bytes "
-               "of a real one; see issue 19).", "",
+               "logical ones (the Gloo communicator's reduce-scatter and all-gather are such rings).", "",
                "Reproduce: " + ", ".join(f"`{command_for('pretrain', fsdp_step_args + f)}`"
                                          for f in FSDP_MODE_FLAGS.values()), ""]
         if "fsdp" in summaries:

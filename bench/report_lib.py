@@ -125,7 +125,7 @@ def parse_collectives(text):
 def parse_ddp(text):
     """ddp_benchmark stdout → {mode: {forward, backward, exposed, param_sync, step, step_over_off}}
     plus the row "summary" with hidden_share, net_hidden_share (fractions), traffic_MB, buffer_MB,
-    ideal_MB, gloo_MB."""
+    ideal_MB, wire_MB."""
     rows = {}
     mode_re = re.compile(rf"^(\S.*?\S)\s+({_FLOAT})\s+({_FLOAT})\s+({_FLOAT})\s+({_FLOAT})\s+"
                          rf"({_FLOAT})\s+({_FLOAT})\s*$")
@@ -144,10 +144,10 @@ def parse_ddp(text):
         if m:
             summary["net_hidden_share"] = float(m.group(1)) / 100
         m = re.match(rf"^traffic per step: ({_FLOAT}) MB logical.*?buffer ({_FLOAT}) MB; ideal wire"
-                     rf".*?= ({_FLOAT}) MB; Gloo wire.*?= ({_FLOAT}) MB", line)
+                     rf".*?= ({_FLOAT}) MB; wire sent.*?= ({_FLOAT}) MB", line)
         if m:
             summary.update(traffic_MB=float(m.group(1)), buffer_MB=float(m.group(2)),
-                           ideal_MB=float(m.group(3)), gloo_MB=float(m.group(4)))
+                           ideal_MB=float(m.group(3)), wire_MB=float(m.group(4)))
     if not rows or "hidden_share" not in summary:
         raise ParseError("ddp: no mode rows or no hidden-share line in output")
     rows["summary"] = summary

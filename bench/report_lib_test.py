@@ -66,7 +66,7 @@ DDP = """[rank 0] DDP step at 2 Gloo ranks: 8 layers of [1024, 1024] + bias, bat
 [rank 0] overlap grad + param        5.30     13.50          2.10        0.50     19.00       0.760
 [rank 0] hidden share of grad reduce-scatter time: 75.0% (1 - exposed(on) / exposed(off))
 [rank 0] net hidden share (backward slowdown counted): 62.5% (1 - (backward(on) + exposed(on) - backward(off)) / exposed(off))
-[rank 0] traffic per step: 67.18 MB logical (counters: reduce-scatter + all-gather), buffer 33.59 MB; ideal wire 2(N-1)/N x buffer = 33.59 MB; Gloo wire ~3(N-1)/N x buffer = 50.38 MB
+[rank 0] traffic per step: 67.18 MB logical (counters: reduce-scatter + all-gather), buffer 33.59 MB; ideal wire 2(N-1)/N x buffer = 33.59 MB; wire sent by rank 0 (counters) = 33.59 MB
 """
 
 DISTRIBUTED = """[rank 0] 2 ranks, 10 iterations, model 8 x [512, 512] Muon + norms + [2048, 512] embedding
@@ -141,7 +141,7 @@ class ParseTest(unittest.TestCase):
         self.assertEqual(rows["overlap grad + param"]["param_sync"], 0.5)
         self.assertEqual(rows["summary"], {"hidden_share": 0.75, "net_hidden_share": 0.625,
                                            "traffic_MB": 67.18, "buffer_MB": 33.59,
-                                           "ideal_MB": 33.59, "gloo_MB": 50.38})
+                                           "ideal_MB": 33.59, "wire_MB": 33.59})
 
     def test_distributed(self):
         rows = rl.parse_distributed(DISTRIBUTED)

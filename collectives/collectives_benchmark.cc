@@ -7,8 +7,8 @@
 // table. Sizes are the full (unsharded) fp32 buffer. Bus bandwidth follows nccl-tests
 // (PERFORMANCE.md): algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce and
 // algbw * (n-1)/n for reduce-scatter and all-gather, so an optimal implementation of each reaches
-// the same busbw. Gloo's reduce-scatter is an all-reduce plus a copy, so its busbw is expected near
-// half the all-reduce's; the ratio columns show it.
+// the same busbw. The communicator's reduce-scatter and all-gather are rings over Gloo's send/recv
+// (internal/ring.h), its all-reduce Gloo's own; the ratio columns compare them.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <unistd.h>

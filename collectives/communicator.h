@@ -119,16 +119,22 @@ class Work {
   virtual absl::Status Wait(absl::Duration timeout) = 0;
 };
 
-// Bytes and calls per kind of collective. Bytes are LOGICAL: the size of the full (unsharded)
+// Calls and bytes per kind of collective. `bytes` are LOGICAL: the size of the full (unsharded)
 // tensor of each collective (all-reduce: the tensor; reduce-scatter: the input; all-gather: the
-// output; broadcast: the tensor), independent of how the engine moves them. An engine may move
-// more: c10d's Gloo emulates reduce-scatter with an all-reduce, about twice the wire traffic.
+// output; broadcast: the tensor), independent of how the engine moves them. `wire_bytes` are what
+// this rank sends: counted exactly for the ring reduce-scatter and all-gather (the Gloo
+// communicator's: (N - 1)/N of the logical bytes, the ideal), and for the engine's own
+// collectives what a ring sends per rank: 2 (N - 1)/N of an all-reduce, (N - 1)/N of a
+// reduce-scatter, all-gather or broadcast (an engine may move more; a reduce-scatter emulated by an
+// all-reduce counts as the all-reduce).
 struct TrafficCounters {
   std::array<int64_t, kNumOpKinds> calls{};
   std::array<int64_t, kNumOpKinds> bytes{};
+  std::array<int64_t, kNumOpKinds> wire_bytes{};
 
   int64_t Calls(OpKind kind) const { return calls[static_cast<int>(kind)]; }
   int64_t Bytes(OpKind kind) const { return bytes[static_cast<int>(kind)]; }
+  int64_t WireBytes(OpKind kind) const { return wire_bytes[static_cast<int>(kind)]; }
 };
 
 // A group of `size()` ranks. Not thread-safe: launch from one thread per rank.

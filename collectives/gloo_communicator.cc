@@ -63,6 +63,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c1
   traits.device = at::Device(at::kCPU);
   traits.native_avg = false;             // ProcessGroupGloo rejects ReduceOp::AVG
   traits.native_reduce_scatter = false;  // its tensor-form reduce-scatter is an all-reduce anyway
+  // So reduce-scatter and all-gather run as rings over its send/recv: (N - 1)/N of the buffer on
+  // the wire per rank instead of an all-reduce's 2 (N - 1)/N.
+  traits.ring_collectives = true;
   return internal_collectives::MakeC10dCommunicator(store, std::move(backend), options.rank,
                                                     options.size, options.timeout,
                                                     std::move(traits));

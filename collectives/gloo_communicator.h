@@ -1,10 +1,11 @@
 // The CPU Communicator: c10d's ProcessGroupGloo over a c10d TCPStore.
 //
-// Collectives run on Gloo's worker threads; Work::Wait blocks on c10d's Work. Gloo has no tensor
-// reduce-scatter and no AVG: reduce-scatter is an all-reduce of the whole input followed by taking
-// this rank's shard (about twice the wire traffic of a real reduce-scatter; the traffic counters
-// count logical bytes), AVG is SUM followed by a division by the number of ranks, and uneven
-// all-gathers are padded to the largest shard. Tensors must be on the CPU. Each launch also
+// All-reduce and broadcast run on Gloo's worker threads; Work::Wait blocks on c10d's Work. Gloo has
+// no real tensor reduce-scatter (c10d's is an all-reduce of the whole input) and no AVG, so
+// reduce-scatter and all-gather run as rings over Gloo's send/recv on a thread of the communicator
+// (internal/ring.h: (N - 1)/N of the buffer sent per rank, the ideal; uneven shards natively; the
+// wire counters count what was sent), and AVG is SUM followed by a division by the number of
+// ranks. Tensors must be on the CPU. Each launch also
 // publishes its collective sequence number to the store (one TCPStore round trip) so that, when a
 // collective fails or times out, the survivors can name the ranks that had not launched it.
 #ifndef ORTHOSHARD_COLLECTIVES_GLOO_COMMUNICATOR_H_

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "collectives/internal/ring.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::collectives::internal_collectives {
@@ -211,6 +212,9 @@ class C10dCommunicator : public Communicator {
     shared_->size = size;
     // At most 10 s: a launcher's grace after the first failure (pretrain's: 15 s) must outlast it.
     shared_->report_wait = std::clamp(timeout, absl::Seconds(3), absl::Seconds(10));
+    if (traits_.ring_collectives && size > 1) {
+      ring_ = std::make_unique<RingEngine>(backend_, rank, size, timeout);
+    }
   }
 
   int rank() const override { return shared_->rank; }
@@ -268,7 +272,7 @@ class C10dCommunicator : public Communicator {
       shared_->failed = true;
       return absl::UnavailableError(absl::StrCat(op.name, ": launch failed: ", WhatOf(e)));
     }
-    Count(OpKind::kBarrier, 0);
+    Count(OpKind::kBarrier, 0, 0);
     std::vector<PendingOp> pending;
     pending.push_back(std::move(op));
     return std::unique_ptr<Work>(new C10dWork(shared_, std::move(pending)));
@@ -300,10 +304,19 @@ class C10dCommunicator : public Communicator {
     }
   }
 
-  void Count(OpKind kind, int64_t bytes) {
+  // `bytes`: logical (the full tensor); `wire`: what this rank sends.
+  void Count(OpKind kind, int64_t bytes, int64_t wire) {
     absl::MutexLock lock(&mu_);
     traffic_.calls[static_cast<int>(kind)] += 1;
     traffic_.bytes[static_cast<int>(kind)] += bytes;
+    traffic_.wire_bytes[static_cast<int>(kind)] += wire;
+  }
+
+  // (N - 1)/N of `bytes` times `passes`: what one rank of a ring sends for a tensor of `bytes`
+  // (1 pass: reduce-scatter, all-gather, broadcast; 2: all-reduce).
+  int64_t RingShare(int64_t bytes, int passes) const {
+    const int n = shared_->size;
+    return n > 1 ? passes * (bytes / n) * (n - 1) : 0;
   }
 
   absl::Status Validate(const CollectiveOp& any, const std::string& what) const {
@@ -352,7 +365,7 @@ class C10dCommunicator : public Communicator {
   }
 
   void Enqueue(AllReduceOp& op, PendingOp& pending) {
-    Count(OpKind::kAllReduce, Bytes(op.tensor));
+    Count(OpKind::kAllReduce, Bytes(op.tensor), RingShare(Bytes(op.tensor), 2));
     at::Tensor tensor = op.tensor;
     const bool native_avg = op.options.op == ReduceOp::kAvg && traits_.native_avg;
     if (tensor.numel() > 0) pending.work = EngineAllReduce(tensor, native_avg);
@@ -363,15 +376,22 @@ class C10dCommunicator : public Communicator {
   }
 
   void Enqueue(ReduceScatterOp& op, PendingOp& pending) {
-    Count(OpKind::kReduceScatter, Bytes(op.input));
     const std::vector<int64_t> sizes =
         *ResolveShardSizes(op.options.shard_sizes, op.input.numel(), shared_->size);
     const int rank = shared_->rank;
+    const int64_t element = static_cast<int64_t>(op.input.element_size());
+    Count(OpKind::kReduceScatter, Bytes(op.input),
+          ring_ ? RingEngine::ReduceScatterSentElements(sizes, rank) * element
+                : RingShare(Bytes(op.input), traits_.native_reduce_scatter ? 1 : 2));
     int64_t offset = 0;
     for (int r = 0; r < rank; ++r) offset += sizes[r];
     if (traits_.native_reduce_scatter) return NativeReduceScatter(op, sizes, offset, pending);
     at::Tensor input = op.input.view({-1});
-    if (input.numel() > 0) pending.work = EngineAllReduce(input, /*avg=*/false);
+    if (input.numel() > 0) {
+      // The ring reduces shard r into place on rank r; without it, an all-reduce of the whole.
+      pending.work = ring_ ? ring_->ReduceScatter(input, sizes, pending.seq)
+                           : EngineAllReduce(input, /*avg=*/false);
+    }
     const bool avg = op.options.op == ReduceOp::kAvg;
     const int size = shared_->size;
     at::Tensor output = op.output;
@@ -385,14 +405,21 @@ class C10dCommunicator : public Communicator {
   }
 
   void Enqueue(AllGatherOp& op, PendingOp& pending) {
-    Count(OpKind::kAllGather, Bytes(op.output));
     const int size = shared_->size;
     const std::vector<int64_t> sizes =
         *ResolveShardSizes(op.options.shard_sizes, op.output.numel(), size);
+    Count(OpKind::kAllGather, Bytes(op.output),
+          ring_ ? RingEngine::AllGatherSentElements(sizes, shared_->rank) *
+                      static_cast<int64_t>(op.output.element_size())
+                : RingShare(Bytes(op.output), 1));
     const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
     if (largest == 0) return;
     at::Tensor output = op.output.view({-1});
     at::Tensor input = op.input.view({-1});
+    if (ring_) {
+      pending.work = ring_->AllGather(input, output, sizes, pending.seq);
+      return;
+    }
     c10d::AllgatherOptions options;
     options.timeout = ToChrono(timeout_);
     if (std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == largest; })) {
@@ -417,7 +444,7 @@ class C10dCommunicator : public Communicator {
   }
 
   void Enqueue(BroadcastOp& op, PendingOp& pending) {
-    Count(OpKind::kBroadcast, Bytes(op.tensor));
+    Count(OpKind::kBroadcast, Bytes(op.tensor), RingShare(Bytes(op.tensor), 1));
     if (op.tensor.numel() == 0) return;
     std::vector<at::Tensor> tensors = {op.tensor};
     c10d::BroadcastOptions options;
@@ -487,6 +514,9 @@ class C10dCommunicator : public Communicator {
   int64_t next_seq_ = 1;
   mutable absl::Mutex mu_;
   TrafficCounters traffic_;
+  // Engines without a real reduce-scatter (Gloo): reduce-scatter and all-gather as rings over the
+  // engine's send/recv. Declared last: destroyed first, while the backend is still alive.
+  std::unique_ptr<RingEngine> ring_;
 };
 
 }  // namespace

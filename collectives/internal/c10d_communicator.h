@@ -29,6 +29,9 @@ struct EngineTraits {
   at::Device device{at::kCPU};         // every tensor must be on it
   bool native_avg = false;             // else SUM, then a division by size in Wait
   bool native_reduce_scatter = false;  // else an all-reduce of the input, then the own shard
+  // Reduce-scatter and all-gather as rings over the engine's send/recv (internal/ring.h) instead of
+  // its all-reduce and all-gather: the ideal wire bytes where the engine has no reduce-scatter.
+  bool ring_collectives = false;
 };
 
 // Wraps a connected `backend` (rendezvous done, its collective timeout set to `timeout`). `store`

@@ -261,6 +261,19 @@ absl::Status TrafficAndValidation(Communicator& comm) {
             "reduce_scatter traffic is not 1 call of the input's bytes"));
   RETURN_IF_ERROR(Check(delta(OpKind::kAllGather) == std::make_pair(int64_t{1}, int64_t{32} * size),
                         "all_gather traffic is not 1 call of the output's bytes"));
+  // Wire bytes, what this rank sends: a ring's share, (N - 1)/N of the tensor per pass (two
+  // passes for an all-reduce), for the reduce-scatter and all-gather of every engine (Gloo's are
+  // rings counted exactly, NCCL's native ones counted as a ring's).
+  auto wire = [&](OpKind k) { return after.WireBytes(k) - before.WireBytes(k); };
+  RETURN_IF_ERROR(Check(wire(OpKind::kAllReduce) == 2 * (4000 / size) * (size - 1),
+                        absl::StrCat("all_reduce wire bytes ", wire(OpKind::kAllReduce),
+                                     ", expected 2 (N - 1)/N x 4000")));
+  RETURN_IF_ERROR(Check(wire(OpKind::kReduceScatter) == int64_t{32} * (size - 1),
+                        absl::StrCat("reduce_scatter wire bytes ", wire(OpKind::kReduceScatter),
+                                     ", expected (N - 1)/N of the input")));
+  RETURN_IF_ERROR(Check(wire(OpKind::kAllGather) == int64_t{32} * (size - 1),
+                        absl::StrCat("all_gather wire bytes ", wire(OpKind::kAllGather),
+                                     ", expected (N - 1)/N of the output")));
 
   // Launch validation is local: nothing is enqueued, so no rank falls out of step.
   ReduceScatterOptions bad;
