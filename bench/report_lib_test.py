@@ -31,7 +31,8 @@ GBENCH = json.dumps({
          "time_unit": "ms", "aten_ms": 6.0, "fused_ms": 4.0, "speedup": 1.5, "threads": 2},
         {"name": "BM_AdamWFused/1048576/manual_time", "run_name": "BM_AdamWFused/1048576/manual_time",
          "run_type": "iteration", "iterations": 100, "real_time": 1.5, "cpu_time": 3.0,
-         "time_unit": "ms", "aten_ms": 3.0, "fused_ms": 1.5, "speedup": 2.0, "threads": 2},
+         "time_unit": "ms", "aten_ms": 3.0, "fused_ms": 1.5, "speedup": 2.0, "aten_fused_ms": 2.0,
+         "aten_fused_speedup": 1.5, "threads": 2},
         {"name": "BM_AdamWStep/1048576/manual_time_mean", "run_name": "BM_AdamWStep/1048576/manual_time",
          "run_type": "aggregate", "aggregate_name": "mean", "real_time": 1.5, "ratio": 99.0},
     ],
@@ -180,7 +181,7 @@ class RenderTest(unittest.TestCase):
         ])
         self.assertEqual(rl.adamw_fused_table(s).splitlines()[2],
                          "| 1,048,576 fp32 (4 MiB) | 3.000 [3.000, 3.000] | 1.500 [1.500, 1.500] "
-                         "| 2.00 [2.00, 2.00] |")
+                         "| 2.00 [2.00, 2.00] | 2.000 [2.000, 2.000] | 1.50 [1.50, 1.50] |")
         self.assertEqual(rl.muon_elementwise_table(s).splitlines()[2],
                          "| 1024×4096 fp32, bf16 update | 6.00 [6.00, 6.00] | 4.00 [4.00, 4.00] "
                          "| 1.50 [1.50, 1.50] |")

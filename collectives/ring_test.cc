@@ -3,6 +3,7 @@
 // buffers large enough to be cut into many pieces (with uneven and empty shards), the exact wire
 // bytes each rank sends, independence from engine collectives launched meanwhile, and a peer
 // killed in the middle of a ring.
+#include <ATen/Parallel.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
@@ -123,6 +124,7 @@ TEST_P(RingTest, LargeUnevenShardsExactAndWireBytesAsSent) {
   testing::RunOnRanks(
       GetParam(),
       [](Communicator& comm) {
+        at::set_num_threads(1);  // ranks share the cores
         ASSERT_OK(LargeShardsAndWireBytes(comm));
         ASSERT_OK(IndependentOfEngineCollectives(comm));
       },

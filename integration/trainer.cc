@@ -226,6 +226,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   cc.adamw.lr = c.lr;
   cc.adamw.beta2 = 0.95;
   cc.adamw.weight_decay = c.weight_decay;
+  cc.adamw.fused = c.adamw_fused;
   cc.muon.lr = c.muon_lr;
   cc.muon.weight_decay = c.muon_weight_decay;
   cc.muon.ns.dtype =

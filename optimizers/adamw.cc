@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -49,6 +50,17 @@ void AdamWUpdate(const at::Tensor& param, const at::Tensor& grad, AdamWState& st
   // not capturable): scalars are computed in double exactly as Python does, then handed to the same
   // ATen kernels.
   state.step += 1;
+  if (hp.fused) {
+    // As torch/optim/adam.py `_fused_adam` (decoupled weight decay): the step count is a float32
+    // tensor incremented by 1 before the call (exact below 2^24 steps); lr, betas, weight decay and
+    // eps are passed as doubles; no amsgrad, grad scale or found_inf.
+    const at::Tensor step = at::full({}, static_cast<float>(state.step),
+                                     param.options().dtype(at::kFloat));
+    at::_fused_adamw_({param}, {grad}, {state.exp_avg}, {state.exp_avg_sq}, {}, {step}, lr,
+                      hp.beta1, hp.beta2, hp.weight_decay, hp.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+    return;
+  }
   const double step = static_cast<double>(state.step);
   const double bias_correction1 = 1.0 - std::pow(hp.beta1, step);
   const double bias_correction2 = 1.0 - std::pow(hp.beta2, step);

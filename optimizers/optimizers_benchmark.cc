@@ -15,7 +15,9 @@
 //                mm_ms / ns_ms, the share of the gap that is the iteration itself, not the step.
 //   BM_MuonElementwise: aten_ms (ATen's elementwise ops of a Muon step), fused_ms (the fused CPU
 //                passes that MuonUpdate runs instead, bitwise equal), speedup = aten_ms / fused_ms.
-//   BM_AdamWFused: aten_ms (AdamW's ATen ops), fused_ms (FusedAdamW, bitwise equal), speedup.
+//   BM_AdamWFused: aten_ms (AdamW's ATen ops), fused_ms (FusedAdamW, bitwise equal), speedup;
+//                aten_fused_ms (AdamWUpdate with AdamWHyper::fused: ATen's at::_fused_adamw_, the
+//                kernel of torch.optim.AdamW(fused=True)) and aten_fused_speedup = aten_ms / it.
 //   BM_AdamWStep: adamw_GBps counts the 7 fp32 tensor passes an ideal fused AdamW needs (read p, g,
 //                m, v; write p, m, v); copy_GBps is dst.copy_(src) of one tensor (2 passes);
 //                ratio = adamw_GBps / copy_GBps.
@@ -135,11 +137,14 @@ void BM_AdamWFused(benchmark::State& state) {
   const at::Tensor grad = at::randn({n}, at::kFloat);
   const AdamWState aten = MakeAdamWState(param);
   const AdamWState fused = MakeAdamWState(param);
+  AdamWState aten_fused = MakeAdamWState(param);
+  AdamWHyper aten_fused_hp;
+  aten_fused_hp.fused = true;
   internal::AdamWScalars s;
   s.apply_decay = true;
   s.decay = 1.0 - 1e-3 * 0.01;
   s.bias_correction2_sqrt = 0.5;
-  double aten_s = 0.0, fused_s = 0.0;
+  double aten_s = 0.0, fused_s = 0.0, aten_fused_s = 0.0;
   for (auto _ : state) {
     const auto t0 = Clock::now();
     param.mul_(s.decay);
@@ -151,14 +156,19 @@ void BM_AdamWFused(benchmark::State& state) {
     const auto t1 = Clock::now();
     internal::FusedAdamW(param, grad, fused.exp_avg, fused.exp_avg_sq, s);
     const auto t2 = Clock::now();
+    AdamWUpdate(param, grad, aten_fused, aten_fused_hp, 1e-3);
+    const auto t3 = Clock::now();
     aten_s += Seconds(t0, t1);
     fused_s += Seconds(t1, t2);
+    aten_fused_s += Seconds(t2, t3);
     state.SetIterationTime(Seconds(t1, t2));
   }
   const double iters = static_cast<double>(state.iterations());
   state.counters["aten_ms"] = 1e3 * aten_s / iters;
   state.counters["fused_ms"] = 1e3 * fused_s / iters;
   state.counters["speedup"] = aten_s / fused_s;
+  state.counters["aten_fused_ms"] = 1e3 * aten_fused_s / iters;
+  state.counters["aten_fused_speedup"] = aten_s / aten_fused_s;
   state.counters["threads"] = at::get_num_threads();
 }
 BENCHMARK(BM_AdamWFused)

@@ -252,7 +252,8 @@ class OracleCase {
       std::vector<AdamW::Entry> entries;
       for (size_t i = 0; i < names.size(); ++i) {
         entries.push_back({Slot::Whole(names[i], params[i], grads[i]),
-                           AdamWHyper{hp.at(0), hp.at(1), hp.at(2), hp.at(3), hp.at(4)}});
+                           AdamWHyper{hp.at(0), hp.at(1), hp.at(2), hp.at(3), hp.at(4),
+                                      /*fused=*/hp.at(5) != 0.0}});
       }
       auto adamw = AdamW::Create(std::move(entries));
       EXPECT_TRUE(adamw.ok()) << adamw.status();

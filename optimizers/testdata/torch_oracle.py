@@ -11,7 +11,8 @@ CPU: nothing is checked in and nothing depends on the machine that wrote it.
 Each case is an optimizer, its hyperparameters, params of awkward shapes, a gradient for every step,
 the lr factor and gradient scale of every step, every intermediate param and the final state. The
 reference of a case is one of:
-  torch.optim.AdamW   torch.optim.AdamW(foreach=False), lr set per step
+  torch.optim.AdamW   torch.optim.AdamW(foreach=False), or (fused=True) with the fused kernel (the
+                      hp's last value), lr set per step
   torch.optim.Muon    torch.optim.Muon, lr set per step, gradients pre-multiplied by the step's scale
   python.muon         muon_step() below, for what torch.optim.Muon cannot do (fp32 Newton-Schulz,
                       Megatron's "spectral" lr scale, fused weights split into logical blocks); it is
@@ -27,7 +28,7 @@ File format (all little-endian; numpy is not needed on the C++ side):
 Records of case NAME (listed, in order, by the text record "cases", one name per line):
   NAME/optimizer   text "adamw" | "muon"
   NAME/reference   text, see above
-  NAME/hp          f64; AdamW: lr, beta1, beta2, eps, weight_decay
+  NAME/hp          f64; AdamW: lr, beta1, beta2, eps, weight_decay, fused (1 or 0)
                         Muon: lr, weight_decay, momentum, nesterov, scale_rule (0 original,
                               1 match_rms_adamw, 2 spectral), extra_scale, ns_steps, a, b, c, eps,
                               ns_dtype (0 bf16, 1 fp32)
@@ -57,7 +58,7 @@ ADAMW_SHAPES = dict(MATRIX_SHAPES, vector=(33,), scalar=())
 MUON_DEFAULTS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, scale_rule="original",
                      extra_scale=1.0, ns_steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7,
                      ns_dtype="bf16")
-ADAMW_DEFAULTS = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+ADAMW_DEFAULTS = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, fused=False)
 
 
 def muon_case(name, steps=5, shapes=MATRIX_SHAPES, grad_std=1.0, lr_factors=None,
@@ -122,6 +123,15 @@ CASES = [
     # Above the fused CPU path's threshold (2^21 elements, optimizers/internal/fused_elementwise.h).
     adamw_case("adamw/large_fused_path", steps=3, shapes={"big": (2048, 1040), "small": (7, 3)},
                beta2=0.95, weight_decay=0.1),
+    # AdamWHyper::fused against torch.optim.AdamW(fused=True): ATen's fused kernel.
+    adamw_case("adamw_fused/defaults", fused=True),
+    adamw_case("adamw_fused/beta1_0_eps0_wd1_lr01", fused=True, beta1=0.0, beta2=0.9999, eps=0.0,
+               weight_decay=1.0, lr=0.1),
+    adamw_case("adamw_fused/60_steps_lr_and_scale_every_step", fused=True, steps=LONG, beta2=0.95,
+               weight_decay=0.1, lr_factors=varying(LONG, 23, 0.05, 1.0),
+               grad_scales=varying(LONG, 24, 0.2, 1.0)),
+    adamw_case("adamw_fused/large", fused=True, steps=3,
+               shapes={"big": (2048, 1040), "small": (7, 3)}, beta2=0.95, weight_decay=0.1),
 ]
 
 
@@ -199,8 +209,9 @@ def run(case, init, grads, reference, device):
     grad_scales = case["grad_scales"] or [1.0] * steps
     opt = None
     if reference == "torch.optim.AdamW":
+        fused = {"fused": True} if hp["fused"] else {"foreach": False}
         opt = torch.optim.AdamW(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]),
-                                eps=hp["eps"], weight_decay=hp["weight_decay"], foreach=False)
+                                eps=hp["eps"], weight_decay=hp["weight_decay"], **fused)
     elif reference == "torch.optim.Muon":
         opt = torch.optim.Muon(params, lr=hp["lr"], weight_decay=hp["weight_decay"],
                                momentum=hp["momentum"], nesterov=hp["nesterov"],
@@ -268,7 +279,8 @@ class Writer:
 def hp_vector(case):
     hp = case["hp"]
     if case["optimizer"] == "adamw":
-        return [hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"]]
+        return [hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"],
+                1.0 if hp["fused"] else 0.0]
     rule = {"original": 0.0, "match_rms_adamw": 1.0, "spectral": 2.0}[hp["scale_rule"]]
     return [hp["lr"], hp["weight_decay"], hp["momentum"], 1.0 if hp["nesterov"] else 0.0, rule,
             hp["extra_scale"], float(hp["ns_steps"]), *hp["coefficients"], hp["eps"],
