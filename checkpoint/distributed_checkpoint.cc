@@ -84,9 +84,10 @@ at::Tensor HostCopy(const at::Tensor& t) {
 
 // Whether a param of `bucket` crosses a shard boundary, so that no rank holds it whole in a
 // sharded buffer (the same answer on every rank).
-bool BucketHasStraddler(const layout::PerBufferParamLayout& layout, int bucket) {
-  for (const layout::ParamPlacement& p : layout.params) {
-    if (p.bucket == bucket && p.numel() > 0 && layout.OwnerOf(p) < 0) return true;
+bool BucketHasStraddler(const buffers::ParamAndGradBuffer& buffer, int bucket) {
+  for (int i : buffer.BucketParams(bucket)) {
+    const layout::ParamPlacement& p = buffer.layout().params[i];
+    if (p.numel() > 0 && buffer.layout().OwnerOf(p) < 0) return true;
   }
   return false;
 }
@@ -99,7 +100,7 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
   const layout::PerBufferParamLayout& layout = buffer.layout();
   const int rank = comm.rank();
   const bool sharded = buffer.residency() == buffers::Residency::kSharded;
-  const bool gather = sharded && BucketHasStraddler(layout, bucket);
+  const bool gather = sharded && BucketHasStraddler(buffer, bucket);
   const bool was_materialized = buffer.params_materialized(bucket);
   if (gather) {
     buffer.MaterializeParams(bucket);
