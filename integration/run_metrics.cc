@@ -1,5 +1,7 @@
 #include "integration/run_metrics.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
@@ -14,6 +16,12 @@ namespace {
 double NowSeconds() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
 
 }  // namespace
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 int64_t TotalBytes(const collectives::Communicator& comm) {
   const collectives::TrafficCounters t = comm.traffic();
@@ -52,7 +60,16 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   totals_.comm_bytes += cost.comm_bytes;
   totals_.param_gather_wait_s += cost.param_gather_wait_s;
   totals_.grad_sync_wait_s += cost.grad_sync_wait_s;
-  if (step == first_step_) summary_.initial_loss = loss;
+  if (step == first_step_) {
+    summary_.initial_loss = loss;
+    first_cost_ = cost;
+  } else {
+    steady_times_.push_back(absl::ToDoubleSeconds(time));
+    steady_totals_.forward_s += cost.forward_s;
+    steady_totals_.backward_s += cost.backward_s;
+    steady_totals_.optimizer_s += cost.optimizer_s;
+    steady_totals_.cpu_s += cost.cpu_s;
+  }
   summary_.final_loss = loss;
   summary_.steps = step;
   if (comm_.rank() != 0) return absl::OkStatus();
@@ -65,6 +82,10 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   RETURN_IF_ERROR(Scalar("train/grad_norm", step, result.grad_norm));
   RETURN_IF_ERROR(Scalar("train/tokens_per_s", step, tokens_per_s));
   RETURN_IF_ERROR(Scalar("train/step_time_s", step, absl::ToDoubleSeconds(time)));
+  RETURN_IF_ERROR(Scalar("time/forward_s", step, cost.forward_s));
+  RETURN_IF_ERROR(Scalar("time/backward_s", step, cost.backward_s));
+  RETURN_IF_ERROR(Scalar("time/optimizer_s", step, cost.optimizer_s));
+  RETURN_IF_ERROR(Scalar("time/cpu_s", step, cost.cpu_s));
   RETURN_IF_ERROR(Scalar("comm/param_gather_wait_s", step, cost.param_gather_wait_s));
   RETURN_IF_ERROR(Scalar("comm/grad_sync_wait_s", step, cost.grad_sync_wait_s));
   return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
@@ -92,6 +113,19 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
   summary_.comm_bytes_per_step = totals_.comm_bytes / steps_run;
   summary_.param_gather_wait_s = totals_.param_gather_wait_s / steps_run;
   summary_.grad_sync_wait_s = totals_.grad_sync_wait_s / steps_run;
+  if (steady_times_.empty() && StepsRun() >= 1) {  // one step: it is all there is
+    steady_times_.push_back(absl::ToDoubleSeconds(first_cost_.time));
+    steady_totals_ = first_cost_;
+  }
+  if (!steady_times_.empty()) {
+    std::vector<double> sorted = steady_times_;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    summary_.step_s = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    summary_.forward_s = steady_totals_.forward_s / n;
+    summary_.backward_s = steady_totals_.backward_s / n;
+    summary_.optimizer_s = steady_totals_.optimizer_s / n;
+  }
   for (size_t r = 0; r < summary_.memory.size(); ++r) {
     const RankMemory& m = summary_.memory[r];
     const std::string prefix = absl::StrCat("memory/rank", r, "/");
@@ -103,6 +137,11 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
         Scalar(prefix + "peak_transient_bytes", summary_.steps, m.peak_transient_bytes));
   }
   return tb_ ? tb_->Flush() : absl::OkStatus();
+}
+
+double RunMetrics::steady_cpu_s_per_step() const {
+  if (!steady_times_.empty()) return steady_totals_.cpu_s / steady_times_.size();
+  return first_cost_.cpu_s;
 }
 
 absl::Status RunMetrics::Scalar(absl::string_view tag, int64_t step, double value) {

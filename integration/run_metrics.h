@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -25,14 +26,24 @@ namespace orthoshard::integration {
 // Logical bytes `comm` launched so far (every kind of collective).
 int64_t TotalBytes(const collectives::Communicator& comm);
 
-// What one step cost this rank: wall time, logical bytes it launched, and the time it waited on
-// param gathers and grad syncs (communication not hidden behind computation).
+// What one step cost this rank: wall time, logical bytes it launched, the time it waited on
+// param gathers and grad syncs (communication not hidden behind computation), and where the wall
+// time went: forward (of every micro-batch, including the pre-forward hooks' param gather waits),
+// backward (including launching the overlapped reduce-scatters), the optimizer step; and the
+// process's CPU time (every thread: compute and the communication threads).
 struct StepCost {
   absl::Duration time;
   int64_t comm_bytes = 0;
   double param_gather_wait_s = 0;
   double grad_sync_wait_s = 0;
+  double forward_s = 0;
+  double backward_s = 0;
+  double optimizer_s = 0;
+  double cpu_s = 0;
 };
+
+// CPU seconds this process has used so far (user + system, all threads).
+double ProcessCpuSeconds();
 
 class RunMetrics {
  public:
@@ -61,6 +72,9 @@ class RunMetrics {
   // `memory` (memory/rank<r>/params_bytes, grads_bytes, optimizer_state_bytes,
   // peak_transient_bytes at the last step). Errors: the event writer's.
   absl::Status Finish(int64_t skipped_steps);
+  // This rank's CPU seconds per steady step (see steady_times_), for the caller to sum over ranks
+  // into TrainSummary::cpu_s_per_step.
+  double steady_cpu_s_per_step() const;
 
  private:
   int64_t StepsRun() const { return summary_.steps - first_step_ + 1; }
@@ -76,6 +90,11 @@ class RunMetrics {
   std::unique_ptr<EventWriter> tb_;
   absl::Duration train_time_;
   StepCost totals_;  // summed over the steps run
+  // The steady steps (every step run but the first, which pays one-time costs: allocation, first
+  // touches, lazy initialisation; all of them when only one step ran): wall times, and sums.
+  std::vector<double> steady_times_;
+  StepCost steady_totals_;
+  StepCost first_cost_;
 };
 
 }  // namespace orthoshard::integration

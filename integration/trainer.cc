@@ -398,6 +398,13 @@ absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator&
   return out;
 }
 
+// `value` summed over the ranks of `comm` (in fp64), the same on every rank.
+absl::StatusOr<double> SumOverRanks(Communicator& comm, double value) {
+  at::Tensor t = at::full({1}, value, at::kDouble).to(comm.device());
+  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{t, {ReduceOp::kSum}}}));
+  return t.cpu().item<double>();
+}
+
 // The configs a checkpoint records; a resume must match them (trainer.h: "incompatible").
 std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
   return absl::StrCat("model=", c.model, " seq_len=", s.seq_len);
@@ -522,30 +529,38 @@ struct StepOutcome {
 absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement& agreement,
                                     int stop_signal, bool save_written) {
   const absl::Time start = absl::Now();
+  const double cpu_start = ProcessCpuSeconds();
   const int64_t bytes_before = TotalBytes(comm);
   const ddp::DdpWaits waits_before = s.ddp->waits();
+  StepOutcome out;
   s.ddp->ZeroGradBuffers();
   double loss_sum = 0;
   const std::vector<MicroBatch> batches = s.train->Next();
   for (size_t m = 0; m < batches.size(); ++m) {
     const MicroBatch& b = batches[m];
     s.ddp->set_is_last_microbatch(m + 1 == batches.size());
+    const absl::Time forward_start = absl::Now();
     ASSIGN_OR_RETURN(at::Tensor loss,
                      s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
                                    ToTensor(b.targets, b.rows, b.cols, comm.device())));
+    const absl::Time backward_start = absl::Now();
     loss.mul(1.0 / static_cast<double>(batches.size())).backward();
     loss_sum += loss.item<double>();
+    out.cost.forward_s += absl::ToDoubleSeconds(backward_start - forward_start);
+    out.cost.backward_s += absl::ToDoubleSeconds(absl::Now() - backward_start);
   }
   agreement.Set(loss_sum / static_cast<double>(batches.size()), stop_signal, save_written);
   RETURN_IF_ERROR(s.ddp->FinishGradSync());
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
-  StepOutcome out;
   {
+    const absl::Time optimizer_start = absl::Now();
     at::NoGradGuard no_grad;  // the optimizers update leaf params in place
     ASSIGN_OR_RETURN(out.result, s.optimizer->Step());
+    out.cost.optimizer_s = absl::ToDoubleSeconds(absl::Now() - optimizer_start);
   }
   RETURN_IF_ERROR(s.ddp->StartParamSync());
   out.cost.time = absl::Now() - start;
+  out.cost.cpu_s = ProcessCpuSeconds() - cpu_start;
   out.cost.comm_bytes = TotalBytes(comm) - bytes_before;
   out.cost.param_gather_wait_s = s.ddp->waits().param_gather_s - waits_before.param_gather_s;
   out.cost.grad_sync_wait_s = s.ddp->waits().grad_sync_s - waits_before.grad_sync_s;
@@ -640,6 +655,7 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
   RETURN_IF_ERROR(s.ddp->FinishParamSync());
   ASSIGN_OR_RETURN(summary.memory, GatherRankMemory(s, comm));
   RETURN_IF_ERROR(metrics.Finish(s.optimizer->skipped_steps()));
+  ASSIGN_OR_RETURN(summary.cpu_s_per_step, SumOverRanks(comm, metrics.steady_cpu_s_per_step()));
   return ReportEnd(c, comm, options, summary, plan, policy.consecutive_skips());
 }
 

@@ -76,6 +76,15 @@ struct TrainSummary {
   int64_t comm_bytes_per_step = 0;
   double param_gather_wait_s = 0;
   double grad_sync_wait_s = 0;
+  // The steady steps (all but the first step run, which pays one-time costs; the only one if one
+  // ran): median wall time per step, and rank 0's mean forward (including its param gather
+  // waits), backward and optimizer seconds per step; CPU seconds (user + system, every thread)
+  // per step summed over all ranks: robust to a shared machine's load, unlike wall time.
+  double step_s = 0;
+  double forward_s = 0;
+  double backward_s = 0;
+  double optimizer_s = 0;
+  double cpu_s_per_step = 0;
   int64_t param_buffer_bytes = 0;  // the model's params as laid out in buffers (padding included)
   int64_t checksum_checks = 0;    // cross-rank param checksum comparisons that passed
   int64_t failed_saves = 0;       // checkpoint saves that failed (on_save_failure=continue)
