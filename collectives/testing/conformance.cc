@@ -56,7 +56,7 @@ absl::Status Check(bool ok, const std::string& what) {
 absl::Status ExpectMatches(const at::Tensor& got, const at::Tensor& want, double rtol,
                            const std::string& what) {
   const at::Tensor g = got.reshape({-1}).cpu();
-  const at::Tensor w = want.reshape({-1}).to(got.scalar_type());
+  const at::Tensor w = want.reshape({-1}).cpu().to(got.scalar_type());
   if (g.numel() != w.numel()) {
     return absl::InternalError(
         absl::StrCat(what, ": ", g.numel(), " elements, expected ", w.numel()));
