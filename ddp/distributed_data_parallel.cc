@@ -478,20 +478,77 @@ absl::Status DistributedDataParallel::LaunchParamGather(Sequence& seq, int f, in
   return absl::OkStatus();
 }
 
-absl::Status DistributedDataParallel::StartParamSync() {
+int DistributedDataParallel::num_param_sync_stages() const {
+  if (config_.grad_sync == buffers::GradSync::kAllReduce || sharded()) return 0;
+  int n = 0;
+  for (const Sequence& seq : sequences_) n += static_cast<int>(seq.order.size());
+  return n;
+}
+
+int DistributedDataParallel::ParamSyncStage(int param_index) const {
+  if (num_param_sync_stages() == 0 || param_index < 0 ||
+      param_index >= static_cast<int>(param_group_.size())) {
+    return -1;
+  }
+  const auto [b, g] = param_group_[param_index];
+  const Group& group = *groups_[b][g];
+  int stage = 0;
+  for (int q = 0; q < group.sequence; ++q) stage += static_cast<int>(sequences_[q].order.size());
+  const int n = static_cast<int>(sequences_[group.sequence].order.size());
+  return stage + (n - 1 - group.position);  // the forward position
+}
+
+absl::Status DistributedDataParallel::BeginParamSync() {
   RETURN_IF_ERROR(TakeError());
-  // Replicated optimizers updated every param on every rank: nothing to gather.
-  if (config_.grad_sync == buffers::GradSync::kAllReduce) return absl::OkStatus();
-  // Sharded: whatever is still gathered predates the step; the next forward gathers per layer.
-  if (sharded()) return ReleaseAllParams();
+  if (num_param_sync_stages() == 0) return absl::OkStatus();
   if (param_sync_in_flight_) RETURN_IF_ERROR(FinishParamSync());
   for (Sequence& seq : sequences_) {
     seq.next_gather_launch = 0;
     seq.next_gather_wait = 0;
   }
   param_sync_in_flight_ = true;
+  param_sync_begun_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DistributedDataParallel::ParamSyncStageDone(int stage) {
+  RETURN_IF_ERROR(TakeError());
+  const int num_stages = num_param_sync_stages();
+  if (num_stages == 0) return absl::OkStatus();
+  if (!param_sync_begun_ || stage < 0 || stage >= num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ddp: param sync stage ", stage,
+        !param_sync_begun_ ? " done before BeginParamSync"
+                           : absl::StrCat(" out of range [0, ", num_stages, ")")));
+  }
+  for (Sequence& seq : sequences_) {
+    const int n = static_cast<int>(seq.order.size());
+    if (stage < n) {
+      // Launch order is forward order on every rank: a stage launches the ones before it too.
+      while (seq.next_gather_launch <= stage) {
+        RETURN_IF_ERROR(LaunchParamGather(seq, seq.next_gather_launch, -1));
+      }
+      return absl::OkStatus();
+    }
+    stage -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedDataParallel::StartParamSync() {
+  RETURN_IF_ERROR(TakeError());
+  // Replicated optimizers updated every param on every rank: nothing to gather.
+  if (config_.grad_sync == buffers::GradSync::kAllReduce) return absl::OkStatus();
+  // Sharded: whatever is still gathered predates the step; the next forward gathers per layer.
+  if (sharded()) return ReleaseAllParams();
+  if (!param_sync_begun_) RETURN_IF_ERROR(BeginParamSync());
+  param_sync_begun_ = false;
   if (!config_.overlap_param_gather) return FinishParamSync();
-  for (Sequence& seq : sequences_) RETURN_IF_ERROR(LaunchParamGather(seq, 0, -1));
+  for (Sequence& seq : sequences_) {
+    if (seq.next_gather_launch == 0 && !seq.order.empty()) {
+      RETURN_IF_ERROR(LaunchParamGather(seq, 0, -1));
+    }
+  }
   return absl::OkStatus();
 }
 

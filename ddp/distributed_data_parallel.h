@@ -245,6 +245,24 @@ class DistributedDataParallel {
   // layer. Errors: as FinishGradSync, for the all-gathers.
   absl::Status StartParamSync();
 
+  // Staged param sync, for an optimizer step that finishes this rank's part of the bucket groups
+  // one after another (optimizers::StepStages): each group's all-gather can then start as soon as
+  // this rank's part of it is updated, hidden behind the update of the groups after it:
+  //   RETURN_IF_ERROR(ddp.BeginParamSync());         // before the step; launches nothing
+  //   ... the step calls ParamSyncStageDone(s) for s = 0, 1, ..., in order, each once its stage's
+  //       slots are updated (every rank calls it for every stage, owning slots in it or not) ...
+  //   RETURN_IF_ERROR(ddp.StartParamSync());         // launches what no stage did (a skipped step)
+  // Stage s is forward position s of the param gather order (the dense communicator's groups
+  // first, then the expert one's), so the first layer's params are gathered first;
+  // ParamSyncStage(i) is params[i]'s (the list given to Create). With kAllReduce or kSharded there
+  // is nothing to stage: num_param_sync_stages() is 0, ParamSyncStage -1, and Begin/StageDone do
+  // nothing. Errors: as StartParamSync; kInvalidArgument for a stage out of range or before
+  // BeginParamSync.
+  int num_param_sync_stages() const;
+  int ParamSyncStage(int param_index) const;
+  absl::Status BeginParamSync();
+  absl::Status ParamSyncStageDone(int stage);
+
   // Launches and waits on every bucket group's all-gather not waited on yet. kSharded: waits on
   // the gathers in flight (no full params are kept between steps). Errors: as StartParamSync,
   // including one recorded by the pre-forward hook.
@@ -341,6 +359,7 @@ class DistributedDataParallel {
   bool is_last_microbatch_ = true;
   bool backward_callback_queued_ = false;
   bool param_sync_in_flight_ = false;
+  bool param_sync_begun_ = false;  // BeginParamSync ran; StartParamSync has not yet
   absl::Status pending_error_;
 };
 

@@ -421,8 +421,33 @@ at::Tensor ExpectedParams(const buffers::ParamAndGradBuffer& buf, int b) {
 // must make all of param_data the expected values. With overlap_param_gather, checks per layer
 // that the hook waited on every group of that layer, kept at most one gather in flight beyond
 // those waited on, and launched in forward order.
+// The stage ParamSyncStage should give params[i]: its group's forward position in the gather order
+// of its communicator, after the stages of the communicators before it.
+absl::StatusOr<int> ExpectedStage(const DistributedDataParallel& ddp, const Model& model, int i,
+                                  int buckets_per_group) {
+  const auto orders = ddp.GradReduceOrder();
+  for (int b = 0; b < ddp.num_buffers(); ++b) {
+    const layout::ParamPlacement* p = ddp.buffer(b).layout().Find(model.specs[i].name);
+    if (p == nullptr) continue;
+    const std::pair<int, int> group{b, p->bucket / buckets_per_group};
+    int before = 0;
+    for (const auto& order : orders) {
+      const auto it = std::find(order.begin(), order.end(), group);
+      if (it != order.end()) {
+        return before + static_cast<int>(order.end() - it) - 1;  // forward position
+      }
+      before += static_cast<int>(order.size());
+    }
+  }
+  return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "' is in no group"));
+}
+
+// Param sync after a step, checked layer by layer through the pre-forward hook. `staged`: the
+// step's stages are reported first (BeginParamSync, ParamSyncStageDone for the first half of the
+// stages), as a staged optimizer step does; each launches its group's gather at once.
 absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicator* comm,
-                            Communicator* expert_comm, bool overlap, int buckets_per_group = 1) {
+                            Communicator* expert_comm, bool overlap, int buckets_per_group = 1,
+                            bool staged = false) {
   DdpConfig config;
   config.overlap_param_gather = overlap;
   config.buckets_per_group = buckets_per_group;
@@ -442,8 +467,44 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
     }
   }
   run->events.clear();
-  RETURN_IF_ERROR(ddp.StartParamSync());
   const auto orders = ddp.GradReduceOrder();
+  int staged_launches = 0;
+  if (staged) {
+    const int n = ddp.num_param_sync_stages();
+    int groups = 0;
+    for (const auto& order : orders) groups += static_cast<int>(order.size());
+    if (n != groups) {
+      return absl::InternalError(absl::StrCat(n, " param sync stages, expected one per group (",
+                                              groups, ")"));
+    }
+    for (size_t i = 0; i < model.specs.size(); ++i) {
+      ASSIGN_OR_RETURN(const int want, ExpectedStage(ddp, model, static_cast<int>(i),
+                                                     buckets_per_group));
+      if (ddp.ParamSyncStage(static_cast<int>(i)) != want) {
+        return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "': stage ",
+                                                ddp.ParamSyncStage(static_cast<int>(i)),
+                                                ", expected ", want));
+      }
+    }
+    if (ddp.ParamSyncStageDone(0).code() != absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError("a stage done before BeginParamSync was accepted");
+    }
+    RETURN_IF_ERROR(ddp.BeginParamSync());
+    if (ddp.ParamSyncStageDone(n).code() != absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError("a stage out of range was accepted");
+    }
+    staged_launches = (n + 1) / 2;
+    for (int stage = 0; stage < staged_launches; ++stage) {
+      RETURN_IF_ERROR(ddp.ParamSyncStageDone(stage));
+      // Each stage launches exactly its own group's gather, at once.
+      const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
+      if (launched != stage + 1 || run->events.back().kind != SyncEvent::Kind::kParamGatherLaunched) {
+        return absl::InternalError(absl::StrCat("after stage ", stage, ": ", launched,
+                                                " gathers launched, expected ", stage + 1));
+      }
+    }
+  }
+  RETURN_IF_ERROR(ddp.StartParamSync());
   auto waited = [&](std::pair<int, int> group) {
     for (const SyncEvent& e : run->events) {
       if (e.kind == SyncEvent::Kind::kParamGatherWaited && e.buffer == group.first &&
@@ -453,7 +514,19 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
     }
     return false;
   };
-  if (overlap) {
+  if (overlap && staged) {
+    // StartParamSync adds the first gather of a communicator no stage reached.
+    int want = staged_launches;
+    for (size_t q = 0, before = 0; q < orders.size(); before += orders[q].size(), ++q) {
+      if (static_cast<int>(before) >= staged_launches) ++want;
+    }
+    const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
+    if (launched != want || Count(run->events, SyncEvent::Kind::kParamGatherWaited) != 0) {
+      return absl::InternalError(absl::StrCat("after a staged StartParamSync: ", launched,
+                                              " gathers launched, expected ", want,
+                                              " and none waited"));
+    }
+  } else if (overlap) {
     const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
     if (launched != static_cast<int>(orders.size()) ||
         Count(run->events, SyncEvent::Kind::kParamGatherWaited) != 0) {
@@ -496,7 +569,7 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
           }
           if (mine && e.kind == SyncEvent::Kind::kParamGatherWaited) ++done;
         }
-        if (launched - done > 1) {
+        if (!staged && launched - done > 1) {
           return absl::InternalError(absl::StrCat("after the hook of layer ", layer, ": ",
                                                   launched - done,
                                                   " gathers in flight, expected <= 1"));
@@ -700,6 +773,10 @@ TEST_P(DdpMultiRankTest, AllPhasesPassOnEveryRank) {
          [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, true); }},
         {"param_sync_overlap_grouped",
          [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, true, 2); }},
+        {"param_sync_staged",
+         [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, true, 1, true); }},
+        {"param_sync_staged_no_overlap",
+         [&] { return ParamSyncPhase(main_model, world, rank, dense, expert, false, 1, true); }},
         {"tiny_grad_sync", [&] { return GradSyncPhase(tiny, world, rank, dense, nullptr); }},
         {"sharded",
          [&] { return ShardedPhase(main_model, world, rank, dense, expert, 1, true, true); }},

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -180,6 +181,8 @@ struct Setup {
   // optimizer steps this rank's part (every param, in kReplicated).
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
   std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
+  // The optimizer's step in param sync stages (num_stages 0: one unstaged step).
+  optimizers::StepStages stages;
   optimizers::RoutingReport routing;  // decided once, before the layout publishes it
   std::vector<buffers::ParamAndGradBuffer*> buffers;  // parallel to layout.buffers
   std::unique_ptr<DataLoader> train, eval;
@@ -236,8 +239,8 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
 
   const bool replicated = s.mode == DistMode::kReplicated;
   ddp::DdpConfig ddp_config;
-  ddp_config.overlap_grad_reduce = true;
-  ddp_config.overlap_param_gather = !replicated;
+  ddp_config.overlap_grad_reduce = c.overlap_grad_reduce;
+  ddp_config.overlap_param_gather = !replicated && c.overlap_param_gather;
   ddp_config.grad_sync =
       replicated ? buffers::GradSync::kAllReduce : buffers::GradSync::kReduceScatter;
   if (s.mode == DistMode::kFsdp) {
@@ -272,6 +275,21 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
                        replicated ? optimizers::distributed::DistributedMode::kReplicated
                                   : optimizers::distributed::DistributedMode::kSharded,
                        splits));
+  // The step updates this rank's part of the bucket groups in param gather order and starts each
+  // group's all-gather as soon as its part is done, hidden behind the update of the next groups.
+  if (c.overlap_param_gather && s.ddp->num_param_sync_stages() > 0) {
+    auto stage_of_name = std::make_shared<absl::flat_hash_map<std::string, int>>();
+    for (size_t i = 0; i < params.size(); ++i) {
+      (*stage_of_name)[params[i].name] = s.ddp->ParamSyncStage(static_cast<int>(i));
+    }
+    ddp::DistributedDataParallel* ddp = s.ddp.get();
+    s.stages.num_stages = ddp->num_param_sync_stages();
+    s.stages.stage_of = [stage_of_name](const optimizers::Slot& slot) {
+      const auto it = stage_of_name->find(slot.name);
+      return it == stage_of_name->end() ? -1 : it->second;
+    };
+    s.stages.on_done = [ddp](int stage) { return ddp->ParamSyncStageDone(stage); };
+  }
   return absl::OkStatus();
 }
 
@@ -555,7 +573,9 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   {
     const absl::Time optimizer_start = absl::Now();
     at::NoGradGuard no_grad;  // the optimizers update leaf params in place
-    ASSIGN_OR_RETURN(out.result, s.optimizer->Step());
+    RETURN_IF_ERROR(s.ddp->BeginParamSync());
+    ASSIGN_OR_RETURN(out.result,
+                     s.optimizer->Step(s.stages.num_stages > 0 ? &s.stages : nullptr));
     out.cost.optimizer_s = absl::ToDoubleSeconds(absl::Now() - optimizer_start);
   }
   RETURN_IF_ERROR(s.ddp->StartParamSync());

@@ -62,6 +62,13 @@
     "tail of the data held out for eval") \
   X(int64_t, bucket_elems, 1 << 16, \
     "soft minimum grad bucket size (elements)") \
+  X(bool, overlap_grad_reduce, true, \
+    "launch each bucket group's gradient reduce-scatter (all-reduce when replicated) during " \
+    "backward as soon as its gradients are in; false launches them all after backward") \
+  X(bool, overlap_param_gather, true, \
+    "layerwise/distopt: start each bucket group's param all-gather as soon as this rank's " \
+    "part of it is updated and wait on it just before the first layer reading it; false " \
+    "gathers everything after the optimizer step and waits before the next forward") \
   X(bool, reshard_after_forward, true, \
     "fsdp: free a layer's gathered params after its forward and gather them again for its " \
     "backward (least memory); false keeps them from forward to backward (one gather per " \

@@ -1,5 +1,6 @@
 #include "optimizers/chained.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -101,24 +102,57 @@ absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
   return stats;
 }
 
-absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& global) {
+namespace {
+
+// The slots of `opt` per stage: result[s] lists, in slot order, those with stage_of == s.
+absl::StatusOr<std::vector<std::vector<int64_t>>> SlotsPerStage(const SlotOptimizer& opt,
+                                                                const StepStages& stages) {
+  std::vector<std::vector<int64_t>> out(std::max(stages.num_stages, 0));
+  for (int64_t i = 0; i < opt.num_slots(); ++i) {
+    const int s = stages.stage_of ? stages.stage_of(opt.slot(i)) : -1;
+    if (s < 0 || s >= stages.num_stages) {
+      return absl::InvalidArgumentError(absl::StrCat("step stages: ", opt.kind(), " slot '",
+                                                     opt.slot(i).name, "' has stage ", s,
+                                                     ", expected [0, ", stages.num_stages, ")"));
+    }
+    out[s].push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& global,
+                                                           const StepStages* stages) {
   const StepResult result = DecideStep(config_, global, steps_);
   if (result.skipped) {
     ++skipped_;
     return result;
   }
-  RETURN_IF_ERROR(adamw_->Step({result.lr_multiplier, result.clip_scale}));
-  RETURN_IF_ERROR(muon_->Step({result.lr_multiplier, MuonClipScale(config_, result)}));
+  const StepContext adamw{result.lr_multiplier, result.clip_scale};
+  const StepContext muon{result.lr_multiplier, MuonClipScale(config_, result)};
+  if (stages == nullptr) {
+    RETURN_IF_ERROR(adamw_->Step(adamw));
+    RETURN_IF_ERROR(muon_->Step(muon));
+  } else {
+    ASSIGN_OR_RETURN(const auto adamw_slots, SlotsPerStage(*adamw_, *stages));
+    ASSIGN_OR_RETURN(const auto muon_slots, SlotsPerStage(*muon_, *stages));
+    for (int s = 0; s < stages->num_stages; ++s) {
+      RETURN_IF_ERROR(adamw_->Step(adamw, adamw_slots[s]));
+      RETURN_IF_ERROR(muon_->Step(muon, muon_slots[s]));
+      if (stages->on_done) RETURN_IF_ERROR(stages->on_done(s));
+    }
+  }
   ++steps_;
   return result;
 }
 
-absl::StatusOr<StepResult> ChainedOptimizer::Step() {
+absl::StatusOr<StepResult> ChainedOptimizer::Step(const StepStages* stages) {
   ASSIGN_OR_RETURN(GradStats stats, LocalGradStats());
   if (reducer_ != nullptr) {
     ASSIGN_OR_RETURN(stats, reducer_->Reduce(stats));
   }
-  return StepWithStats(stats);
+  return StepWithStats(stats, stages);
 }
 
 std::vector<StateRecord> ChainedOptimizer::ExportState() const {

@@ -24,6 +24,7 @@
 #define ORTHOSHARD_OPTIMIZERS_CHAINED_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -98,6 +99,19 @@ struct Param {
   FusedSplit split;
 };
 
+// A step cut into stages run in order, for a caller that communicates each stage's result while
+// the next one is computed (DDP starts the param all-gather of a bucket group as soon as this
+// rank's part of it is updated: ddp::DistributedDataParallel::ParamSyncStageDone). Stage s updates
+// every slot with stage_of(slot) == s, AdamW's then Muon's, then calls on_done(s); every stage in
+// [0, num_stages) is run and reported, with slots or without, so ranks that own different slots
+// report the same stages in the same order. The values computed are those of an unstaged step
+// (each slot's update reads only its own gradient and state).
+struct StepStages {
+  int num_stages = 0;
+  std::function<int(const Slot& slot)> stage_of;   // in [0, num_stages)
+  std::function<absl::Status(int stage)> on_done;  // may be empty
+};
+
 class ChainedOptimizer final : public OptimizerState {
  public:
   // The general form. `routing` routes every param of the model (not only this rank's);
@@ -126,10 +140,14 @@ class ChainedOptimizer final : public OptimizerState {
   // One step from global statistics: skip if not finite, else clip, schedule, update both.
   // Errors: as SlotOptimizer::Step (then, if the AdamW half had already stepped, state is
   // partially updated; a caller treats this as fatal).
-  absl::StatusOr<StepResult> StepWithStats(const GradStats& global);
+  // With `stages`, the update runs stage by stage (see StepStages); a skipped step runs none.
+  // Errors: also kInvalidArgument for a slot whose stage is out of range (nothing updated), and
+  // on_done's.
+  absl::StatusOr<StepResult> StepWithStats(const GradStats& global,
+                                           const StepStages* stages = nullptr);
 
   // LocalGradStats, the reducer (if any), StepWithStats. Errors: the reducer's, or as above.
-  absl::StatusOr<StepResult> Step();
+  absl::StatusOr<StepResult> Step(const StepStages* stages = nullptr);
 
   // Records "<param>/<field>" of every slot (the elements this rank saves) plus "chained/step"
   // and "chained/skipped_steps" (int64 scalars).

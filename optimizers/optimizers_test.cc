@@ -2,6 +2,7 @@
 // splitting, mixed precision, clipping modes, the non-finite step skip, state round trips and the
 // exact error messages.
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -402,6 +403,67 @@ TEST_F(OptimizersTest, StateRoundTripResumesBitwise) {
   ASSERT_TRUE((*a)->Step().ok());
   ASSERT_TRUE((*b)->Step().ok());
   EXPECT_TRUE(StatesEqual((*b)->ExportState(), (*a)->ExportState()));
+}
+
+// A staged step (StepStages) updates exactly what an unstaged one does, bitwise, stage by stage:
+// each stage's slots are updated before on_done(stage), later stages' not yet; every stage is
+// reported in order, empty ones included.
+TEST_F(OptimizersTest, StagedStepEqualsTheWholeStep) {
+  std::vector<Param> whole_params = ToyParams(), staged_params = ToyParams();
+  auto whole = ChainedOptimizer::Create(whole_params, ChainedConfig{});
+  auto staged = ChainedOptimizer::Create(staged_params, ChainedConfig{});
+  ASSERT_TRUE(whole.ok() && staged.ok());
+  // Stages in reverse param order with an empty stage 1: embed (0) -> 4, norm (1) -> 3,
+  // fc1 (2) -> 3, fc2 (3) -> 2, bias (4) -> 0.
+  const std::map<std::string, int> stage_of = {{"embed.weight", 4},
+                                               {"layers.0.norm.weight", 3},
+                                               {"layers.0.fc1.weight", 3},
+                                               {"layers.0.fc2.weight", 2},
+                                               {"layers.0.fc2.bias", 0}};
+  std::vector<at::Tensor> before;
+  for (const Param& p : staged_params) before.push_back(p.param.clone());
+  std::vector<int> done;
+  StepStages stages;
+  stages.num_stages = 5;
+  stages.stage_of = [&](const Slot& slot) { return stage_of.at(slot.name); };
+  stages.on_done = [&](int stage) -> absl::Status {
+    done.push_back(stage);
+    for (size_t i = 0; i < staged_params.size(); ++i) {
+      const int s = stage_of.at(staged_params[i].name);
+      const bool updated = !at::equal(staged_params[i].param, before[i]);
+      if (updated != (s <= stage)) {
+        return absl::InternalError(absl::StrCat("at stage ", stage, " '", staged_params[i].name,
+                                                "' (stage ", s, ") updated: ", updated));
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (int step = 0; step < 2; ++step) {
+    done.clear();
+    for (size_t i = 0; i < staged_params.size(); ++i) before[i] = staged_params[i].param.clone();
+    ASSERT_OK((*whole)->Step().status());
+    ASSERT_OK((*staged)->Step(&stages).status());
+    EXPECT_EQ(done, (std::vector<int>{0, 1, 2, 3, 4}));
+    for (size_t i = 0; i < whole_params.size(); ++i) {
+      EXPECT_TRUE(at::equal(whole_params[i].param, staged_params[i].param)) << whole_params[i].name;
+    }
+    EXPECT_TRUE(StatesEqual((*whole)->ExportState(), (*staged)->ExportState()));
+  }
+  // A slot outside the stages: an error before anything is updated.
+  stages.num_stages = 4;
+  for (size_t i = 0; i < staged_params.size(); ++i) before[i] = staged_params[i].param.clone();
+  EXPECT_THAT((*staged)->Step(&stages).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("slot 'embed.weight' has stage 4, expected [0, 4)")));
+  for (size_t i = 0; i < staged_params.size(); ++i) {
+    EXPECT_TRUE(at::equal(staged_params[i].param, before[i])) << staged_params[i].name;
+  }
+  // on_done's error stops the step.
+  stages.num_stages = 5;
+  stages.on_done = [](int stage) {
+    return stage == 2 ? absl::UnavailableError("peer gone") : absl::OkStatus();
+  };
+  EXPECT_THAT((*staged)->Step(&stages).status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("peer gone")));
 }
 
 TEST_F(OptimizersTest, ImportErrors) {

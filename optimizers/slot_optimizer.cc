@@ -127,9 +127,21 @@ absl::Status SlotOptimizer::Add(Slot slot) {
 }
 
 absl::Status SlotOptimizer::Step(const StepContext& context) {
-  for (const Held& h : slots_) RETURN_IF_ERROR(CheckGrad(h.slot));
+  std::vector<int64_t> all(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) all[i] = static_cast<int64_t>(i);
+  return Step(context, all);
+}
+
+absl::Status SlotOptimizer::Step(const StepContext& context, absl::Span<const int64_t> indices) {
+  for (const int64_t i : indices) {
+    if (i < 0 || i >= num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kind(), " step: slot ", i, " out of range [0, ", num_slots(), ")"));
+    }
+    RETURN_IF_ERROR(CheckGrad(slots_[i].slot));
+  }
   try {
-    for (size_t i = 0; i < slots_.size(); ++i) {
+    for (const int64_t i : indices) {
       const Held& h = slots_[i];
       if (!h.slot.grad.defined()) continue;
       Update(i, GradAsFloat(h.slot.grad, context.grad_scale), context.lr_multiplier);

@@ -94,6 +94,9 @@ class SlotOptimizer {
   // Updates every slot that has a gradient. Errors: kInvalidArgument when a gradient's shape or
   // dtype no longer matches its param (nothing is updated then); kInternal for a LibTorch failure.
   absl::Status Step(const StepContext& context);
+  // Updates the slots `indices` (into slot(i)) that have a gradient, in that order. Errors: as
+  // Step, for those slots; kInvalidArgument for an index out of range.
+  absl::Status Step(const StepContext& context, absl::Span<const int64_t> indices);
 
   // Sum over this optimizer's gradients of ||g||^2 (each norm in fp32, summed in double, in slot
   // order). Not finite when a gradient holds inf/NaN (or the sum overflows). Error: kInternal.
