@@ -218,6 +218,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   layout::LayoutOptions layout_options;
   layout_options.dp = comm.size();
   layout_options.bucket_size = c.bucket_elems;
+  layout_options.padding_tolerance = c.bucket_padding;
   layout_options.grad_dtype = DType::kFloat32;
   // distopt: one byte-level (ZeRO-1) layout for everything; otherwise Muon's matrices get the
   // shard-aligned layer-wise layout.
@@ -232,6 +233,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   cc.adamw.fused = c.adamw_fused;
   cc.muon.lr = c.muon_lr;
   cc.muon.weight_decay = c.muon_weight_decay;
+  cc.muon.ns.batched = c.muon_batched_ns;
   cc.muon.ns.dtype =
       c.muon_ns_dtype == "fp32" ? optimizers::NsDType::kFloat32 : optimizers::NsDType::kBFloat16;
   cc.schedule = MakeSchedule(c);

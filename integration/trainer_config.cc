@@ -158,6 +158,10 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
                               {"num_threads", c.num_threads}}) {
     if (absl::Status s = NonNegative(field, value); !s.ok()) return s;
   }
+  if (!(c.bucket_padding >= 0.0 && c.bucket_padding <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--bucket_padding ", c.bucket_padding,
+                                                   ": expected a fraction in [0, 1]"));
+  }
   if (c.seq_len > preset->max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("--seq_len ", c.seq_len, " exceeds model '",
                                                    c.model, "' max_seq_len ",

@@ -7,7 +7,7 @@
 //
 // 1. Bucket boundaries. From the first boundary at which a chunk holds >= bucket_size elements,
 //    each later boundary is a candidate. A candidate is accepted as soon as a packing of the chunk
-//    with padding <= kPaddingTolerance exists. Cheap bounds first: every shard is at least as
+//    with padding <= LayoutOptions::padding_tolerance exists. Cheap bounds first: every shard is at least as
 //    large as the largest param and as the mean (padding >= dp * PadTo(max(max_param,
 //    ceil(numel / dp)), sd) - numel), and Martello–Toth's L2 bound must not need more than dp
 //    shards of the largest tolerated size; only candidates passing both are packed for real.
@@ -48,7 +48,6 @@
 namespace orthoshard::layout::internal_layout {
 namespace {
 
-constexpr double kPaddingTolerance = 0.001;
 constexpr double kMaxGrowth = 2.0;
 constexpr int kMaxPackAttemptsPerBucket = 32;
 constexpr int kFinalCandidates = 4;
@@ -295,8 +294,9 @@ struct Chunk {
 class SegmentPlanner {
  public:
   SegmentPlanner(const std::vector<ParamSpec>& specs, int dp, std::optional<int64_t> bucket_size,
-                 std::vector<double>* loads)
-      : specs_(specs), dp_(dp), bucket_size_(bucket_size), loads_(loads),
+                 double padding_tolerance, std::vector<double>* loads)
+      : specs_(specs), dp_(dp), bucket_size_(bucket_size), padding_tolerance_(padding_tolerance),
+        loads_(loads),
         packer_(specs, dp, ShardDivisor(dp)) {}
 
   // Appends the buckets of one run of backprop-ordered items (no shared embedding inside).
@@ -350,9 +350,9 @@ class SegmentPlanner {
       candidates.push_back({lb_fraction, e});
       // Largest shard size that keeps the padding within tolerance.
       const int64_t limit =
-          static_cast<int64_t>(std::floor(static_cast<double>(sum) * (1 + kPaddingTolerance) / dp_)) /
+          static_cast<int64_t>(std::floor(static_cast<double>(sum) * (1 + padding_tolerance_) / dp_)) /
           divisor * divisor;
-      if (lb_fraction <= kPaddingTolerance && attempts < kMaxPackAttemptsPerBucket &&
+      if (lb_fraction <= padding_tolerance_ && attempts < kMaxPackAttemptsPerBucket &&
           limit >= lower && MinShards(size_counts, limit) <= dp_) {
         ++attempts;
         std::vector<Item> chunk(items.begin() + pos, items.begin() + e);
@@ -395,7 +395,7 @@ class SegmentPlanner {
   void MergeTail(const std::vector<Item>& items, size_t first_chunk, std::vector<Chunk>* chunks) {
     if (chunks->size() < first_chunk + 2) return;
     Chunk& last = chunks->back();
-    if (PaddingFraction(PaddedNumel(last.packing), last.numel) <= kPaddingTolerance) return;
+    if (PaddingFraction(PaddedNumel(last.packing), last.numel) <= padding_tolerance_) return;
     Chunk& prev = (*chunks)[chunks->size() - 2];
     const int64_t separate = PaddedNumel(prev.packing) + PaddedNumel(last.packing);
     std::vector<Item> merged_items(items.begin() + prev.begin_item, items.end());
@@ -411,6 +411,7 @@ class SegmentPlanner {
   const std::vector<ParamSpec>& specs_;
   int dp_;
   std::optional<int64_t> bucket_size_;
+  double padding_tolerance_;
   std::vector<double>* loads_;
   Packer packer_;
 };
@@ -422,7 +423,7 @@ void PlanLayerwise(const BufferInput& input, PerBufferParamLayout* out) {
   const int dp = input.dp;
   std::vector<double> loads(dp, 0.0);
   std::vector<Chunk> chunks;
-  SegmentPlanner planner(specs, dp, input.bucket_size, &loads);
+  SegmentPlanner planner(specs, dp, input.bucket_size, input.padding_tolerance, &loads);
   std::vector<Item> segment;
   for (auto it = input.indices.rbegin(); it != input.indices.rend(); ++it) {
     const ParamSpec& spec = specs[*it];

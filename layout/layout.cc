@@ -227,6 +227,11 @@ absl::Status ValidateOptions(const LayoutOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket_size is ", *options.bucket_size, "; expected >= 1 (or none for one bucket)"));
   }
+  if (!(options.padding_tolerance >= 0.0 && options.padding_tolerance <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("padding_tolerance is ",
+                                                   options.padding_tolerance,
+                                                   "; expected a fraction in [0, 1]"));
+  }
   return absl::OkStatus();
 }
 
@@ -266,6 +271,7 @@ absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSp
     input.indices = indices;
     input.dp = buffer.dp;
     input.bucket_size = options.bucket_size;
+    input.padding_tolerance = options.padding_tolerance;
     switch (buffer.strategy) {
       case Strategy::kDistOpt:
         internal_layout::PlanDistOpt(input, &buffer);

@@ -128,6 +128,12 @@ struct LayoutOptions {
   // Strategy for Muon-managed (layer-wise) buffers. Adam-managed buffers always use kDistOpt.
   // With kDistOpt here, Muon-managed params share the byte-level layout (plain ZeRO-1).
   Strategy muon_strategy = Strategy::kLayerwise;
+  // Strategy::kLayerwise: the padding (as a fraction of a bucket's elements) at which a bucket
+  // boundary is accepted as soon as it is reached. Low keeps memory tight but merges layers into
+  // few large buckets where matrix sizes do not pack evenly (a `small` GPT at dp 2: 2 buckets at
+  // 0.001, one per layer at 0.05, 2.3% padding); higher gives more bucket groups to overlap
+  // communication with. In [0, 1].
+  double padding_tolerance = 0.001;
   // Gradient dtype of every buffer; std::nullopt means the param dtype.
   std::optional<DType> grad_dtype = DType::kFloat32;
 };

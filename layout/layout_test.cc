@@ -2,6 +2,7 @@
 // (test_layer_wise_param_layout.py): uniform exact fit, remainder, mixed sizes, shared-embedding
 // isolation, dp divisibility, global alignment, backprop order, every param exactly once, dp 1.
 // The shard-aligned cases run for both Strategy::kLayerwise and Strategy::kMegatronLpt.
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -313,6 +314,40 @@ TEST(LayoutTest, RejectsBadOptions) {
   options.bucket_size = 0;
   EXPECT_THAT(ComputeFullParamLayout(params, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bucket_size is 0")));
+  options.bucket_size = 1;
+  for (double bad : {-0.01, 1.5, std::nan("")}) {
+    options.padding_tolerance = bad;
+    EXPECT_THAT(ComputeFullParamLayout(params, options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("expected a fraction in [0, 1]")));
+  }
+}
+
+// The `small` GPT's Muon matrices at dp 2 (per layer fc1 [1408, 256] against fc2 + qkv + proj,
+// 360448 vs 344064 elements) pack exactly only two layers at a time: at the default tolerance the
+// buffer has 2 buckets, at 5% one bucket per layer with the fc1 alone in a shard (2.3% padding).
+TEST(LayerwiseTest, PaddingToleranceTradesPaddingForBuckets) {
+  std::vector<ParamSpec> params;
+  for (int i = 0; i < 4; ++i) {
+    params.push_back(Muon(absl::StrCat("l", i, ".qkv"), 384, 256));
+    params.push_back(Muon(absl::StrCat("l", i, ".proj"), 256, 256));
+    params.push_back(Muon(absl::StrCat("l", i, ".fc1"), 1408, 256));
+    params.push_back(Muon(absl::StrCat("l", i, ".fc2"), 256, 704));
+  }
+  LayoutOptions options;
+  options.dp = 2;
+  options.bucket_size = 1 << 16;
+  const PerBufferParamLayout tight = PlanOne(params, options);
+  EXPECT_EQ(tight.buckets.size(), 2u);
+  EXPECT_EQ(tight.numel(), tight.unpadded_numel);
+  options.padding_tolerance = 0.05;
+  const PerBufferParamLayout loose = PlanOne(params, options);
+  ASSERT_EQ(loose.buckets.size(), 4u);
+  for (const Bucket& b : loose.buckets) {
+    const int64_t numel = b.end - b.start;
+    EXPECT_EQ(numel, 2 * 360448);  // a shard of one fc1 and one of the layer's other three
+  }
+  EXPECT_EQ(loose.unpadded_numel, tight.unpadded_numel);
 }
 
 // dp x model size beyond int64_t offsets is an error, not an overflow, for every strategy.

@@ -1,14 +1,21 @@
 #include "optimizers/muon.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/lerp.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros_like.h>
 
 #include "absl/strings/str_cat.h"
@@ -106,54 +113,95 @@ double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp) {
   return 1.0;
 }
 
-void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
-                const MuonHyper& hp, double lr, const FusedSplit& split) {
+namespace {
+
+// Momentum and Nesterov: the matrix Newton–Schulz orthogonalises. *owned: a fresh tensor in the NS
+// dtype (else the momentum buffer or a fresh fp32 tensor, which NewtonSchulz copies).
+at::Tensor MuonDirection(const at::Tensor& grad, const at::Tensor& momentum_buffer,
+                         const MuonHyper& hp, bool* owned) {
   // The momentum, Nesterov and cast-to-NS-dtype steps run as one fused pass on dense CPU tensors
   // (bitwise equal to the ATen ops in the else branch; see internal/fused_elementwise.h).
-  at::Tensor update;
-  bool update_owned = false;  // update is a fresh tensor in the NS dtype (no copy needed)
   if (internal::CanFuseMomentum(momentum_buffer, grad, hp.momentum)) {
-    update = internal::FusedMomentum(momentum_buffer, grad, hp.momentum, hp.nesterov,
-                                     NsScalarType(hp.ns));
-    update_owned = true;
-  } else {
-    momentum_buffer.lerp_(grad, 1.0 - hp.momentum);
-    update = hp.nesterov ? at::lerp(grad, momentum_buffer, hp.momentum) : momentum_buffer;
+    *owned = true;
+    return internal::FusedMomentum(momentum_buffer, grad, hp.momentum, hp.nesterov,
+                                   NsScalarType(hp.ns));
   }
+  *owned = false;
+  momentum_buffer.lerp_(grad, 1.0 - hp.momentum);
+  return hp.nesterov ? at::lerp(grad, momentum_buffer, hp.momentum) : momentum_buffer;
+}
+
+// The matrices Newton–Schulz orthogonalises: the whole `update`, or block j of every group of a
+// fused weight ([G * r_j, cols]).
+std::vector<at::Tensor> NsBlocks(const at::Tensor& update, const FusedSplit& split) {
+  if (split.block_rows.empty()) return {update};
+  const int64_t groups = split.num_groups;
+  const int64_t cols = update.size(1);
+  const at::Tensor update3 = update.view({groups, update.size(0) / groups, cols});
+  std::vector<at::Tensor> blocks;
+  int64_t offset = 0;
+  for (int64_t r : split.block_rows) {
+    blocks.push_back(update3.narrow(1, offset, r).reshape({groups * r, cols}));
+    offset += r;
+  }
+  return blocks;
+}
+
+// Decoupled weight decay, then each orthogonalised block added with its scaled lr.
+void ApplyOrthos(const at::Tensor& param, const std::vector<at::Tensor>& orthos,
+                 const MuonHyper& hp, double lr, const FusedSplit& split) {
   const int64_t cols = param.size(1);
+  const double decay = 1.0 - lr * hp.weight_decay;
   if (split.block_rows.empty()) {
-    const at::Tensor ortho =
-        update_owned ? NewtonSchulzInPlace(update, hp.ns) : NewtonSchulz(update, hp.ns);
     const double adjusted_lr = lr * MuonLrScale(param.size(0), cols, hp);
-    const double decay = 1.0 - lr * hp.weight_decay;
-    if (internal::CanFuseDecayAdd(param, ortho)) {
-      internal::FusedDecayAdd(param, decay, ortho, -adjusted_lr);
+    if (internal::CanFuseDecayAdd(param, orthos[0])) {
+      internal::FusedDecayAdd(param, decay, orthos[0], -adjusted_lr);
     } else {
       param.mul_(decay);
-      param.add_(ortho, -adjusted_lr);
+      param.add_(orthos[0], -adjusted_lr);
     }
     return;
   }
-  // Fused weight: view [G, R, cols] and orthogonalise block j of all groups as one matrix.
   const int64_t groups = split.num_groups;
-  const int64_t rows_per_group = param.size(0) / groups;
-  const at::Tensor update3 = update.view({groups, rows_per_group, cols});
-  std::vector<at::Tensor> orthos;
+  param.mul_(decay);
+  const at::Tensor param3 = param.view({groups, param.size(0) / groups, cols});
   int64_t offset = 0;
-  for (int64_t r : split.block_rows) {
-    orthos.push_back(
-        NewtonSchulz(update3.narrow(1, offset, r).reshape({groups * r, cols}), hp.ns));
-    offset += r;
-  }
-  param.mul_(1.0 - lr * hp.weight_decay);
-  const at::Tensor param3 = param.view({groups, rows_per_group, cols});
-  offset = 0;
   for (size_t j = 0; j < orthos.size(); ++j) {
     const int64_t r = split.block_rows[j];
     const double adjusted_lr = lr * MuonLrScale(groups * r, cols, hp);
     param3.narrow(1, offset, r).add_(orthos[j].reshape({groups, r, cols}), -adjusted_lr);
     offset += r;
   }
+}
+
+}  // namespace
+
+at::Tensor NewtonSchulzBatched(const at::Tensor& g, const NewtonSchulzOptions& options) {
+  // NewtonSchulzInPlace with a leading batch dimension: per-matrix norms, bmm / baddbmm.
+  at::Tensor x = g.to(NsScalarType(options), /*non_blocking=*/false, /*copy=*/true);
+  const auto [a, b, c] = options.coefficients;
+  const bool transpose = x.size(1) > x.size(2);
+  if (transpose) x = x.transpose(1, 2);
+  x.div_(at::linalg_vector_norm(x, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true).clamp(options.eps));
+  for (int i = 0; i < options.ns_steps; ++i) {
+    const at::Tensor gram = at::bmm(x, x.transpose(1, 2));        // A = X X^T
+    const at::Tensor gram_update = at::baddbmm(gram, gram, gram, b, c);  // b A + c A^2
+    x = at::baddbmm(x, gram_update, x, a);                        // a X + (b A + c A^2) X
+  }
+  return transpose ? x.transpose(1, 2) : x;
+}
+
+void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
+                const MuonHyper& hp, double lr, const FusedSplit& split) {
+  bool owned = false;
+  const at::Tensor update = MuonDirection(grad, momentum_buffer, hp, &owned);
+  std::vector<at::Tensor> orthos;
+  for (const at::Tensor& block : NsBlocks(update, split)) {
+    // A fresh whole-matrix update is orthogonalised in place (no copy); anything else is copied.
+    orthos.push_back(owned && split.block_rows.empty() ? NewtonSchulzInPlace(block, hp.ns)
+                                                       : NewtonSchulz(block, hp.ns));
+  }
+  ApplyOrthos(param, orthos, hp, lr, split);
 }
 
 absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<Entry> entries) {
@@ -185,6 +233,56 @@ std::vector<std::string> Muon::FieldNames() const { return {"momentum_buffer", "
 
 void Muon::Update(size_t i, const at::Tensor& grad, double lr_multiplier) {
   MuonUpdate(slots_[i].main, grad, momentum_[i], hps_[i], hps_[i].lr * lr_multiplier, splits_[i]);
+}
+
+void Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) {
+  bool batched = false;
+  for (const int64_t i : indices) batched = batched || hps_[i].ns.batched;
+  if (!batched) {
+    SlotOptimizer::UpdateSlots(indices, context);
+    return;
+  }
+  // 1. Every slot's direction, cut into the matrices Newton–Schulz sees.
+  std::vector<std::vector<at::Tensor>> blocks(indices.size()), orthos(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t i = indices[k];
+    bool owned = false;
+    const at::Tensor update =
+        MuonDirection(ScaledGrad(i, context.grad_scale), momentum_[i], hps_[i], &owned);
+    blocks[k] = NsBlocks(update, splits_[i]);
+    orthos[k].resize(blocks[k].size());
+  }
+  // 2. Matrices of one shape and the same options, orthogonalised together (in slot order).
+  using Key = std::tuple<int64_t, int64_t, std::array<double, 3>, int, double, NsDType, bool>;
+  std::map<Key, std::vector<std::pair<size_t, size_t>>> same;
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const NewtonSchulzOptions& ns = hps_[indices[k]].ns;
+    for (size_t j = 0; j < blocks[k].size(); ++j) {
+      same[Key{blocks[k][j].size(0), blocks[k][j].size(1), ns.coefficients, ns.ns_steps, ns.eps,
+               ns.dtype, ns.batched}]
+          .push_back({k, j});
+    }
+  }
+  for (const auto& [key, members] : same) {
+    const NewtonSchulzOptions& ns = hps_[indices[members.front().first]].ns;
+    if (members.size() == 1 || !ns.batched) {
+      for (const auto& [k, j] : members) orthos[k][j] = NewtonSchulz(blocks[k][j], ns);
+      continue;
+    }
+    std::vector<at::Tensor> stack;
+    for (const auto& [k, j] : members) stack.push_back(blocks[k][j]);
+    const at::Tensor out = NewtonSchulzBatched(at::stack(stack), ns);
+    for (size_t m = 0; m < members.size(); ++m) {
+      orthos[members[m].first][members[m].second] = out.select(0, static_cast<int64_t>(m));
+    }
+  }
+  // 3. The updates.
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t i = indices[k];
+    const Held& h = slots_[i];
+    ApplyOrthos(h.main, orthos[k], hps_[i], hps_[i].lr * context.lr_multiplier, splits_[i]);
+    if (h.owns_main()) h.slot.param.copy_(h.main);
+  }
 }
 
 std::vector<SlotOptimizer::Field> Muon::Fields(size_t i) const {

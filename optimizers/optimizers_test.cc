@@ -10,8 +10,11 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
@@ -19,6 +22,7 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/sin.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/ops/zeros.h>
@@ -115,6 +119,134 @@ TEST_F(OptimizersTest, NewtonSchulzOrthogonalisesWithoutTouchingInput) {
     // row-major [24, 40] matrix and runs the same kernels on it.
     const at::Tensor tall = NewtonSchulz(g.t(), options).to(at::kFloat);
     EXPECT_TRUE(at::equal(tall, o.t()));
+  }
+}
+
+// Bound on |batched - per-matrix| (elementwise) for an fp32 Newton–Schulz of [m, n] matrices with
+// the default coefficients. Both evaluate the same iteration; only the summation order inside a
+// matrix product may differ (another GEMM kernel), and the per-matrix Frobenius norm.
+//  - Two summation orders of a product with inner dimension k differ by at most 2 γ_k (|A||B|)_ij
+//    (Higham, Accuracy and Stability of Numerical Algorithms, §3.5), γ_k = k u / (1 - k u),
+//    u = 2^-24, and (|A||B|)_ij <= |row_i A|_2 |col_j B|_2 <= σmax(A) σmax(B).
+//  - The iterate starts with Frobenius norm 1 (σ <= 1) and p(σ) = aσ + bσ^3 + cσ^5 maps [0, sx]
+//    into itself for sx = 1.21 (max of p on [0, 1] is 1.2024, p(1.21) = 0.94), so σmax(X) <= sx,
+//    σmax(A = X X^T) <= sx^2, σmax(bA + cA^2) <= |b| sx^2 + |c| sx^4.
+//  - One step's three products then add at most e = 2 γ_k (sx^2 + |c| sx^4 + (|b| sx^2 + |c| sx^4)
+//    sx) (A, the c-weighted A^2, the final product); an error carried in is amplified by at most
+//    L = max over [0, sx] of |p'(σ)| (first order, per singular value).
+//  - Over s steps: δ_s <= δ_0 L^s + e (L^s - 1) / (L - 1), with δ_0 = 2 γ_{mn} (the norm).
+double BatchedNsBound(int64_t m, int64_t n, int steps) {
+  const double u = std::ldexp(1.0, -24);
+  auto gamma = [u](double k) { return k * u / (1 - k * u); };
+  const double a = 3.4445, b = -4.7750, c = 2.0315, sx = 1.21;
+  double lipschitz = 0;
+  for (int i = 0; i <= 1000; ++i) {
+    const double x = sx * i / 1000.0;
+    lipschitz = std::max(lipschitz, std::abs(a + 3 * b * x * x + 5 * c * x * x * x * x));
+  }
+  lipschitz *= 1.01;  // the grid's step (p'' is bounded by 60 on [0, sx]: 60 * 0.0012 < 0.01 L)
+  const double sa = sx * sx;
+  const double e = 2 * gamma(std::max(m, n)) *
+                   (sa + std::abs(c) * sa * sa + (std::abs(b) * sa + std::abs(c) * sa * sa) * sx);
+  const double ls = std::pow(lipschitz, steps);
+  return 2 * gamma(static_cast<double>(m * n)) * ls + e * (ls - 1) / (lipschitz - 1);
+}
+
+// Whether this machine's batched GEMMs and per-matrix norms compute each matrix of a stack with
+// the same bits as the per-matrix ops NewtonSchulz uses (ATen's CPU bmm runs the per-matrix gemm
+// for each matrix; a library batched kernel may block differently).
+bool BatchedKernelsMatch(const std::vector<at::Tensor>& matrices) {
+  const at::Tensor x = at::stack(matrices);
+  const at::Tensor gram = at::bmm(x, x.transpose(1, 2));
+  const at::Tensor update = at::baddbmm(gram, gram, gram, -4.7750, 2.0315);
+  const at::Tensor next = at::baddbmm(x, update, x, 3.4445);
+  const at::Tensor norms = at::linalg_vector_norm(x, 2, at::IntArrayRef{1, 2}, true);
+  for (size_t k = 0; k < matrices.size(); ++k) {
+    const at::Tensor& m = matrices[k];
+    const at::Tensor g = at::mm(m, m.t());
+    const at::Tensor u = at::addmm(g, g, g, -4.7750, 2.0315);
+    const int64_t i = static_cast<int64_t>(k);
+    if (!at::equal(gram.select(0, i), g) || !at::equal(update.select(0, i), u) ||
+        !at::equal(next.select(0, i), at::addmm(m, u, m, 3.4445)) ||
+        !at::equal(norms.select(0, i).reshape({}), at::linalg_vector_norm(m, 2))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(OptimizersTest, BatchedNewtonSchulzMatchesPerMatrix) {
+  NewtonSchulzOptions options;
+  options.dtype = NsDType::kFloat32;
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{48, 80}, {80, 48}, {32, 32}}) {
+    std::vector<at::Tensor> matrices, wide;
+    for (int k = 0; k < 3; ++k) {
+      matrices.push_back(Det({m, n}, 0.4 + k, 1.0 + k));
+      wide.push_back(m > n ? matrices.back().t().contiguous() : matrices.back());
+    }
+    const at::Tensor stack = at::stack(matrices);
+    const at::Tensor before = stack.clone();
+    const at::Tensor batched = NewtonSchulzBatched(stack, options);
+    EXPECT_TRUE(at::equal(stack, before));
+    ASSERT_EQ(batched.sizes(), stack.sizes());
+    // Where the kernels agree, the two iterations are the same arithmetic: equal bits. Elsewhere
+    // the derived rounding bound (weak: the iteration may amplify a difference ~L^5 = 1450x).
+    const bool same_kernels = BatchedKernelsMatch(wide);
+    const double bound = same_kernels ? 0.0 : BatchedNsBound(m, n, options.ns_steps);
+    for (int k = 0; k < 3; ++k) {
+      const double diff =
+          batched.select(0, k).sub(NewtonSchulz(matrices[k], options)).abs().max().item<double>();
+      EXPECT_LE(diff, bound) << m << "x" << n << " matrix " << k
+                             << (same_kernels ? " (kernels agree bitwise here)" : "");
+    }
+  }
+}
+
+// A Muon step with batched Newton–Schulz: same-shape matrices across slots and fused blocks are
+// orthogonalised together; the params stay within the NS bound (times each step's lr scale) of
+// the per-matrix step. Gradients are fixed handles, so differences do not feed back into them.
+TEST_F(OptimizersTest, BatchedMuonStepMatchesPerMatrix) {
+  auto params = [] {
+    return std::vector<Param>{
+        Param{"a.weight", Det({16, 8}, 0.1), Det({16, 8}, 1.1, 0.1), {}},
+        Param{"b.weight", Det({16, 8}, 0.2), Det({16, 8}, 1.2, 0.1), {}},
+        Param{"qkv.weight", Det({24, 8}, 0.3), Det({24, 8}, 1.3, 0.1), {1, {8, 8, 8}}},
+        Param{"c.weight", Det({8, 8}, 0.4), Det({8, 8}, 1.4, 0.1), {}},
+        Param{"d.weight", Det({8, 24}, 0.5), Det({8, 24}, 1.5, 0.1), {}},
+    };
+  };
+  ChainedConfig config;
+  config.muon.ns.dtype = NsDType::kFloat32;
+  config.max_grad_norm = 0;
+  std::vector<Param> single = params(), batched = params();
+  auto per_matrix = ChainedOptimizer::Create(single, config);
+  config.muon.ns.batched = true;
+  auto together = ChainedOptimizer::Create(batched, config);
+  ASSERT_TRUE(per_matrix.ok() && together.ok());
+  const int steps = 3;
+  for (int step = 0; step < steps; ++step) {
+    ASSERT_OK((*per_matrix)->Step().status());
+    ASSERT_OK((*together)->Step().status());
+  }
+  // Per step a param moves by lr * scale * ortho; scale = sqrt(max(1, rows / cols)) <= 2 here.
+  // Equal bits where this machine's batched kernels agree with the per-matrix ones (checked on the
+  // shapes batched here: [8, 16] (a, b transposed), [8, 8] (qkv's blocks and c)).
+  const bool same_kernels =
+      BatchedKernelsMatch({Det({8, 16}, 0.1), Det({8, 16}, 0.2)}) &&
+      BatchedKernelsMatch({Det({8, 8}, 0.3), Det({8, 8}, 0.4), Det({8, 8}, 0.5)});
+  const double bound =
+      same_kernels ? 0.0
+                   : steps * config.muon.lr * 2.0 * BatchedNsBound(24, 8, config.muon.ns.ns_steps);
+  for (size_t i = 0; i < single.size(); ++i) {
+    const double diff = single[i].param.sub(batched[i].param).abs().max().item<double>();
+    EXPECT_LE(diff, bound) << single[i].name;
+  }
+  // The momentum buffers do not depend on the orthogonalisation: bitwise equal.
+  for (const char* name : {"a.weight", "qkv.weight", "d.weight"}) {
+    const std::string field = std::string(name) + "/momentum_buffer";
+    EXPECT_TRUE(at::equal(Record((*per_matrix)->ExportState(), field),
+                          Record((*together)->ExportState(), field)))
+        << field;
   }
 }
 

@@ -140,17 +140,28 @@ absl::Status SlotOptimizer::Step(const StepContext& context, absl::Span<const in
     }
     RETURN_IF_ERROR(CheckGrad(slots_[i].slot));
   }
+  std::vector<int64_t> stepped;
+  for (const int64_t i : indices) {
+    if (slots_[i].slot.grad.defined()) stepped.push_back(i);
+  }
   try {
-    for (const int64_t i : indices) {
-      const Held& h = slots_[i];
-      if (!h.slot.grad.defined()) continue;
-      Update(i, GradAsFloat(h.slot.grad, context.grad_scale), context.lr_multiplier);
-      if (h.owns_main()) h.slot.param.copy_(h.main);
-    }
+    UpdateSlots(stepped, context);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(kind(), " step: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
+}
+
+void SlotOptimizer::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) {
+  for (const int64_t i : indices) {
+    Update(i, ScaledGrad(i, context.grad_scale), context.lr_multiplier);
+    const Held& h = slots_[i];
+    if (h.owns_main()) h.slot.param.copy_(h.main);
+  }
+}
+
+at::Tensor SlotOptimizer::ScaledGrad(size_t i, double grad_scale) const {
+  return GradAsFloat(slots_[i].slot.grad, grad_scale);
 }
 
 absl::StatusOr<double> SlotOptimizer::GradSumSquares() const {

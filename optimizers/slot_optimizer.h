@@ -144,6 +144,13 @@ class SlotOptimizer {
 
   // The update of slot `i` with its fp32 (scaled) gradient and the schedule's multiplier.
   virtual void Update(size_t i, const at::Tensor& grad, double lr_multiplier) = 0;
+  // Updates the slots `indices` (checked, each with a gradient) and copies each owned main param
+  // into its model param. The default updates them one at a time with Update; a rule that
+  // computes across slots (Muon's batched Newton–Schulz) overrides it.
+  virtual void UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context);
+  // The fp32 gradient of slot `i`, scaled by `grad_scale` (a fresh tensor unless no scaling or
+  // cast was needed).
+  at::Tensor ScaledGrad(size_t i, double grad_scale) const;
   // The state of slot `i`, in FieldNames() order without "main_param". Tensors are the live
   // state (import copies into them); counters are values, restored through SetCounter.
   virtual std::vector<Field> Fields(size_t i) const = 0;

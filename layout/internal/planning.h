@@ -37,6 +37,7 @@ struct BufferInput {
   std::vector<int> indices;  // indices into *specs, forward (model-definition) order
   int dp = 1;
   std::optional<int64_t> bucket_size;  // soft minimum bucket numel; nullopt = one bucket
+  double padding_tolerance = 0.001;    // kLayerwise: LayoutOptions::padding_tolerance
 };
 
 // Each fills out->params, out->buckets and out->unpadded_numel (key, strategy and dp are set by the
