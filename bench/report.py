@@ -18,9 +18,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt_shapes  # noqa: E402
 import report_lib as rl  # noqa: E402
 
-SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint"]
+SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint", "peer"]
 
 
 def sh(cmd, cwd=None):
@@ -69,13 +70,15 @@ class Runner:
         self.verbose = verbose
         self.log = []
 
-    def run(self, path, args, timeout=900):
+    def run(self, path, args, timeout=900, interpreter=None):
+        """Runs `path` with `args` (a script: under `interpreter`); returns its stdout."""
         if not os.path.exists(path):
             raise FileNotFoundError(path)
         start = time.time()
         if self.verbose:
             print(f"[bench] {path} {' '.join(args)}", file=sys.stderr, flush=True)
-        proc = subprocess.run([path] + args, capture_output=True, text=True, timeout=timeout)
+        command = ([interpreter] if interpreter else []) + [path] + args
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         elapsed = time.time() - start
         self.log.append((path, args, elapsed, proc.returncode))
         if proc.returncode != 0:
@@ -149,6 +152,56 @@ def fsdp_args(quick):
         "--steps=1", "--global_batch=4", "--eval_every=0", "--eval_batches=1", "--check_every=0",
         "--muon_ns_dtype=fp32"]
     return FSDP_COMMON + steps, memory
+
+
+# Section 7 (peer), all on 2 local ranks of 1 thread: orthoshard's pretrain against the same GPT
+# trained as a PyTorch user would (bench/torch_peer.py, DDP + torch.optim), run back to back per
+# model. fp32 Newton-Schulz in both, as in section 5. gpt2-124m at seq 128 and batch 4 for 3 steps:
+# Muon's Newton-Schulz (1.7 TFLOP per replicated step, ~30 s at 1 thread a rank) dominates its step
+# at any batch, and makes this model most of the section's time.
+PEER_SCRIPT = "bench/torch_peer.py"
+PEER_ORTHOSHARD_FLAGS = {"orthoshard_muon_layerwise": ["--optimizer=muon", "--dist=layerwise"],
+                         "orthoshard_adamw_distopt": ["--optimizer=adamw", "--dist=distopt"]}
+PEER_TORCH_FLAGS = {"torch_muon": ["--optimizer=muon"], "torch_adamw": ["--optimizer=adamw"],
+                    "torch_adamw_fused": ["--optimizer=adamw", "--adamw_fused"]}
+
+
+def peer_args(quick):
+    """{model: (pretrain args, torch_peer args, global batch, seq_len)} for the peer section: the
+    same model, batch, sequence and step count on both sides."""
+    models = {"small": (8, 0, 3 if quick else 10)}
+    if not quick:
+        models["gpt2-124m"] = (4, 128, 3)
+    out = {}
+    for model, (batch, seq, steps) in models.items():
+        shared = [f"--model={model}", f"--global_batch={batch}", f"--steps={steps}",
+                  "--muon_ns_dtype=fp32", "--num_threads=1"] + ([f"--seq_len={seq}"] if seq else [])
+        out[model] = (shared + ["--nproc_per_node=2", "--eval_every=0", "--eval_batches=1",
+                                "--check_every=0"],
+                      shared + ["--nproc=2", "--timing_warmup=1"],
+                      batch, seq or gpt_shapes.preset(model)["max_seq_len"])
+    return out
+
+
+def run_peer(runner, quick, repeat):
+    """One repeat of the peer section: {model: peer_rows}. The runs of each ratio go back to back,
+    in reverse order on odd repeats, so that a load drift does not always favour one side."""
+    order = ["orthoshard_muon_layerwise", "torch_muon", "orthoshard_adamw_distopt",
+             "torch_adamw_fused", "torch_adamw"]
+    out = {}
+    for model, (ours, theirs, batch, seq) in peer_args(quick).items():
+        docs = {}
+        for mode in order[::-1] if repeat % 2 else order:
+            if mode in PEER_ORTHOSHARD_FLAGS:
+                text = runner.run(BIN["pretrain"], ours + PEER_ORTHOSHARD_FLAGS[mode])
+            else:
+                text = runner.run(PEER_SCRIPT, theirs + PEER_TORCH_FLAGS[mode],
+                                  interpreter=sys.executable)
+            docs[mode] = rl.parse_pretrain(text)
+        cfg = gpt_shapes.preset(model)
+        out[model] = rl.peer_rows(docs, batch * seq,
+                                  gpt_shapes.model_flops_per_step(cfg, batch * seq, seq))
+    return out
 
 
 def run_large(path):
@@ -283,6 +336,8 @@ def main():
         plan.append("pretrain")
     if "fsdp" in only and os.path.exists(BIN["pretrain"]):
         plan.append("fsdp")
+    if "peer" in only and os.path.exists(BIN["pretrain"]):
+        plan.append("peer")
     fsdp_step_args, fsdp_memory_args = fsdp_args(a.quick)
     raw = {name: [] for name in plan}
     errors = {}
@@ -300,6 +355,8 @@ def main():
                         mode: rl.parse_pretrain(runner.run(BIN["pretrain"],
                                                            fsdp_step_args + flags))
                         for mode, flags in FSDP_MODE_FLAGS.items()}))
+                elif name == "peer":
+                    raw[name].append(run_peer(runner, a.quick, rep))
                 elif name in ("optimizers", "checkpoint"):
                     rows = gbench(runner, BIN[name], args[name])
                     raw[name].append(rl.parse_checkpoint(rows) if name == "checkpoint" else rows)
@@ -330,7 +387,11 @@ def main():
             layout_doc = json.loads(runner.run(BIN["layout"], []))
         except (RuntimeError, FileNotFoundError, json.JSONDecodeError) as e:
             errors["layout"] = str(e)
-    summaries = {name: rl.summarize(runs) for name, runs in raw.items() if runs}
+    summaries = {name: rl.summarize(runs) for name, runs in raw.items()
+                 if runs and name != "peer"}
+    if raw.get("peer"):  # per model
+        summaries["peer"] = {model: rl.summarize([r[model] for r in raw["peer"]])
+                             for model in raw["peer"][0]}
     load_end = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 
@@ -538,6 +599,59 @@ def main():
             md += [rl.checkpoint_table(summaries["checkpoint"]), ""]
         else:
             md.append(failed("checkpoint"))
+
+    # 7. PyTorch peer.
+    if "peer" in only:
+        md += ["## 7. orthoshard against a plain PyTorch peer", "",
+               "The same GPT trained by `pretrain` and by `bench/torch_peer.py`, what a PyTorch "
+               "user writes for it: nn.Module with separate q/k/v and gate/up Linears (the same "
+               "params, FLOPs and Muon matrices as orthoshard's fused ones), "
+               "`DistributedDataParallel` over Gloo (default buckets, every rank steps every "
+               "param), `torch.optim.Muon` for the hidden matrices + `torch.optim.AdamW` for the "
+               "rest (or AdamW for all; torch's default implementation, on CPU its for-loop, or "
+               "`fused=True`), `clip_grad_norm_`, pretrain's hyperparameters. Both on 2 "
+               "local ranks of 1 thread, fp32 Newton–Schulz (torch.optim.Muon's bf16 iteration "
+               "swapped for the same one in fp32, as `--muon_ns_dtype=fp32` does in pretrain), "
+               "synthetic byte-level text of the same grammar; the two runs of each ratio go back "
+               "to back (in reverse order on odd repeats). "
+               "*step s*: the median step after the first on both sides (pretrain's summary's "
+               "`step_s`; a pretrain without it gives its whole-run tokens/s, first step "
+               "included: *step time from* says which). *CPU s per step*: user + sys of every "
+               "rank's process over the same steps. *MFU*: model FLOPs per step (PaLM appendix "
+               "B: 6 × matmul params + 12·L·H·D·T per token, `bench/gpt_shapes.py`) over the "
+               "step time and over what `torch.mm` reaches on the model's own forward GEMM "
+               "shapes with every rank running at once (the highest that the peer runs of the "
+               "same repeat measured). Each ratio is taken within one repeat, then summarised.",
+               "",
+               "Step breakdown, per step: *forward*, *backward* (compute), *exposed grad comm* "
+               "(orthoshard: time blocked in the grad syncs' waits after backward, "
+               "`grad_sync_wait_s`; the peer: its backward under DDP minus the same backward "
+               "under `ddp.no_sync()`, the all-reduce time that backward did not hide), "
+               "*optimizer* (clip + step), *exposed param sync* (orthoshard: its pre-forward "
+               "hooks' waits on the param all-gathers, which its *forward* includes; the "
+               "replicated peer has none). Means over the steady steps, rank 0's for pretrain "
+               "(its waits: over every step), the max over ranks for the peer.", ""]
+        for model, (ours, theirs, batch, seq) in peer_args(a.quick).items():
+            cfg = gpt_shapes.preset(model)
+            md += [f"### {model}", "",
+                   f"{gpt_shapes.param_count(cfg):,} params, {batch} × {seq} tokens per step: "
+                   f"{gpt_shapes.model_flops_per_step(cfg, batch * seq, seq) / 1e9:.1f} GFLOP "
+                   f"of model per step, and {gpt_shapes.muon_ns_flops(cfg) / 1e9:.1f} GFLOP of "
+                   "Newton–Schulz per Muon step (every rank does all of it in the peer; the "
+                   "layer-wise mode splits the matrices over the ranks).", "",
+                   "Reproduce: " + ", ".join(
+                       [f"`{command_for('pretrain', ours + f)}`"
+                        for f in PEER_ORTHOSHARD_FLAGS.values()]
+                       + [f"`tools/python3 {PEER_SCRIPT} {' '.join(theirs + f)}`"
+                          for f in PEER_TORCH_FLAGS.values()]), ""]
+            if model in summaries.get("peer", {}):
+                s = summaries["peer"][model]
+                md += [rl.peer_table(s), "", rl.peer_ratio_table(s), "",
+                       rl.peer_breakdown_table(s), ""]
+        if "peer" in errors:
+            md.append(failed("peer"))
+        elif "peer" not in summaries:
+            md += ["Not measured: `//integration:pretrain` is not in this build.", ""]
 
     md += ["## Run log", "", rl.markdown_table(
         ["binary", "arguments", "wall s", "exit"],

@@ -297,6 +297,67 @@ def fsdp_memory_rows(summaries):
     return rows
 
 
+# Section "peer": orthoshard's pretrain against the PyTorch peer (bench/torch_peer.py), per model.
+# Row names; each ratio is (name, orthoshard mode, peer mode) of tokens/s within one repeat.
+PEER_ORTHOSHARD_MODES = ["orthoshard_muon_layerwise", "orthoshard_adamw_distopt"]
+PEER_TORCH_MODES = ["torch_muon", "torch_adamw", "torch_adamw_fused"]
+PEER_RATIOS = [("muon", "orthoshard_muon_layerwise", "torch_muon"),
+               ("adamw_vs_fused", "orthoshard_adamw_distopt", "torch_adamw_fused"),
+               ("adamw_vs_default", "orthoshard_adamw_distopt", "torch_adamw")]
+
+
+def _number(doc, key):
+    v = doc.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def peer_rows(summaries, tokens_per_step, model_flops_per_step):
+    """{mode: summary JSON} of one model in one repeat (every PEER_*_MODES mode: pretrain's
+    summary or torch_peer's JSON line) → rows per mode: tokens_per_s, step_s, steady (1: step_s is
+    the run's median steady step; 0: pretrain reported none, so step_s is tokens_per_step over its
+    whole-run tokens_per_s), cpu_s_per_step, mfu (model_flops_per_step / step_s over the highest
+    gemm_flops_per_s of this repeat's peer runs: what the machine reached, which load only lowers),
+    final_loss and the step breakdown forward_s, backward_s, exposed_comm_s (pretrain:
+    grad_sync_wait_s), optimizer_s, param_sync_s (pretrain: param_gather_wait_s; the replicated
+    peer has none); figures a summary lacks are None. Plus a "ratios" row: PEER_RATIOS of tokens/s
+    and of CPU seconds per step, and a "reference" row with the GEMM rate (gemm_GFLOPs)."""
+    for mode in PEER_ORTHOSHARD_MODES + PEER_TORCH_MODES:
+        if mode not in summaries:
+            raise ParseError(f"peer: no {mode} run")
+    gemm = [_number(summaries[m], "gemm_flops_per_s") for m in PEER_TORCH_MODES]
+    gemm = [g for g in gemm if g]
+    if not gemm:
+        raise ParseError("peer: no torch_peer run reported gemm_flops_per_s")
+    gemm = max(gemm)
+    rows = {}
+    for mode in PEER_ORTHOSHARD_MODES + PEER_TORCH_MODES:
+        doc = summaries[mode]
+        torch_peer = mode in PEER_TORCH_MODES
+        step_s = _number(doc, "step_s")
+        steady = step_s is not None
+        if not steady:
+            whole = _number(doc, "tokens_per_s")
+            if not whole:
+                raise ParseError(f"peer {mode}: neither step_s nor tokens_per_s in the summary")
+            step_s = tokens_per_step / whole
+        rows[mode] = {
+            "tokens_per_s": tokens_per_step / step_s, "step_s": step_s, "steady": float(steady),
+            "cpu_s_per_step": _number(doc, "cpu_s_per_step"),
+            "mfu": model_flops_per_step / step_s / gemm, "final_loss": _number(doc, "final_loss"),
+            "forward_s": _number(doc, "forward_s"), "backward_s": _number(doc, "backward_s"),
+            "exposed_comm_s": _number(doc, "exposed_comm_s" if torch_peer else "grad_sync_wait_s"),
+            "optimizer_s": _number(doc, "optimizer_s"),
+            "param_sync_s": 0.0 if torch_peer else _number(doc, "param_gather_wait_s")}
+    ratios = {}
+    for name, ours, theirs in PEER_RATIOS:
+        ratios[name] = rows[ours]["tokens_per_s"] / rows[theirs]["tokens_per_s"]
+        cpu_ours, cpu_theirs = rows[ours]["cpu_s_per_step"], rows[theirs]["cpu_s_per_step"]
+        ratios["cpu_" + name] = cpu_ours / cpu_theirs if cpu_ours and cpu_theirs else None
+    rows["ratios"] = ratios
+    rows["reference"] = {"gemm_GFLOPs": gemm / 1e9}
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Rendering.
 
@@ -473,3 +534,48 @@ def fsdp_memory_table(summary):
             for dp, st in summary.items()]
     return markdown_table(["dp", "layerwise MB", "fsdp MB", "ideal (whole) / dp MB",
                            "fsdp / ideal", "layerwise / fsdp", "fsdp transient peak MB"], rows)
+
+
+def _timing_cell(st):
+    s = st.get("steady")
+    if not s:
+        return "–"
+    return "steady median" if s.min == 1 else "whole run" if s.max == 0 else "mixed"
+
+
+def peer_table(summary):
+    """Summarised peer_rows of one model → tokens/s, step, CPU, MFU and loss per mode."""
+    rows = [[mode, stat_cell(st, "tokens_per_s", 0), stat_cell(st, "step_s", 3),
+             stat_cell(st, "cpu_s_per_step", 3), stat_cell(st, "mfu", 1, 100, "%"),
+             stat_cell(st, "final_loss", 3), _timing_cell(st)]
+            for mode, st in summary.items() if mode not in ("ratios", "reference")]
+    return markdown_table(["run", "tokens/s", "step s", "CPU s per step (all ranks)", "MFU",
+                           "final loss", "step time from"], rows)
+
+
+def peer_ratio_table(summary):
+    st = summary.get("ratios", {})
+    ref = summary.get("reference", {})
+    return markdown_table(["figure", "value"], [
+        ["tokens/s, orthoshard layerwise Muon / torch Muon",
+         stat_cell(st, "muon", 3)],
+        ["tokens/s, orthoshard ZeRO-1 AdamW / torch AdamW(fused=True)",
+         stat_cell(st, "adamw_vs_fused", 3)],
+        ["tokens/s, orthoshard ZeRO-1 AdamW / torch AdamW (default: its for-loop on CPU)",
+         stat_cell(st, "adamw_vs_default", 3)],
+        ["CPU s per step, orthoshard layerwise Muon / torch Muon", stat_cell(st, "cpu_muon", 3)],
+        ["CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW(fused=True)",
+         stat_cell(st, "cpu_adamw_vs_fused", 3)],
+        ["CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW (default: for-loop)",
+         stat_cell(st, "cpu_adamw_vs_default", 3)],
+        ["torch.mm over the model's GEMM shapes, all ranks at once, GFLOP/s (the MFU "
+         "denominator)", stat_cell(ref, "gemm_GFLOPs", 1)]])
+
+
+def peer_breakdown_table(summary):
+    """Where a step's time goes per mode, ms (– where the run did not report the figure)."""
+    rows = [[mode] + [stat_cell(st, fig, 0, 1000) for fig in (
+        "forward_s", "backward_s", "exposed_comm_s", "optimizer_s", "param_sync_s", "step_s")]
+            for mode, st in summary.items() if mode not in ("ratios", "reference")]
+    return markdown_table(["run", "forward ms", "backward ms", "exposed grad comm ms",
+                           "optimizer ms", "exposed param sync ms", "step ms"], rows)

@@ -7,6 +7,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt_shapes  # noqa: E402
 import report_lib as rl  # noqa: E402
 
 # Multi-rank binaries print through the launcher: "[rank N] " before every line.
@@ -267,11 +268,89 @@ class RenderTest(unittest.TestCase):
         with self.assertRaisesRegex(rl.ParseError, "no layerwise run at dp 1"):
             rl.fsdp_memory_rows({("fsdp", 1): mem(1, 1)})
 
+    def test_peer_rows_and_tables(self):
+        def ours(step_s=None, tokens_per_s=2000.0):
+            doc = {"tokens_per_s": tokens_per_s, "final_loss": 3.5, "grad_sync_wait_s": 0.02,
+                   "param_gather_wait_s": 0.01}
+            if step_s is not None:
+                doc.update(step_s=step_s, cpu_s_per_step=1.0, forward_s=0.2, backward_s=0.4,
+                           optimizer_s=0.3)
+            return doc
+
+        def theirs(step_s, gemm):
+            return {"step_s": step_s, "tokens_per_s": 1024 / step_s, "cpu_s_per_step": 2.0,
+                    "forward_s": 0.25, "backward_s": 0.5, "exposed_comm_s": 0.1,
+                    "optimizer_s": 0.4, "final_loss": 3.75, "gemm_flops_per_s": gemm}
+        run = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=0.5),
+                            "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
+                            "torch_muon": theirs(1.0, 4e9), "torch_adamw": theirs(0.8, 1e9),
+                            "torch_adamw_fused": theirs(0.64, 2e9)},
+                           tokens_per_step=1024, model_flops_per_step=1e9)
+        muon = run["orthoshard_muon_layerwise"]
+        self.assertEqual((muon["tokens_per_s"], muon["steady"], muon["exposed_comm_s"],
+                          muon["param_sync_s"]), (2048.0, 1.0, 0.02, 0.01))
+        self.assertAlmostEqual(muon["mfu"], 0.5)  # 1e9 FLOP / 0.5 s / 4e9 FLOP/s (the highest)
+        # No step_s: the whole run's tokens/s, and no breakdown.
+        adamw = run["orthoshard_adamw_distopt"]
+        self.assertEqual((adamw["step_s"], adamw["steady"], adamw["forward_s"]), (0.8, 0.0, None))
+        self.assertEqual(run["torch_adamw"]["param_sync_s"], 0.0)
+        self.assertEqual(run["ratios"], {"muon": 2.0, "cpu_muon": 0.5, "adamw_vs_fused": 0.8,
+                                         "cpu_adamw_vs_fused": None, "adamw_vs_default": 1.0,
+                                         "cpu_adamw_vs_default": None})
+        summary = rl.summarize([run])
+        self.assertEqual(rl.peer_table(summary).splitlines()[2:4], [
+            "| orthoshard_muon_layerwise | 2048 | 0.500 | 1.000 | 50.0% | 3.500 | steady median |",
+            "| orthoshard_adamw_distopt | 1280 | 0.800 | – | 31.2% | 3.500 | whole run |"])
+        ratios = rl.peer_ratio_table(summary).splitlines()
+        self.assertIn("| tokens/s, orthoshard layerwise Muon / torch Muon | 2.000 |", ratios)
+        self.assertIn("| CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW(fused=True) | – |",
+                      ratios)
+        self.assertIn("GFLOP/s (the MFU denominator) | 4.0 |", ratios[-1])
+        self.assertEqual(rl.peer_breakdown_table(summary).splitlines()[2:5], [
+            "| orthoshard_muon_layerwise | 200 | 400 | 20 | 300 | 10 | 500 |",
+            "| orthoshard_adamw_distopt | – | – | 20 | – | 10 | 800 |",
+            "| torch_muon | 250 | 500 | 100 | 400 | 0 | 1000 |"])
+        # A ratio is taken within each repeat, then summarised.
+        slower = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=1.0),
+                               "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
+                               "torch_muon": theirs(1.0, 2e9), "torch_adamw": theirs(0.8, 2e9),
+                               "torch_adamw_fused": theirs(0.64, 2e9)}, 1024, 1e9)
+        two = rl.summarize([run, slower])
+        self.assertEqual(two["ratios"]["muon"].format(3), "1.500 [1.000, 2.000]")
+        with self.assertRaisesRegex(rl.ParseError, "no torch_adamw_fused run"):
+            rl.peer_rows({m: theirs(1.0, 1e9) for m in rl.PEER_ORTHOSHARD_MODES + ["torch_muon",
+                                                                                  "torch_adamw"]},
+                         1024, 1e9)
+
     def test_layout_table(self):
         tables = rl.layout_tables(LAYOUT)
         self.assertEqual(list(tables), ["gpt8b"])
         self.assertEqual(tables["gpt8b"].splitlines()[2],
                          "| 2 | 0.0120 | 50.0000 | 0.0000 | 3 | 3 | 2 | 1.012 | 1.250 | 1.000 |")
+
+
+class GptShapesTest(unittest.TestCase):
+    def test_param_counts_are_pretrains(self):
+        # num_params of pretrain's summary (small) and GptParamCount (model_test.cc: tinyllama).
+        self.assertEqual(gpt_shapes.param_count(gpt_shapes.preset("small")), 2_885_888)
+        self.assertEqual(gpt_shapes.param_count(gpt_shapes.preset("gpt2-124m")), 123_587_328)
+        self.assertEqual(gpt_shapes.param_count(gpt_shapes.preset("tinyllama-1.1b")),
+                         1_100_048_384)
+        with self.assertRaisesRegex(ValueError, "unknown model preset 'gpt3'; expected one of"):
+            gpt_shapes.preset("gpt3")
+
+    def test_flops(self):
+        cfg = gpt_shapes.preset("tiny")  # C 64, F 192, V 256, L 2, H = KV = 4
+        matmul = 2 * (3 * 64 * 64 + 64 * 64 + 3 * 192 * 64) + 256 * 64
+        self.assertEqual(gpt_shapes.model_flops_per_step(cfg, 1000, 50),
+                         1000 * (6 * matmul + 12 * 2 * 64 * 50))
+        gemms = gpt_shapes.forward_gemms(cfg, 10)
+        self.assertEqual((gemms["gate"], gemms["head"]), ((10, 64, 192, 2), (10, 64, 256, 1)))
+        # A [192, 64] matrix: s = 64, l = 192; 5 iterations of 4·s²·l + 2·s³.
+        self.assertEqual(gpt_shapes.muon_ns_flops({**cfg, "num_layers": 1, "num_heads": 1,
+                                                   "num_kv_heads": 1, "hidden": 64}),
+                         5 * (4 * 64 ** 3 + 2 * 64 ** 3) * 4 + 5 * (4 * 64 * 64 * 192
+                                                                    + 2 * 64 ** 3) * 3)
 
 
 if __name__ == "__main__":
