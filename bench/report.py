@@ -161,7 +161,10 @@ def fsdp_args(quick):
 # at any batch, and makes this model most of the section's time.
 PEER_SCRIPT = "bench/torch_peer.py"
 PEER_ORTHOSHARD_FLAGS = {"orthoshard_muon_layerwise": ["--optimizer=muon", "--dist=layerwise"],
-                         "orthoshard_adamw_distopt": ["--optimizer=adamw", "--dist=distopt"]}
+                         "orthoshard_adamw_distopt": ["--optimizer=adamw", "--dist=distopt"],
+                         "orthoshard_muon_layerwise_no_overlap": [
+                             "--optimizer=muon", "--dist=layerwise", "--overlap_grad_reduce=false",
+                             "--overlap_param_gather=false"]}
 PEER_TORCH_FLAGS = {"torch_muon": ["--optimizer=muon"], "torch_adamw": ["--optimizer=adamw"],
                     "torch_adamw_fused": ["--optimizer=adamw", "--adamw_fused"]}
 
@@ -187,7 +190,7 @@ def run_peer(runner, quick, repeat):
     """One repeat of the peer section: {model: peer_rows}. The runs of each ratio go back to back,
     in reverse order on odd repeats, so that a load drift does not always favour one side."""
     order = ["orthoshard_muon_layerwise", "torch_muon", "orthoshard_adamw_distopt",
-             "torch_adamw_fused", "torch_adamw"]
+             "torch_adamw_fused", "torch_adamw", "orthoshard_muon_layerwise_no_overlap"]
     out = {}
     for model, (ours, theirs, batch, seq) in peer_args(quick).items():
         docs = {}

@@ -299,7 +299,10 @@ def fsdp_memory_rows(summaries):
 
 # Section "peer": orthoshard's pretrain against the PyTorch peer (bench/torch_peer.py), per model.
 # Row names; each ratio is (name, orthoshard mode, peer mode) of tokens/s within one repeat.
-PEER_ORTHOSHARD_MODES = ["orthoshard_muon_layerwise", "orthoshard_adamw_distopt"]
+# The last runs orthoshard's layerwise Muon with --overlap_grad_reduce=false and
+# --overlap_param_gather=false: what the overlap hides.
+PEER_ORTHOSHARD_MODES = ["orthoshard_muon_layerwise", "orthoshard_adamw_distopt",
+                         "orthoshard_muon_layerwise_no_overlap"]
 PEER_TORCH_MODES = ["torch_muon", "torch_adamw", "torch_adamw_fused"]
 PEER_RATIOS = [("muon", "orthoshard_muon_layerwise", "torch_muon"),
                ("adamw_vs_fused", "orthoshard_adamw_distopt", "torch_adamw_fused"),
@@ -353,6 +356,15 @@ def peer_rows(summaries, tokens_per_step, model_flops_per_step):
         ratios[name] = rows[ours]["tokens_per_s"] / rows[theirs]["tokens_per_s"]
         cpu_ours, cpu_theirs = rows[ours]["cpu_s_per_step"], rows[theirs]["cpu_s_per_step"]
         ratios["cpu_" + name] = cpu_ours / cpu_theirs if cpu_ours and cpu_theirs else None
+    # Exposed communication (grad sync + param sync waits) with overlap over without (issue 19's
+    # goal: <= 0.2); None when either run reported no waits.
+    def exposed(mode):
+        r = rows[mode]
+        if r["exposed_comm_s"] is None or r["param_sync_s"] is None:
+            return None
+        return r["exposed_comm_s"] + r["param_sync_s"]
+    on, off = exposed("orthoshard_muon_layerwise"), exposed("orthoshard_muon_layerwise_no_overlap")
+    ratios["exposed_comm_overlap"] = on / off if on is not None and off else None
     rows["ratios"] = ratios
     rows["reference"] = {"gemm_GFLOPs": gemm / 1e9}
     return rows
@@ -568,6 +580,8 @@ def peer_ratio_table(summary):
          stat_cell(st, "cpu_adamw_vs_fused", 3)],
         ["CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW (default: for-loop)",
          stat_cell(st, "cpu_adamw_vs_default", 3)],
+        ["exposed communication of orthoshard layerwise Muon (grad sync + param sync waits), "
+         "overlap on / off", stat_cell(st, "exposed_comm_overlap", 3)],
         ["torch.mm over the model's GEMM shapes, all ranks at once, GFLOP/s (the MFU "
          "denominator)", stat_cell(ref, "gemm_GFLOPs", 1)]])
 

@@ -269,9 +269,9 @@ class RenderTest(unittest.TestCase):
             rl.fsdp_memory_rows({("fsdp", 1): mem(1, 1)})
 
     def test_peer_rows_and_tables(self):
-        def ours(step_s=None, tokens_per_s=2000.0):
-            doc = {"tokens_per_s": tokens_per_s, "final_loss": 3.5, "grad_sync_wait_s": 0.02,
-                   "param_gather_wait_s": 0.01}
+        def ours(step_s=None, tokens_per_s=2000.0, waits=(0.02, 0.01)):
+            doc = {"tokens_per_s": tokens_per_s, "final_loss": 3.5, "grad_sync_wait_s": waits[0],
+                   "param_gather_wait_s": waits[1]}
             if step_s is not None:
                 doc.update(step_s=step_s, cpu_s_per_step=1.0, forward_s=0.2, backward_s=0.4,
                            optimizer_s=0.3)
@@ -283,6 +283,7 @@ class RenderTest(unittest.TestCase):
                     "optimizer_s": 0.4, "final_loss": 3.75, "gemm_flops_per_s": gemm}
         run = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=0.5),
                             "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
+                            "orthoshard_muon_layerwise_no_overlap": ours(0.6, waits=(0.1, 0.05)),
                             "torch_muon": theirs(1.0, 4e9), "torch_adamw": theirs(0.8, 1e9),
                             "torch_adamw_fused": theirs(0.64, 2e9)},
                            tokens_per_step=1024, model_flops_per_step=1e9)
@@ -294,9 +295,12 @@ class RenderTest(unittest.TestCase):
         adamw = run["orthoshard_adamw_distopt"]
         self.assertEqual((adamw["step_s"], adamw["steady"], adamw["forward_s"]), (0.8, 0.0, None))
         self.assertEqual(run["torch_adamw"]["param_sync_s"], 0.0)
+        exposed = run["ratios"].pop("exposed_comm_overlap")
+        self.assertAlmostEqual(exposed, 0.2)  # (0.02 + 0.01) / (0.1 + 0.05)
         self.assertEqual(run["ratios"], {"muon": 2.0, "cpu_muon": 0.5, "adamw_vs_fused": 0.8,
                                          "cpu_adamw_vs_fused": None, "adamw_vs_default": 1.0,
                                          "cpu_adamw_vs_default": None})
+        run["ratios"]["exposed_comm_overlap"] = exposed
         summary = rl.summarize([run])
         self.assertEqual(rl.peer_table(summary).splitlines()[2:4], [
             "| orthoshard_muon_layerwise | 2048 | 0.500 | 1.000 | 50.0% | 3.500 | steady median |",
@@ -309,10 +313,11 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(rl.peer_breakdown_table(summary).splitlines()[2:5], [
             "| orthoshard_muon_layerwise | 200 | 400 | 20 | 300 | 10 | 500 |",
             "| orthoshard_adamw_distopt | – | – | 20 | – | 10 | 800 |",
-            "| torch_muon | 250 | 500 | 100 | 400 | 0 | 1000 |"])
+            "| orthoshard_muon_layerwise_no_overlap | 200 | 400 | 100 | 300 | 50 | 600 |"])
         # A ratio is taken within each repeat, then summarised.
         slower = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=1.0),
                                "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
+                               "orthoshard_muon_layerwise_no_overlap": ours(step_s=1.0),
                                "torch_muon": theirs(1.0, 2e9), "torch_adamw": theirs(0.8, 2e9),
                                "torch_adamw_fused": theirs(0.64, 2e9)}, 1024, 1e9)
         two = rl.summarize([run, slower])
