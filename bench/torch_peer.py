@@ -272,6 +272,10 @@ def worker(rank, a, init_file):
             "optimizer_s": worst[4].item(), "initial_loss": losses[0], "final_loss": losses[-1],
             "gemm_flops_per_s": figures[6].item(), "model_flops_per_step": flops,
             "mfu": flops / step_s / figures[6].item()}), flush=True)
+    # Every rank done with every collective before any tears its Gloo pairs down: a rank that
+    # exits first made the other one's Gloo thread abort ("terminate called without an active
+    # exception", SIGABRT) in one of the section's runs.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -417,10 +417,6 @@ at::Tensor ExpectedParams(const buffers::ParamAndGradBuffer& buf, int b) {
   return Pattern(buf.param_data().numel(), 0.3 * b + 2, 0.011).to(buf.param_data().scalar_type());
 }
 
-// Each rank writes the expected values only into its own shards (garbage elsewhere); param sync
-// must make all of param_data the expected values. With overlap_param_gather, checks per layer
-// that the hook waited on every group of that layer, kept at most one gather in flight beyond
-// those waited on, and launched in forward order.
 // The stage ParamSyncStage should give params[i]: its group's forward position in the gather order
 // of its communicator, after the stages of the communicators before it.
 absl::StatusOr<int> ExpectedStage(const DistributedDataParallel& ddp, const Model& model, int i,
@@ -442,9 +438,12 @@ absl::StatusOr<int> ExpectedStage(const DistributedDataParallel& ddp, const Mode
   return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "' is in no group"));
 }
 
-// Param sync after a step, checked layer by layer through the pre-forward hook. `staged`: the
-// step's stages are reported first (BeginParamSync, ParamSyncStageDone for the first half of the
-// stages), as a staged optimizer step does; each launches its group's gather at once.
+// Each rank writes the expected values only into its own shards (garbage elsewhere); param sync
+// must make all of param_data the expected values. With overlap_param_gather, checks per layer
+// that the hook waited on every group of that layer, kept at most one gather in flight beyond
+// those waited on (unstaged), and launched in forward order. `staged`: the step's stages are
+// reported first (BeginParamSync, ParamSyncStageDone for the first half of the stages), as a
+// staged optimizer step does; each launches its group's gather at once.
 absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicator* comm,
                             Communicator* expert_comm, bool overlap, int buckets_per_group = 1,
                             bool staged = false) {
@@ -498,7 +497,8 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
       RETURN_IF_ERROR(ddp.ParamSyncStageDone(stage));
       // Each stage launches exactly its own group's gather, at once.
       const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
-      if (launched != stage + 1 || run->events.back().kind != SyncEvent::Kind::kParamGatherLaunched) {
+      if (launched != stage + 1 ||
+          run->events.back().kind != SyncEvent::Kind::kParamGatherLaunched) {
         return absl::InternalError(absl::StrCat("after stage ", stage, ": ", launched,
                                                 " gathers launched, expected ", stage + 1));
       }
