@@ -58,6 +58,15 @@ TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
   EXPECT_LT(final_loss, initial - 1.0);
   EXPECT_LT(eval, initial_eval - 1.0);
   EXPECT_GT(JsonNumber(json, "tokens_per_s"), 0);
+  // Where a step's time went (all measured, so only positive), and what it sent: a reduce-scatter
+  // of the fp32 grad buffers and an all-gather of the fp32 param buffers, each (N - 1) / N of the
+  // buffer on the wire at N = 2 ranks, plus two all-reduces of a few doubles (step agreement,
+  // gradient statistics): within 2% of 2 (N - 1) / N x the param buffer bytes (issue 19).
+  for (const char* field : {"step_s", "forward_s", "backward_s", "optimizer_s", "cpu_s_per_step"}) {
+    EXPECT_GT(JsonNumber(json, field), 0) << field;
+  }
+  const double buffer = JsonNumber(json, "param_buffer_bytes");
+  EXPECT_NEAR(JsonNumber(json, "wire_bytes_per_step"), 2 * 0.5 * buffer, 0.02 * buffer);
   EXPECT_THAT(run.out, HasSubstr("optimizer routing: muon 8 params"));
   EXPECT_THAT(run.out, HasSubstr("layout: buffer fp32/fp32/dense/layerwise"));
   EXPECT_THAT(run.out, HasSubstr("step 30/30 | loss"));
@@ -92,7 +101,8 @@ TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
   EXPECT_EQ(scalars["eval/loss"][0].first, 0);
   EXPECT_EQ(scalars["eval/loss"][2].first, 30);
   EXPECT_NEAR(scalars["eval/loss"][2].second, eval, tb_vs_json(eval));
-  for (const char* tag : {"comm/param_gather_wait_s", "comm/grad_sync_wait_s"}) {
+  for (const char* tag : {"comm/param_gather_wait_s", "comm/grad_sync_wait_s", "time/forward_s",
+                          "time/backward_s", "time/optimizer_s", "time/cpu_s"}) {
     EXPECT_EQ(scalars[tag].size(), 30u) << tag;
   }
   // Each rank's memory at the last step, as in the JSON (byte counts below 2^24 are exact floats).

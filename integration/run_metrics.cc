@@ -30,6 +30,13 @@ int64_t TotalBytes(const collectives::Communicator& comm) {
   return total;
 }
 
+int64_t TotalWireBytes(const collectives::Communicator& comm) {
+  const collectives::TrafficCounters t = comm.traffic();
+  int64_t total = 0;
+  for (int64_t b : t.wire_bytes) total += b;
+  return total;
+}
+
 RunMetrics::RunMetrics(const TrainerConfig& config, const collectives::Communicator& comm,
                        const TrainOptions& options, TrainSummary& summary, int64_t first_step,
                        double tokens_per_step)
@@ -58,6 +65,7 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   const absl::Duration time = cost.time;
   train_time_ += time;
   totals_.comm_bytes += cost.comm_bytes;
+  totals_.wire_bytes += cost.wire_bytes;
   totals_.param_gather_wait_s += cost.param_gather_wait_s;
   totals_.grad_sync_wait_s += cost.grad_sync_wait_s;
   if (step == first_step_) {
@@ -111,6 +119,7 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
   summary_.comm_bytes = TotalBytes(comm_);
   const int64_t steps_run = std::max<int64_t>(1, StepsRun());
   summary_.comm_bytes_per_step = totals_.comm_bytes / steps_run;
+  summary_.wire_bytes_per_step = totals_.wire_bytes / steps_run;
   summary_.param_gather_wait_s = totals_.param_gather_wait_s / steps_run;
   summary_.grad_sync_wait_s = totals_.grad_sync_wait_s / steps_run;
   if (steady_times_.empty() && StepsRun() >= 1) {  // one step: it is all there is

@@ -25,6 +25,8 @@ namespace orthoshard::integration {
 
 // Logical bytes `comm` launched so far (every kind of collective).
 int64_t TotalBytes(const collectives::Communicator& comm);
+// Bytes this rank sent so far (TrafficCounters::wire_bytes, every kind of collective).
+int64_t TotalWireBytes(const collectives::Communicator& comm);
 
 // What one step cost this rank: wall time, logical bytes it launched, the time it waited on
 // param gathers and grad syncs (communication not hidden behind computation), and where the wall
@@ -34,6 +36,7 @@ int64_t TotalBytes(const collectives::Communicator& comm);
 struct StepCost {
   absl::Duration time;
   int64_t comm_bytes = 0;
+  int64_t wire_bytes = 0;
   double param_gather_wait_s = 0;
   double grad_sync_wait_s = 0;
   double forward_s = 0;

@@ -551,6 +551,7 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   const absl::Time start = absl::Now();
   const double cpu_start = ProcessCpuSeconds();
   const int64_t bytes_before = TotalBytes(comm);
+  const int64_t wire_before = TotalWireBytes(comm);
   const ddp::DdpWaits waits_before = s.ddp->waits();
   StepOutcome out;
   s.ddp->ZeroGradBuffers();
@@ -584,6 +585,7 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   out.cost.time = absl::Now() - start;
   out.cost.cpu_s = ProcessCpuSeconds() - cpu_start;
   out.cost.comm_bytes = TotalBytes(comm) - bytes_before;
+  out.cost.wire_bytes = TotalWireBytes(comm) - wire_before;
   out.cost.param_gather_wait_s = s.ddp->waits().param_gather_s - waits_before.param_gather_s;
   out.cost.grad_sync_wait_s = s.ddp->waits().grad_sync_s - waits_before.grad_sync_s;
   out.agreed = agreement.Read();

@@ -74,6 +74,7 @@ struct TrainSummary {
   // bytes launched, and seconds waited on param gathers and on grad syncs (what overlap did not
   // hide).
   int64_t comm_bytes_per_step = 0;
+  int64_t wire_bytes_per_step = 0;  // what this rank sent (the engines' wire bytes), per step
   double param_gather_wait_s = 0;
   double grad_sync_wait_s = 0;
   // The steady steps (all but the first step run, which pays one-time costs; the only one if one
