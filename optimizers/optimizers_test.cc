@@ -154,21 +154,31 @@ double BatchedNsBound(int64_t m, int64_t n, int steps) {
 
 // Whether this machine's batched GEMMs and per-matrix norms compute each matrix of a stack with
 // the same bits as the per-matrix ops NewtonSchulz uses (ATen's CPU bmm runs the per-matrix gemm
-// for each matrix; a library batched kernel may block differently).
+// for each matrix; a library batched kernel may block differently). The operands are laid out as
+// the two iterations lay them out: the first step reads the (transposed, for tall matrices) view of
+// the input, later steps row-major results.
 bool BatchedKernelsMatch(const std::vector<at::Tensor>& matrices) {
-  const at::Tensor x = at::stack(matrices);
-  const at::Tensor gram = at::bmm(x, x.transpose(1, 2));
-  const at::Tensor update = at::baddbmm(gram, gram, gram, -4.7750, 2.0315);
-  const at::Tensor next = at::baddbmm(x, update, x, 3.4445);
+  const bool tall = matrices.front().size(0) > matrices.front().size(1);
+  const at::Tensor stack = at::stack(matrices);
+  const at::Tensor x = tall ? stack.transpose(1, 2) : stack;
   const at::Tensor norms = at::linalg_vector_norm(x, 2, at::IntArrayRef{1, 2}, true);
+  const at::Tensor first = at::bmm(x, x.transpose(1, 2));
+  const at::Tensor row_major = x.contiguous();
+  const at::Tensor gram = at::bmm(row_major, row_major.transpose(1, 2));
+  const at::Tensor update = at::baddbmm(gram, gram, gram, -4.7750, 2.0315);
+  const at::Tensor next = at::baddbmm(row_major, update, row_major, 3.4445);
+  const at::Tensor next_first = at::baddbmm(x, update, x, 3.4445);
   for (size_t k = 0; k < matrices.size(); ++k) {
-    const at::Tensor& m = matrices[k];
-    const at::Tensor g = at::mm(m, m.t());
-    const at::Tensor u = at::addmm(g, g, g, -4.7750, 2.0315);
     const int64_t i = static_cast<int64_t>(k);
-    if (!at::equal(gram.select(0, i), g) || !at::equal(update.select(0, i), u) ||
-        !at::equal(next.select(0, i), at::addmm(m, u, m, 3.4445)) ||
-        !at::equal(norms.select(0, i).reshape({}), at::linalg_vector_norm(m, 2))) {
+    const at::Tensor m = tall ? matrices[k].t() : matrices[k];
+    const at::Tensor r = m.contiguous();
+    const at::Tensor g = at::mm(r, r.t());
+    const at::Tensor u = at::addmm(g, g, g, -4.7750, 2.0315);
+    if (!at::equal(norms.select(0, i).reshape({}), at::linalg_vector_norm(m, 2)) ||
+        !at::equal(first.select(0, i), at::mm(m, m.t())) || !at::equal(gram.select(0, i), g) ||
+        !at::equal(update.select(0, i), u) ||
+        !at::equal(next.select(0, i), at::addmm(r, u, r, 3.4445)) ||
+        !at::equal(next_first.select(0, i), at::addmm(m, u, m, 3.4445))) {
       return false;
     }
   }
@@ -179,11 +189,8 @@ TEST_F(OptimizersTest, BatchedNewtonSchulzMatchesPerMatrix) {
   NewtonSchulzOptions options;
   options.dtype = NsDType::kFloat32;
   for (auto [m, n] : {std::pair<int64_t, int64_t>{48, 80}, {80, 48}, {32, 32}}) {
-    std::vector<at::Tensor> matrices, wide;
-    for (int k = 0; k < 3; ++k) {
-      matrices.push_back(Det({m, n}, 0.4 + k, 1.0 + k));
-      wide.push_back(m > n ? matrices.back().t().contiguous() : matrices.back());
-    }
+    std::vector<at::Tensor> matrices;
+    for (int k = 0; k < 3; ++k) matrices.push_back(Det({m, n}, 0.4 + k, 1.0 + k));
     const at::Tensor stack = at::stack(matrices);
     const at::Tensor before = stack.clone();
     const at::Tensor batched = NewtonSchulzBatched(stack, options);
@@ -191,7 +198,7 @@ TEST_F(OptimizersTest, BatchedNewtonSchulzMatchesPerMatrix) {
     ASSERT_EQ(batched.sizes(), stack.sizes());
     // Where the kernels agree, the two iterations are the same arithmetic: equal bits. Elsewhere
     // the derived rounding bound (weak: the iteration may amplify a difference ~L^5 = 1450x).
-    const bool same_kernels = BatchedKernelsMatch(wide);
+    const bool same_kernels = BatchedKernelsMatch(matrices);
     const double bound = same_kernels ? 0.0 : BatchedNsBound(m, n, options.ns_steps);
     for (int k = 0; k < 3; ++k) {
       const double diff =
@@ -230,9 +237,9 @@ TEST_F(OptimizersTest, BatchedMuonStepMatchesPerMatrix) {
   }
   // Per step a param moves by lr * scale * ortho; scale = sqrt(max(1, rows / cols)) <= 2 here.
   // Equal bits where this machine's batched kernels agree with the per-matrix ones (checked on the
-  // shapes batched here: [8, 16] (a, b transposed), [8, 8] (qkv's blocks and c)).
+  // shapes batched here: [16, 8] (a, b), [8, 8] (qkv's blocks and c)).
   const bool same_kernels =
-      BatchedKernelsMatch({Det({8, 16}, 0.1), Det({8, 16}, 0.2)}) &&
+      BatchedKernelsMatch({Det({16, 8}, 0.1), Det({16, 8}, 0.2)}) &&
       BatchedKernelsMatch({Det({8, 8}, 0.3), Det({8, 8}, 0.4), Det({8, 8}, 0.5)});
   const double bound =
       same_kernels ? 0.0
