@@ -7,8 +7,8 @@
 //
 // 1. Bucket boundaries. From the first boundary at which a chunk holds >= bucket_size elements,
 //    each later boundary is a candidate. A candidate is accepted as soon as a packing of the chunk
-//    with padding <= LayoutOptions::padding_tolerance exists. Cheap bounds first: every shard is at least as
-//    large as the largest param and as the mean (padding >= dp * PadTo(max(max_param,
+//    with padding <= LayoutOptions::padding_tolerance exists. Cheap bounds first: every shard is at
+//    least as large as the largest param and as the mean (padding >= dp * PadTo(max(max_param,
 //    ceil(numel / dp)), sd) - numel), and Martello–Toth's L2 bound must not need more than dp
 //    shards of the largest tolerated size; only candidates passing both are packed for real.
 //    Repeated-layer models hit exact fits (e.g. one fc1 == fc2 + qkv + proj; one MoE expert's fc1

@@ -105,7 +105,9 @@ struct Param {
 // every slot with stage_of(slot) == s, AdamW's then Muon's, then calls on_done(s); every stage in
 // [0, num_stages) is run and reported, with slots or without, so ranks that own different slots
 // report the same stages in the same order. The values computed are those of an unstaged step
-// (each slot's update reads only its own gradient and state).
+// (each slot's update reads only its own gradient and state). A gradient that no longer matches its
+// param is found when its stage runs, so earlier stages are already updated then (as an error in
+// Muon's half leaves AdamW's updated in an unstaged step): callers treat step errors as fatal.
 struct StepStages {
   int num_stages = 0;
   std::function<int(const Slot& slot)> stage_of;   // in [0, num_stages)
