@@ -127,11 +127,14 @@ PRETRAIN_MODES = [("muon_layerwise", ["--optimizer=muon", "--dist=layerwise"]),
                   (rl.PRETRAIN_BASELINE, ["--optimizer=muon", "--dist=replicated"])]
 
 
+# pretrain flags of a timed run: the final eval only, on one batch, and the param checksum compared
+# only at the end, so that the steps are what is timed.
+PRETRAIN_STEPS_ONLY = ["--eval_every=0", "--eval_batches=1", "--check_every=0"]
+
 # Section 5 (fsdp), all on 2 local ranks: step time per mode (one repeat runs them back to back;
 # fp32 Newton-Schulz: this project's CPUs may lack bf16 arithmetic, where bf16 matmuls are ~60x
 # slower and would measure that instead of the distribution scheme).
-FSDP_COMMON = ["--model=small", "--eval_every=0", "--eval_batches=1", "--check_every=0",
-               "--muon_ns_dtype=fp32"]
+FSDP_COMMON = ["--model=small", "--muon_ns_dtype=fp32"] + PRETRAIN_STEPS_ONLY
 FSDP_MODE_FLAGS = {"muon_layerwise": ["--optimizer=muon", "--dist=layerwise"],
                    "adamw_layerwise": ["--optimizer=adamw", "--dist=layerwise"],
                    "muon_fsdp": ["--optimizer=muon", "--dist=fsdp"],
@@ -142,15 +145,13 @@ FSDP_MEMORY_DPS = [1, 2, 4]
 # A run that only fsdp can do on a 24 GB machine: TinyLlama-1.1B with AdamW (16 bytes per param of
 # params, grads and state: 17.6 GB) on 2 ranks; layerwise keeps params and grads whole on both.
 FSDP_LARGE = ["--model=tinyllama-1.1b", "--optimizer=adamw", "--steps=3", "--seq_len=64",
-              "--global_batch=2", "--lr=3e-4", "--warmup_steps=1", "--eval_every=0",
-              "--eval_batches=1", "--check_every=0"]
+              "--global_batch=2", "--lr=3e-4", "--warmup_steps=1"] + PRETRAIN_STEPS_ONLY
 
 
 def fsdp_args(quick):
     steps = ["--steps=2", "--global_batch=8"] if quick else ["--steps=10", "--global_batch=32"]
     memory = (["--model=small"] if quick else ["--model=gpt2-124m", "--seq_len=64"]) + [
-        "--steps=1", "--global_batch=4", "--eval_every=0", "--eval_batches=1", "--check_every=0",
-        "--muon_ns_dtype=fp32"]
+        "--steps=1", "--global_batch=4", "--muon_ns_dtype=fp32"] + PRETRAIN_STEPS_ONLY
     return FSDP_COMMON + steps, memory
 
 
@@ -179,8 +180,7 @@ def peer_args(quick):
     for model, (batch, seq, steps) in models.items():
         shared = [f"--model={model}", f"--global_batch={batch}", f"--steps={steps}",
                   "--muon_ns_dtype=fp32", "--num_threads=1"] + ([f"--seq_len={seq}"] if seq else [])
-        out[model] = (shared + ["--nproc_per_node=2", "--eval_every=0", "--eval_batches=1",
-                                "--check_every=0"],
+        out[model] = (shared + ["--nproc_per_node=2"] + PRETRAIN_STEPS_ONLY,
                       shared + ["--nproc=2", "--timing_warmup=1"],
                       batch, seq or gpt_shapes.preset(model)["max_seq_len"])
     return out

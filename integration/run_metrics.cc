@@ -3,7 +3,9 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
+#include <numeric>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,11 @@ namespace {
 
 double NowSeconds() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
 
+// A traffic counter summed over every kind of collective.
+int64_t SumOverKinds(const std::array<int64_t, collectives::kNumOpKinds>& per_kind) {
+  return std::accumulate(per_kind.begin(), per_kind.end(), int64_t{0});
+}
+
 }  // namespace
 
 double ProcessCpuSeconds() {
@@ -24,17 +31,11 @@ double ProcessCpuSeconds() {
 }
 
 int64_t TotalBytes(const collectives::Communicator& comm) {
-  const collectives::TrafficCounters t = comm.traffic();
-  int64_t total = 0;
-  for (int64_t b : t.bytes) total += b;
-  return total;
+  return SumOverKinds(comm.traffic().bytes);
 }
 
 int64_t TotalWireBytes(const collectives::Communicator& comm) {
-  const collectives::TrafficCounters t = comm.traffic();
-  int64_t total = 0;
-  for (int64_t b : t.wire_bytes) total += b;
-  return total;
+  return SumOverKinds(comm.traffic().wire_bytes);
 }
 
 RunMetrics::RunMetrics(const TrainerConfig& config, const collectives::Communicator& comm,
@@ -134,6 +135,7 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
     summary_.forward_s = steady_totals_.forward_s / n;
     summary_.backward_s = steady_totals_.backward_s / n;
     summary_.optimizer_s = steady_totals_.optimizer_s / n;
+    steady_cpu_s_per_step_ = steady_totals_.cpu_s / n;
   }
   for (size_t r = 0; r < summary_.memory.size(); ++r) {
     const RankMemory& m = summary_.memory[r];
@@ -146,11 +148,6 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
         Scalar(prefix + "peak_transient_bytes", summary_.steps, m.peak_transient_bytes));
   }
   return tb_ ? tb_->Flush() : absl::OkStatus();
-}
-
-double RunMetrics::steady_cpu_s_per_step() const {
-  if (!steady_times_.empty()) return steady_totals_.cpu_s / steady_times_.size();
-  return first_cost_.cpu_s;
 }
 
 absl::Status RunMetrics::Scalar(absl::string_view tag, int64_t step, double value) {

@@ -75,9 +75,9 @@ class RunMetrics {
   // `memory` (memory/rank<r>/params_bytes, grads_bytes, optimizer_state_bytes,
   // peak_transient_bytes at the last step). Errors: the event writer's.
   absl::Status Finish(int64_t skipped_steps);
-  // This rank's CPU seconds per steady step (see steady_times_), for the caller to sum over ranks
-  // into TrainSummary::cpu_s_per_step.
-  double steady_cpu_s_per_step() const;
+  // This rank's CPU seconds per steady step (see steady_times_), once Finish ran, for the caller to
+  // sum over ranks into TrainSummary::cpu_s_per_step.
+  double steady_cpu_s_per_step() const { return steady_cpu_s_per_step_; }
 
  private:
   int64_t StepsRun() const { return summary_.steps - first_step_ + 1; }
@@ -98,6 +98,7 @@ class RunMetrics {
   std::vector<double> steady_times_;
   StepCost steady_totals_;
   StepCost first_cost_;
+  double steady_cpu_s_per_step_ = 0;  // set by Finish
 };
 
 }  // namespace orthoshard::integration
