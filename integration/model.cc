@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -87,8 +88,11 @@ at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   const int64_t half = x.size(-1) / 2;
   const at::Tensor c = cos.narrow(0, 0, t);  // [T, D/2], broadcast over [B, N]
   const at::Tensor s = sin.narrow(0, 0, t);
-  const at::Tensor x1 = x.narrow(-1, 0, half);
-  const at::Tensor x2 = x.narrow(-1, half, half);
+  // split, not two narrows: its backward concatenates the halves' grads, where a narrow's
+  // backward zero-fills a tensor of x's size for each half and adds them (see Block).
+  const std::vector<at::Tensor> halves = x.split(half, -1);
+  const at::Tensor& x1 = halves[0];
+  const at::Tensor& x2 = halves[1];
   const at::Tensor parts[] = {x1 * c - x2 * s, x1 * s + x2 * c};
   return at::cat(at::TensorList(parts), -1);
 }
@@ -197,10 +201,16 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x) const {
   const int64_t F = config_.ffn_hidden;
 
   const at::Tensor h = at::rms_norm(x, {C}, layer.attn_norm, config_.norm_eps);
+  // The fused outputs are taken apart by split, whose backward concatenates the parts' grads into
+  // the fused grad. narrow/select would give the same values, but each one's backward allocates
+  // and zero-fills a tensor of the whole fused output and the parts are then added: on a CPU that
+  // was 10% of backward (pretrain --profile_step_start, `small`), mostly page faults of the fresh
+  // zero tensors.
   const at::Tensor qkv = at::linear(h, layer.qkv).view({B, T, KV, R + 2, D});
-  at::Tensor q = qkv.narrow(3, 0, R).reshape({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
-  at::Tensor k = qkv.select(3, R).transpose(1, 2);                           // [B, KV, T, D]
-  at::Tensor v = qkv.select(3, R + 1).transpose(1, 2);                       // [B, KV, T, D]
+  const std::vector<at::Tensor> qkv_parts = qkv.split_with_sizes({R, 1, 1}, 3);
+  at::Tensor q = qkv_parts[0].reshape({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+  at::Tensor k = qkv_parts[1].squeeze(3).transpose(1, 2);             // [B, KV, T, D]
+  at::Tensor v = qkv_parts[2].squeeze(3).transpose(1, 2);             // [B, KV, T, D]
   q = ApplyRotary(q, rope_cos_, rope_sin_);
   k = ApplyRotary(k, rope_cos_, rope_sin_);
   if (R > 1) {  // each KV head serves R consecutive query heads
@@ -213,7 +223,8 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x) const {
 
   const at::Tensor m = at::rms_norm(x1, {C}, layer.mlp_norm, config_.norm_eps);
   const at::Tensor gate_up = at::linear(m, layer.fc1);  // [B, T, 2F]
-  const at::Tensor a = at::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F);
+  const std::vector<at::Tensor> gate_and_up = gate_up.split(F, -1);
+  const at::Tensor a = at::silu(gate_and_up[0]) * gate_and_up[1];
   return x1 + at::linear(a, layer.fc2);
 }
 
