@@ -218,20 +218,37 @@ def worker(rank, a, init_file):
         x, y = batch(step)
         return F.cross_entropy(ddp(x).view(-1, V), y.reshape(-1))
 
+    # --profile_step_start: the same Kineto trace, names and step phases as pretrain's, for
+    # bench/trace_ops.py to compare op by op.
+    profiler = None
+    profile_end = a.profile_step_end or a.profile_step_start
     times, losses = [], []  # per step: seconds of [step, forward, backward, optimizer, CPU]
     for step in range(a.steps):
+        if step + 1 == a.profile_step_start:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                              record_shapes=True)
+            profiler.__enter__()
         start, cpu = time.perf_counter(), time.process_time()
-        loss = forward(step)
+        with torch.profiler.record_function("step/forward"):
+            loss = forward(step)
         t1 = time.perf_counter()
-        loss.backward()
+        with torch.profiler.record_function("step/backward"):
+            loss.backward()
         t2 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
-        for o in opts:
-            o.step()
-            o.zero_grad(set_to_none=True)
-        for s in scheds:
-            s.step()
+        with torch.profiler.record_function("step/optimizer"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
+            for o in opts:
+                o.step()
+                o.zero_grad(set_to_none=True)
+            for s in scheds:
+                s.step()
         t3 = time.perf_counter()
+        if profiler is not None and step + 1 == profile_end:
+            profiler.__exit__(None, None, None)
+            os.makedirs(a.profile_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(
+                a.profile_dir, f"rank{rank}.steps{a.profile_step_start}-{profile_end}.pt.trace.json"))
+            profiler = None
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
         losses.append(mean_loss.item() / a.nproc)
@@ -299,9 +316,15 @@ def main():
     p.add_argument("--max_grad_norm", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--timeout_s", type=int, default=60, help="rendezvous and collective timeout")
+    p.add_argument("--profile_step_start", type=int, default=0,
+                   help="Kineto trace of steps [start, end] per rank in --profile_dir (as pretrain)")
+    p.add_argument("--profile_step_end", type=int, default=0, help="0: --profile_step_start")
+    p.add_argument("--profile_dir", default="", help="directory of the profile traces")
     a = p.parse_args()
     if a.nproc < 1 or a.global_batch % a.nproc or a.steps < 2:
         p.error(f"need --nproc >= 1 dividing --global_batch ({a.global_batch}) and --steps >= 2")
+    if a.profile_step_start and not a.profile_dir:
+        p.error("--profile_step_start needs --profile_dir")
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(a, os.path.join(tmp, "rendezvous")), nprocs=a.nproc)
 

@@ -204,6 +204,9 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--save_dir=" + dir + "/held",
        "already holds checkpoints (a `latest` pointer): pass --resume"},
       {"--model=huge", "huge"},
+      {"--profile_step_end=3", "--profile_step_end 3 without --profile_step_start"},
+      {"--profile_step_start=3 --profile_step_end=2", "--profile_step_end 2 precedes"},
+      {"--profile_step_start=-1", "--profile_step_start -1 / --profile_step_end 0: expected"},
   };
   for (const auto& [arg, message] : cases) {
     RunResult run = RunPretrain({arg, "--log_dir=" + log_dir});
@@ -214,6 +217,41 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
     EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << arg << ": " << run.err;
   }
   EXPECT_FALSE(std::filesystem::exists(log_dir));
+}
+
+// --profile_step_start: one whole Chrome trace per rank of the chosen steps, with the step's phases
+// and ATen ops in it, and the same training (profiling stops only after the in-flight param
+// gathers, which changes no value). bench/trace_ops_test reads such traces.
+TEST(Pretrain, ProfilesTheChosenStepsOnEveryRank) {
+  const std::string dir = TempDir() + "/profile";
+  const std::vector<std::string> args = {"--steps=4", "--global_batch=8", "--eval_every=0",
+                                         "--check_every=0"};
+  std::vector<std::string> profiled = args;
+  for (const char* flag : {"--profile_step_start=2", "--profile_step_end=3"}) {
+    profiled.push_back(flag);
+  }
+  profiled.push_back("--profile_dir=" + dir);
+  const RunResult plain = RunPretrain(args);
+  const RunResult run = RunPretrain(profiled);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(JsonField(LastLine(run.out), "param_checksum"),
+            JsonField(LastLine(plain.out), "param_checksum"));
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    files.push_back(entry.path().filename().string());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_THAT(files, ::testing::ElementsAre("rank0.steps2-3.pt.trace.json",
+                                            "rank1.steps2-3.pt.trace.json"));
+  for (const std::string& file : files) {
+    const std::string trace = ReadFile(dir + "/" + file);
+    EXPECT_THAT(trace, HasSubstr("\"traceEvents\"")) << file;
+    for (const char* name : {"step/forward", "step/backward", "step/optimizer", "aten::mm"}) {
+      EXPECT_THAT(trace, HasSubstr(absl::StrCat("\"name\": \"", name, "\""))) << file;
+    }
+    EXPECT_EQ(absl::StripTrailingAsciiWhitespace(trace).back(), '}') << file;  // written whole
+  }
 }
 
 // Resume equivalence at the same dp: 8 steps straight vs 4 steps (--stop_after=4, the lr schedule

@@ -9,6 +9,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -43,6 +44,7 @@
 #include "integration/progress.h"
 #include "integration/run_metrics.h"
 #include "integration/run_policy.h"
+#include "integration/step_profiler.h"
 #include "layout/layout.h"
 #include "optimizers/chained.h"
 #include "optimizers/distributed/distributed_optimizer.h"
@@ -561,19 +563,29 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     const MicroBatch& b = batches[m];
     s.ddp->set_is_last_microbatch(m + 1 == batches.size());
     const absl::Time forward_start = absl::Now();
-    ASSIGN_OR_RETURN(at::Tensor loss,
-                     s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
-                                   ToTensor(b.targets, b.rows, b.cols, comm.device())));
+    at::Tensor loss;
+    {
+      RECORD_USER_SCOPE("step/forward");  // named ranges in a --profile_step_start trace
+      ASSIGN_OR_RETURN(loss, s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
+                                           ToTensor(b.targets, b.rows, b.cols, comm.device())));
+    }
     const absl::Time backward_start = absl::Now();
-    loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+    {
+      RECORD_USER_SCOPE("step/backward");
+      loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+    }
     loss_sum += loss.item<double>();
     out.cost.forward_s += absl::ToDoubleSeconds(backward_start - forward_start);
     out.cost.backward_s += absl::ToDoubleSeconds(absl::Now() - backward_start);
   }
   agreement.Set(loss_sum / static_cast<double>(batches.size()), stop_signal, save_written);
-  RETURN_IF_ERROR(s.ddp->FinishGradSync());
-  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
   {
+    RECORD_USER_SCOPE("step/grad_sync_wait");
+    RETURN_IF_ERROR(s.ddp->FinishGradSync());
+    RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
+  }
+  {
+    RECORD_USER_SCOPE("step/optimizer");
     const absl::Time optimizer_start = absl::Now();
     at::NoGradGuard no_grad;  // the optimizers update leaf params in place
     RETURN_IF_ERROR(s.ddp->BeginParamSync());
@@ -650,12 +662,21 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
   }
   RunPolicy policy(c, first_step);
   StepAgreement agreement(comm);
+  ASSIGN_OR_RETURN(
+      const std::unique_ptr<StepProfiler> profiler,
+      StepProfiler::Create(c.profile_dir.empty() ? c.log_dir : c.profile_dir,
+                           c.profile_step_start,
+                           c.profile_step_end > 0 ? c.profile_step_end : c.profile_step_start,
+                           comm.rank(), comm.device().is_cuda()));
   StepPlan plan;
   for (int64_t step = first_step; step <= policy.last_step() && !plan.last; ++step) {
+    profiler->BeforeStep(step);
     ASSIGN_OR_RETURN(const StepOutcome outcome,
                      RunStep(s, comm, agreement, StopSignal(options),
                              saver && saver->in_flight_written()));
     plan = policy.After(step, outcome.result.skipped, outcome.agreed.stop_signal);
+    if (profiler->StopsAfter(step, plan.last)) RETURN_IF_ERROR(s.ddp->FinishParamSync());
+    RETURN_IF_ERROR(profiler->AfterStep(step, plan.last));
     if (plan.stop_early) summary.stop_signal = outcome.agreed.stop_signal;
     // The background save commits as soon as every rank has written its part: `latest` moves (and
     // a failure shows) within a step of the slowest write, not at the next save.

@@ -158,6 +158,25 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
                               {"num_threads", c.num_threads}}) {
     if (absl::Status s = NonNegative(field, value); !s.ok()) return s;
   }
+  if (c.profile_step_start < 0 || c.profile_step_end < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_step_start ", c.profile_step_start, " / --profile_step_end ",
+        c.profile_step_end, ": expected steps >= 1 (0 = off / the start step)"));
+  }
+  if (c.profile_step_start > 0) {
+    if (c.profile_step_end != 0 && c.profile_step_end < c.profile_step_start) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--profile_step_end ", c.profile_step_end, " precedes --profile_step_start ",
+                       c.profile_step_start));
+    }
+    if (c.profile_dir.empty() && c.log_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--profile_step_start needs --profile_dir (or --log_dir) for the traces");
+    }
+  } else if (c.profile_step_end != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_step_end ", c.profile_step_end, " without --profile_step_start"));
+  }
   if (!(c.bucket_padding >= 0.0 && c.bucket_padding <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("--bucket_padding ", c.bucket_padding,
                                                    ": expected a fraction in [0, 1]"));

@@ -83,6 +83,13 @@
   X(bool, prefetch_params, true, \
     "fsdp: gather the next layer's params while the current one computes (forward and " \
     "backward); false gathers each when its layer starts (to measure what prefetching hides)") \
+  X(int64_t, profile_step_start, 0, \
+    "record an operator-level profile (LibTorch's Kineto, as torch.profiler) from this step to " \
+    "--profile_step_end on every rank, one Chrome trace per rank in --profile_dir; 0 = off") \
+  X(int64_t, profile_step_end, 0, \
+    "last profiled step (inclusive); 0 = --profile_step_start") \
+  X(std::string, profile_dir, "", \
+    "directory of the profile traces; empty = --log_dir") \
   X(int64_t, check_every, 100, \
     "compare a param checksum across ranks every N steps (and at the end); 0 = end only") \
   X(int64_t, log_every, 10, \
