@@ -18,7 +18,10 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros_like.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "optimizers/internal/fused_elementwise.h"
 
@@ -43,11 +46,20 @@ absl::Status ValidateMuonHyper(const MuonHyper& hp) {
   if (!(hp.ns.eps > 0.0)) {
     return absl::InvalidArgumentError(absl::StrCat("Muon: eps must be > 0, got ", hp.ns.eps));
   }
-  for (double c : hp.ns.coefficients) {
-    if (!std::isfinite(c)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Muon: Newton-Schulz coefficients must be finite, got ", c));
+  if (hp.ns.coefficients.empty()) {
+    return absl::InvalidArgumentError("Muon: Newton-Schulz coefficients must not be empty");
+  }
+  for (const NsCoefficients& triple : hp.ns.coefficients) {
+    for (double c : triple) {
+      if (!std::isfinite(c)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Muon: Newton-Schulz coefficients must be finite, got ", c));
+      }
     }
+  }
+  if (!(hp.ns.norm_scale > 0.0 && std::isfinite(hp.ns.norm_scale))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Muon: norm_scale must be > 0 and finite, got ", hp.ns.norm_scale));
   }
   if (hp.scale_rule == MuonScaleRule::kSpectral && !(hp.extra_scale > 0.0)) {
     return absl::InvalidArgumentError(
@@ -56,7 +68,61 @@ absl::Status ValidateMuonHyper(const MuonHyper& hp) {
   return absl::OkStatus();
 }
 
+absl::Status SetNsSchedule(absl::string_view schedule, NewtonSchulzOptions* ns) {
+  if (schedule == "quintic") {
+    ns->coefficients = {{3.4445, -4.7750, 2.0315}};
+    ns->norm_scale = 1.0;
+    return absl::OkStatus();
+  }
+  if (schedule == "polar_express") {
+    // Amsel, Persson, Musco, Gower, "The Polar Express" (arXiv:2505.16932): each iteration's
+    // quintic is the minimax-optimal one for the singular-value interval the previous ones left
+    // (lower bound 1e-3 at the start), with the paper's safety margin; as published by the
+    // modded-nanogpt speedrun (train_gpt.py) and Dion. Checked against an independent PyTorch
+    // evaluation of these triples by optimizers/ns_schedule_reference_test.
+    ns->coefficients = {{8.156554524902461, -22.48329292557795, 15.878769915207462},
+                        {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+                        {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+                        {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+                        {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}};
+    ns->norm_scale = 1.02;
+    return absl::OkStatus();
+  }
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Newton-Schulz coefficients '", schedule, "': ", why,
+        "; expected quintic, polar_express, or a,b,c[;a,b,c...] (one triple per iteration)"));
+  };
+  std::vector<NsCoefficients> triples;
+  for (absl::string_view part : absl::StrSplit(schedule, ';')) {
+    std::vector<absl::string_view> numbers = absl::StrSplit(part, ',');
+    if (numbers.size() != 3) return bad(absl::StrCat("'", part, "' is not three numbers"));
+    NsCoefficients triple;
+    for (int i = 0; i < 3; ++i) {
+      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(numbers[i]), &triple[i]) ||
+          !std::isfinite(triple[i])) {
+        return bad(absl::StrCat("'", numbers[i], "' is not a finite number"));
+      }
+    }
+    triples.push_back(triple);
+  }
+  ns->coefficients = std::move(triples);
+  ns->norm_scale = 1.0;
+  return absl::OkStatus();
+}
+
 namespace {
+
+// The norm X is divided by (see NewtonSchulzOptions::norm_scale); `norm` is ||X||_F.
+at::Tensor NsDivisor(const at::Tensor& norm, const NewtonSchulzOptions& options) {
+  // The multiply only when asked: with norm_scale 1 the ops are torch.optim.Muon's.
+  return (options.norm_scale == 1.0 ? norm : norm.mul(options.norm_scale)).clamp(options.eps);
+}
+
+// The coefficients of iteration i.
+const NsCoefficients& NsCoefficientsAt(const NewtonSchulzOptions& options, int i) {
+  return options.coefficients[std::min<size_t>(i, options.coefficients.size() - 1)];
+}
 
 at::ScalarType NsScalarType(const NewtonSchulzOptions& options) {
   return options.dtype == NsDType::kBFloat16 ? at::kBFloat16 : at::kFloat;
@@ -64,11 +130,10 @@ at::ScalarType NsScalarType(const NewtonSchulzOptions& options) {
 
 // NewtonSchulz on `x`, already in the NS dtype and owned by the caller (normalised in place).
 at::Tensor NewtonSchulzInPlace(at::Tensor x, const NewtonSchulzOptions& options) {
-  // Op for op torch/optim/_muon.py `_zeropower_via_newtonschulz`.
-  const auto [a, b, c] = options.coefficients;
+  // Op for op torch/optim/_muon.py `_zeropower_via_newtonschulz` (with one triple, norm_scale 1).
   const bool transpose = x.size(0) > x.size(1);
   if (transpose) x = x.t();
-  x.div_(at::linalg_vector_norm(x, 2).clamp(options.eps));
+  x.div_(NsDivisor(at::linalg_vector_norm(x, 2), options));
   // The _out forms run the same kernels as at::mm / at::addmm (so the same bits) into buffers
   // allocated once: A and bA + cA^2 reuse theirs, X ping-pongs between two row-major [m, n]
   // buffers, as at::addmm's fresh outputs are. The input is one of them only when its strides are
@@ -81,6 +146,7 @@ at::Tensor NewtonSchulzInPlace(at::Tensor x, const NewtonSchulzOptions& options)
   const bool row_major = x.stride(1) == 1 && x.stride(0) == x.size(1);
   at::Tensor other = row_major ? x : at::empty(x.sizes(), x.options());
   for (int i = 0; i < options.ns_steps; ++i) {
+    const auto [a, b, c] = NsCoefficientsAt(options, i);
     at::mm_out(gram, x, x.t());                          // A = X X^T, m = min(rows, cols)
     at::addmm_out(gram_update, gram, gram, gram, b, c);  // b A + c A^2
     at::addmm_out(spare, x, gram_update, x, a);          // a X + (b A + c A^2) X
@@ -179,11 +245,11 @@ void ApplyOrthos(const at::Tensor& param, const std::vector<at::Tensor>& orthos,
 at::Tensor NewtonSchulzBatched(const at::Tensor& g, const NewtonSchulzOptions& options) {
   // NewtonSchulzInPlace with a leading batch dimension: per-matrix norms, bmm / baddbmm.
   at::Tensor x = g.to(NsScalarType(options), /*non_blocking=*/false, /*copy=*/true);
-  const auto [a, b, c] = options.coefficients;
   const bool transpose = x.size(1) > x.size(2);
   if (transpose) x = x.transpose(1, 2);
-  x.div_(at::linalg_vector_norm(x, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true).clamp(options.eps));
+  x.div_(NsDivisor(at::linalg_vector_norm(x, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true), options));
   for (int i = 0; i < options.ns_steps; ++i) {
+    const auto [a, b, c] = NsCoefficientsAt(options, i);
     const at::Tensor gram = at::bmm(x, x.transpose(1, 2));        // A = X X^T
     const at::Tensor gram_update = at::baddbmm(gram, gram, gram, b, c);  // b A + c A^2
     x = at::baddbmm(x, gram_update, x, a);                        // a X + (b A + c A^2) X
@@ -253,13 +319,14 @@ void Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& con
     orthos[k].resize(blocks[k].size());
   }
   // 2. Matrices of one shape and the same options, orthogonalised together (in slot order).
-  using Key = std::tuple<int64_t, int64_t, std::array<double, 3>, int, double, NsDType, bool>;
+  using Key = std::tuple<int64_t, int64_t, std::vector<NsCoefficients>, int, double, double,
+                         NsDType, bool>;
   std::map<Key, std::vector<std::pair<size_t, size_t>>> same;
   for (size_t k = 0; k < blocks.size(); ++k) {
     const NewtonSchulzOptions& ns = hps_[indices[k]].ns;
     for (size_t j = 0; j < blocks[k].size(); ++j) {
       same[Key{blocks[k][j].size(0), blocks[k][j].size(1), ns.coefficients, ns.ns_steps, ns.eps,
-               ns.dtype, ns.batched}]
+               ns.norm_scale, ns.dtype, ns.batched}]
           .push_back({k, j});
     }
   }

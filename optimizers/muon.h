@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "optimizers/slot_optimizer.h"
 
 namespace orthoshard::optimizers {
@@ -38,11 +39,20 @@ enum class MuonScaleRule {
 
 enum class NsDType { kBFloat16, kFloat32 };
 
+// Coefficients (a, b, c) of one quintic iteration X <- a X + (b A + c A^2) X, A = X X^T.
+using NsCoefficients = std::array<double, 3>;
+
 struct NewtonSchulzOptions {
-  // Quintic iteration X <- a X + (b A + c A^2) X with A = X X^T (PyTorch's defaults).
-  std::array<double, 3> coefficients = {3.4445, -4.7750, 2.0315};
+  // The coefficient schedule: iteration i uses coefficients[min(i, size - 1)], so one triple is
+  // the classic fixed iteration (PyTorch's default below) and a list is a per-iteration schedule
+  // such as Polar Express (NsSchedule). Non-empty.
+  std::vector<NsCoefficients> coefficients = {{3.4445, -4.7750, 2.0315}};
   int ns_steps = 5;                     // iterations, in [1, 100)
   double eps = 1e-7;                    // the Frobenius norm is clamped at eps before dividing
+  // X is divided by max(norm_scale * ||X||_F, eps): a margin > 1 keeps every singular value
+  // safely below 1 in a low-precision norm (Polar Express's 1.02). 1: exactly torch.optim.Muon's
+  // normalisation, op for op.
+  double norm_scale = 1.0;
   NsDType dtype = NsDType::kBFloat16;   // dtype the iteration runs in
   // Orthogonalise the matrices of one step that have the same shape and options (whole params or
   // blocks of fused ones, across slots) together, as one batched iteration (bmm / baddbmm) instead
@@ -65,6 +75,16 @@ struct MuonHyper {
 
 // Errors: kInvalidArgument naming the field, e.g. "Muon: ns_steps must be in [1, 100), got 0".
 absl::Status ValidateMuonHyper(const MuonHyper& hp);
+
+// Sets ns->coefficients and ns->norm_scale from a schedule name or list:
+//   "quintic"        (3.4445, -4.7750, 2.0315) every iteration, norm_scale 1: Keller Jordan's
+//                    iteration, torch.optim.Muon's and Megatron-LM's default;
+//   "polar_express"  the five per-iteration triples of Polar Express (Amsel et al.,
+//                    arXiv:2505.16932) as the modded-nanogpt speedrun and Dion publish them, with
+//                    their 2% normalisation margin (norm_scale 1.02); the last repeats after five;
+//   "a,b,c[;a,b,c...]" a triple or a per-iteration list (norm_scale 1).
+// Errors: kInvalidArgument naming the text and the expected forms.
+absl::Status SetNsSchedule(absl::string_view schedule, NewtonSchulzOptions* ns);
 
 // Approximately orthogonalises the 2-D `g` (US'V^T with S' near 1 for G = USV^T): normalises a copy
 // in options.dtype by its Frobenius norm (clamped at eps), works on the transpose when rows > cols

@@ -42,6 +42,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/testing/python.h"
@@ -269,9 +270,23 @@ class OracleCase {
                                            : MuonScaleRule::kSpectral;
     muon_hp.extra_scale = hp.at(5);
     muon_hp.ns.ns_steps = static_cast<int>(hp.at(6));
-    muon_hp.ns.coefficients = {hp.at(7), hp.at(8), hp.at(9)};
+    muon_hp.ns.coefficients = {{hp.at(7), hp.at(8), hp.at(9)}};
     muon_hp.ns.eps = hp.at(10);
     muon_hp.ns.dtype = hp.at(11) == 0.0 ? NsDType::kBFloat16 : NsDType::kFloat32;
+    muon_hp.ns.norm_scale = hp.at(12);
+    muon_hp.ns.coefficients.clear();
+    for (int k = 0; k < static_cast<int>(hp.at(13)); ++k) {
+      muon_hp.ns.coefficients.push_back({hp.at(14 + 3 * k), hp.at(15 + 3 * k), hp.at(16 + 3 * k)});
+    }
+    if (absl::StrContains(name_, "polar_express")) {
+      // The library's named schedule, which must be the script's independently typed table.
+      NewtonSchulzOptions named;
+      EXPECT_TRUE(SetNsSchedule("polar_express", &named).ok());
+      EXPECT_EQ(named.coefficients, muon_hp.ns.coefficients);
+      EXPECT_EQ(named.norm_scale, muon_hp.ns.norm_scale);
+      muon_hp.ns.coefficients = named.coefficients;
+      muon_hp.ns.norm_scale = named.norm_scale;
+    }
     std::vector<Muon::Entry> entries;
     for (size_t i = 0; i < names.size(); ++i) {
       FusedSplit split;

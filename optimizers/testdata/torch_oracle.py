@@ -57,7 +57,19 @@ ADAMW_SHAPES = dict(MATRIX_SHAPES, vector=(33,), scalar=())
 
 MUON_DEFAULTS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, scale_rule="original",
                      extra_scale=1.0, ns_steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7,
-                     ns_dtype="bf16")
+                     ns_dtype="bf16", norm_scale=1.0)
+
+# Polar Express (Amsel et al., arXiv:2505.16932), the five per-iteration quintics as the
+# modded-nanogpt speedrun publishes them (train_gpt.py `polar_express`), which normalises by
+# ||X|| * (1 + 2e-2). Typed here from the publication, independently of muon.cc's table: the C++
+# side asks for its "polar_express" schedule by name and must give these results bit for bit.
+POLAR_EXPRESS = [
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+]
 ADAMW_DEFAULTS = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, fused=False)
 
 
@@ -101,6 +113,13 @@ CASES = [
     muon_case("muon/fp32_ns3_coeffs_plain", reference="python.muon", ns_dtype="fp32", ns_steps=3,
               coefficients=(2.0, -1.5, 0.5), nesterov=False, momentum=0.5),
     muon_case("muon/spectral_bf16", reference="python.muon", scale_rule="spectral", extra_scale=0.5),
+    # Coefficient schedules: one triple per iteration (the last repeats past the list's end).
+    muon_case("muon/polar_express_bf16", reference="python.muon", coefficients=POLAR_EXPRESS,
+              norm_scale=1.02),
+    muon_case("muon/polar_express_fp32_ns7", reference="python.muon", coefficients=POLAR_EXPRESS,
+              norm_scale=1.02, ns_dtype="fp32", ns_steps=7),
+    muon_case("muon/schedule_of_two_fp32", reference="python.muon", ns_dtype="fp32",
+              coefficients=[(3.4445, -4.7750, 2.0315), (2.0, -1.5, 0.5)], ns_steps=4),
     muon_case("muon/spectral_fp32_40_steps", reference="python.muon", scale_rule="spectral",
               extra_scale=2.0, ns_dtype="fp32", steps=40,
               shapes={k: MATRIX_SHAPES[k] for k in ("column", "wide", "long")},
@@ -137,15 +156,25 @@ CASES = [
 
 # ---- the Python Muon reference ----------------------------------------------------------------
 
+def schedule(hp):
+    """The per-iteration coefficient list: a single triple is used for every iteration."""
+    c = hp["coefficients"]
+    return [tuple(c)] if isinstance(c[0], (int, float)) else [tuple(t) for t in c]
+
+
 def newton_schulz(update, hp):
-    """torch/optim/_muon.py _zeropower_via_newtonschulz, in hp["ns_dtype"] instead of always bf16."""
-    a, b, c = hp["coefficients"]
+    """torch/optim/_muon.py _zeropower_via_newtonschulz, in hp["ns_dtype"] instead of always bf16,
+    with a coefficient schedule (iteration i uses triple min(i, last)) and the norm scaled by
+    hp["norm_scale"] before the eps clamp (scaled only when it is not 1, as torch does not)."""
+    coefficients = schedule(hp)
     x = update.bfloat16() if hp["ns_dtype"] == "bf16" else update.float().clone()
     transpose = update.size(0) > update.size(1)
     if transpose:
         x = x.T
-    x.div_(x.norm().clamp(min=hp["eps"]))
-    for _ in range(hp["ns_steps"]):
+    norm = x.norm() if hp["norm_scale"] == 1.0 else x.norm() * hp["norm_scale"]
+    x.div_(norm.clamp(min=hp["eps"]))
+    for i in range(hp["ns_steps"]):
+        a, b, c = coefficients[min(i, len(coefficients) - 1)]
         gram = x @ x.T
         gram_update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.addmm(x, gram_update, x, beta=a)
@@ -283,8 +312,24 @@ def hp_vector(case):
                 1.0 if hp["fused"] else 0.0]
     rule = {"original": 0.0, "match_rms_adamw": 1.0, "spectral": 2.0}[hp["scale_rule"]]
     return [hp["lr"], hp["weight_decay"], hp["momentum"], 1.0 if hp["nesterov"] else 0.0, rule,
-            hp["extra_scale"], float(hp["ns_steps"]), *hp["coefficients"], hp["eps"],
-            0.0 if hp["ns_dtype"] == "bf16" else 1.0]
+            hp["extra_scale"], float(hp["ns_steps"]), *schedule(hp)[0], hp["eps"],
+            0.0 if hp["ns_dtype"] == "bf16" else 1.0, hp["norm_scale"], float(len(schedule(hp))),
+            *[x for triple in schedule(hp) for x in triple]]
+
+
+def check_polar_express_table():
+    """The published table is what it claims: on a random matrix, its five iterations land much
+    closer to the polar factor U V^T (from an SVD in fp64) than the fixed quintic's five do, whose
+    singular values are known to oscillate in about [0.7, 1.2]. A mistyped coefficient breaks this."""
+    g = torch.randn(64, 32, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    polar = u @ vh
+    def err(**hp):
+        hp = dict(MUON_DEFAULTS, ns_dtype="fp32", **hp)
+        return (newton_schulz(g.float(), hp).double() - polar).norm() / polar.norm()
+    pe, quintic = err(coefficients=POLAR_EXPRESS, norm_scale=1.02), err()
+    if not (pe < 0.5 * quintic and pe < 0.1):
+        sys.exit(f"torch_oracle.py: Polar Express error {pe:.3g} vs quintic {quintic:.3g}")
 
 
 def equal_trajectories(a, b):
@@ -296,6 +341,7 @@ def main():
         sys.exit("usage: torch_oracle.py OUTPUT.osref [--device=cuda]")
     device = torch.device("cuda:0" if len(sys.argv) == 3 else "cpu")
     torch.set_num_threads(1)
+    check_polar_express_table()
     w = Writer()
     w.text("meta/torch_version", torch.__version__)
     w.text("meta/cpu_capability", torch.backends.cpu.get_cpu_capability())
