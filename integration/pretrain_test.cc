@@ -205,6 +205,14 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
        "already holds checkpoints (a `latest` pointer): pass --resume"},
       {"--model=huge", "huge"},
       {"--profile_step_end=3", "--profile_step_end 3 without --profile_step_start"},
+      {"--muon_scale_rule=rms", "--muon_scale_rule 'rms': expected original"},
+      {"--clip_mode=none", "--clip_mode 'none': expected all or exclude_muon"},
+      {"--muon_ns_coefficients=1,2", "--muon_ns_coefficients: Newton-Schulz coefficients '1,2'"},
+      {"--muon_ns_steps=0", "--muon_ns_steps must be in [1, 100), got 0"},
+      {"--adam_beta2=1", "--adam_beta2 must be in [0, 1), got 1"},
+      {"--muon_momentum=-0.1", "--muon_momentum must be in [0, 1), got -0.1"},
+      {"--adam_eps=-1", "--adam_eps must be >= 0, got -1"},
+      {"--muon_extra_scale=0", "--muon_extra_scale must be > 0, got 0"},
       {"--profile_step_start=3 --profile_step_end=2", "--profile_step_end 2 precedes"},
       {"--profile_step_start=-1", "--profile_step_start -1 / --profile_step_end 0: expected"},
   };
@@ -251,6 +259,32 @@ TEST(Pretrain, ProfilesTheChosenStepsOnEveryRank) {
       EXPECT_THAT(trace, HasSubstr(absl::StrCat("\"name\": \"", name, "\""))) << file;
     }
     EXPECT_EQ(absl::StripTrailingAsciiWhitespace(trace).back(), '}') << file;  // written whole
+  }
+}
+
+// Every Muon/AdamW setting reaches the optimizer: each flag, changed from its default, changes the
+// trained params (their numerics against torch.optim are optimizers:oracle_test's). Clipping is
+// made to bite (--max_grad_norm=0.01) so that --clip_mode matters, and the decays are large (0.5)
+// so that dropping the embedding's (--no_weight_decay) shows.
+TEST(Pretrain, EveryOptimizerFlagReachesTheOptimizer) {
+  const std::vector<std::string> base = {"--nproc_per_node=1", "--steps=3", "--global_batch=4",
+                                         "--eval_every=0", "--check_every=0",
+                                         "--max_grad_norm=0.01", "--weight_decay=0.5",
+                                         "--muon_weight_decay=0.5"};
+  const RunResult plain = RunPretrain(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::string want = JsonField(LastLine(plain.out), "param_checksum");
+  ASSERT_FALSE(want.empty());
+  for (const char* flag :
+       {"--muon_momentum=0.5", "--muon_nesterov=false", "--muon_scale_rule=match_rms_adamw",
+        "--muon_scale_rule=spectral", "--muon_ns_steps=3", "--muon_ns_coefficients=polar_express",
+        "--muon_ns_coefficients=2,-1.5,0.5", "--adam_beta1=0.5", "--adam_beta2=0.5",
+        "--adam_eps=1e-3", "--clip_mode=exclude_muon", "--no_weight_decay=embedding*"}) {
+    std::vector<std::string> args = base;
+    args.push_back(flag);
+    const RunResult run = RunPretrain(args);
+    ASSERT_EQ(run.exit_code, 0) << flag << ": " << run.err;
+    EXPECT_NE(JsonField(LastLine(run.out), "param_checksum"), want) << flag;
   }
 }
 

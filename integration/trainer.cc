@@ -230,16 +230,30 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
 
   optimizers::ChainedConfig cc;
   cc.adamw.lr = c.lr;
-  cc.adamw.beta2 = 0.95;
+  cc.adamw.beta1 = c.adam_beta1;
+  cc.adamw.beta2 = c.adam_beta2;
+  cc.adamw.eps = c.adam_eps;
   cc.adamw.weight_decay = c.weight_decay;
   cc.adamw.fused = c.adamw_fused;
+  cc.no_weight_decay_patterns = NoWeightDecayPatterns(c);
   cc.muon.lr = c.muon_lr;
   cc.muon.weight_decay = c.muon_weight_decay;
+  cc.muon.momentum = c.muon_momentum;
+  cc.muon.nesterov = c.muon_nesterov;
+  using optimizers::MuonScaleRule;
+  cc.muon.scale_rule = c.muon_scale_rule == "spectral"          ? MuonScaleRule::kSpectral
+                       : c.muon_scale_rule == "match_rms_adamw" ? MuonScaleRule::kMatchRmsAdamW
+                                                                : MuonScaleRule::kOriginal;
+  cc.muon.extra_scale = c.muon_extra_scale;
+  cc.muon.ns.ns_steps = c.muon_ns_steps;
+  RETURN_IF_ERROR(optimizers::SetNsSchedule(c.muon_ns_coefficients, &cc.muon.ns));
   cc.muon.ns.batched = c.muon_batched_ns;
   cc.muon.ns.dtype =
       c.muon_ns_dtype == "fp32" ? optimizers::NsDType::kFloat32 : optimizers::NsDType::kBFloat16;
   cc.schedule = MakeSchedule(c);
   cc.max_grad_norm = c.max_grad_norm;
+  cc.clip_mode = c.clip_mode == "exclude_muon" ? optimizers::ClipMode::kExcludeMuon
+                                               : optimizers::ClipMode::kAllBeforeMomentum;
 
   const bool replicated = s.mode == DistMode::kReplicated;
   ddp::DdpConfig ddp_config;

@@ -6,13 +6,16 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "integration/gpt_config.h"
 #include "integration/pretrain_config.pb.h"
+#include "optimizers/ns_schedule.h"
 
 namespace orthoshard::integration {
 namespace {
@@ -124,6 +127,41 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   if (c.optimizer != "muon" && c.optimizer != "adamw") {
     return absl::InvalidArgumentError(
         absl::StrCat("--optimizer '", c.optimizer, "': expected muon or adamw"));
+  }
+  if (c.muon_scale_rule != "original" && c.muon_scale_rule != "match_rms_adamw" &&
+      c.muon_scale_rule != "spectral") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_scale_rule '", c.muon_scale_rule,
+                     "': expected original, match_rms_adamw or spectral"));
+  }
+  if (c.clip_mode != "all" && c.clip_mode != "exclude_muon") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--clip_mode '", c.clip_mode, "': expected all or exclude_muon"));
+  }
+  if (absl::StatusOr<optimizers::NsSchedule> ns =
+          optimizers::ParseNsSchedule(c.muon_ns_coefficients);
+      !ns.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_ns_coefficients: ", ns.status().message()));
+  }
+  if (c.muon_ns_steps < 1 || c.muon_ns_steps >= 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_ns_steps must be in [1, 100), got ", c.muon_ns_steps));
+  }
+  for (auto [field, value] : {std::pair<const char*, double>{"muon_momentum", c.muon_momentum},
+                              {"adam_beta1", c.adam_beta1},
+                              {"adam_beta2", c.adam_beta2}}) {
+    if (!(value >= 0.0 && value < 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", field, " must be in [0, 1), got ", value));
+    }
+  }
+  if (!(c.adam_eps >= 0.0 && std::isfinite(c.adam_eps))) {
+    return absl::InvalidArgumentError(absl::StrCat("--adam_eps must be >= 0, got ", c.adam_eps));
+  }
+  if (!(c.muon_extra_scale > 0.0 && std::isfinite(c.muon_extra_scale))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_extra_scale must be > 0, got ", c.muon_extra_scale));
   }
   if (c.muon_ns_dtype != "bf16" && c.muon_ns_dtype != "fp32") {
     return absl::InvalidArgumentError(
@@ -261,6 +299,15 @@ std::string TrainSummary::ToJson() const {
       wire_bytes_per_step,
       param_gather_wait_s, grad_sync_wait_s, step_s, forward_s, backward_s, optimizer_s,
       cpu_s_per_step, param_buffer_bytes, MemoryJson(memory));
+}
+
+std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {
+  std::vector<std::string> out;
+  for (absl::string_view p : absl::StrSplit(config.no_weight_decay, ',')) {
+    p = absl::StripAsciiWhitespace(p);
+    if (!p.empty()) out.emplace_back(p);
+  }
+  return out;
 }
 
 }  // namespace orthoshard::integration

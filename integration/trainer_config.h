@@ -42,6 +42,9 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 // other than cpu or cuda, ...). Whether this build and machine can run cuda is the caller's check.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
+// --no_weight_decay split at commas, blanks trimmed, empty entries dropped.
+std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config);
+
 // What one rank holds, in bytes: persistently (its params, grads and optimizer state, as the
 // --dist mode keeps them) and at most at once in transient buffers (fsdp's gathered params and full
 // grads; 0 in the other modes, which keep everything).

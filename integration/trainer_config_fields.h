@@ -41,11 +41,40 @@
     "but a ZeRO-1 slice of a param no longer updates bitwise as the whole param would") \
   X(double, muon_weight_decay, 0.01, \
     "Muon weight decay") \
+  X(double, muon_momentum, 0.95, \
+    "Muon momentum mu, in [0, 1)") \
+  X(bool, muon_nesterov, true, \
+    "Muon: Nesterov momentum (the update is g + mu (B - g)); false uses the buffer B") \
+  X(std::string, muon_scale_rule, "original", \
+    "Muon lr scale per matrix shape: original (sqrt(max(1, rows/cols)), torch.optim.Muon), " \
+    "match_rms_adamw (0.2 sqrt(max(rows, cols)), Moonshot) or spectral (--muon_extra_scale x " \
+    "sqrt(max(rows, cols)), Megatron-LM)") \
+  X(double, muon_extra_scale, 1.0, \
+    "the factor of --muon_scale_rule=spectral (> 0)") \
+  X(int, muon_ns_steps, 5, \
+    "Newton-Schulz iterations, in [1, 100)") \
+  X(std::string, muon_ns_coefficients, "quintic", \
+    "Newton-Schulz coefficient schedule: quintic (3.4445, -4.7750, 2.0315 every iteration), " \
+    "polar_express (the 5 per-iteration quintics of arXiv:2505.16932, as modded-nanogpt), or " \
+    "a,b,c[;a,b,c...] (a triple per iteration; the last repeats)") \
   X(std::string, muon_ns_dtype, "bf16", \
     "dtype of Muon's Newton-Schulz iteration: bf16 (as torch.optim.Muon) or fp32 (faster on " \
     "CPUs without bf16 arithmetic, such as AVX2-only ones)") \
+  X(double, adam_beta1, 0.9, \
+    "AdamW first-moment decay, in [0, 1)") \
+  X(double, adam_beta2, 0.95, \
+    "AdamW second-moment decay, in [0, 1)") \
+  X(double, adam_eps, 1e-8, \
+    "AdamW epsilon (added to the bias-corrected root), >= 0") \
+  X(std::string, no_weight_decay, "", \
+    "comma-separated globs of param names never weight-decayed, by either optimizer (e.g. " \
+    "'embedding*,output_layer*'); norm weights and other non-matrix params never are") \
   X(double, max_grad_norm, 1.0, \
     "global-norm clip; <= 0 disables") \
+  X(std::string, clip_mode, "all", \
+    "all: one global norm over every gradient clips all of them, Muon's before its momentum " \
+    "(Megatron-LM); exclude_muon: the norm and clip cover AdamW's params only (Newton-Schulz " \
+    "normalises Muon's update anyway)") \
   X(std::string, schedule, "cosine", \
     "lr schedule: constant, cosine, linear, wsd") \
   X(int64_t, warmup_steps, 20, \

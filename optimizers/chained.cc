@@ -59,13 +59,19 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("slot of param '", slot.name, "', which the routing does not list"));
     }
+    const bool no_decay =
+        std::any_of(config.no_weight_decay_patterns.begin(),
+                    config.no_weight_decay_patterns.end(),
+                    [&](const std::string& pattern) { return GlobMatch(pattern, slot.name); });
     if (route->second == Route::kMuon) {
       auto split = splits.find(slot.name);
-      muon.push_back({std::move(slot), config.muon,
-                      split == splits.end() ? FusedSplit{} : split->second});
+      MuonHyper hp = config.muon;
+      if (no_decay) hp.weight_decay = 0.0;
+      muon.push_back({std::move(slot), hp, split == splits.end() ? FusedSplit{} : split->second});
     } else {
       AdamWHyper hp = config.adamw;
       if (slot.full_shape.size() != 2) hp.weight_decay = config.adamw_non_matrix_weight_decay;
+      if (no_decay) hp.weight_decay = 0.0;
       adamw.push_back({std::move(slot), hp});
     }
   }

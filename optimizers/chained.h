@@ -50,6 +50,9 @@ struct ChainedConfig {
   // usually not decayed (Megatron's default no_weight_decay_cond). Its other hyperparameters are
   // `adamw`'s.
   double adamw_non_matrix_weight_decay = 0.0;
+  // Params whose name matches one of these globs (GlobMatch) get no weight decay, whichever
+  // optimizer updates them (Megatron-LM's no_weight_decay_cond by name, e.g. embeddings).
+  std::vector<std::string> no_weight_decay_patterns;
   MuonHyper muon;           // hyperparameters of the Muon group
   ScheduleConfig schedule;  // multiplies both groups' lr
   double max_grad_norm = 1.0;  // global-norm clip threshold; <= 0 disables clipping

@@ -18,10 +18,7 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros_like.h>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "optimizers/internal/fused_elementwise.h"
 
@@ -69,45 +66,9 @@ absl::Status ValidateMuonHyper(const MuonHyper& hp) {
 }
 
 absl::Status SetNsSchedule(absl::string_view schedule, NewtonSchulzOptions* ns) {
-  if (schedule == "quintic") {
-    ns->coefficients = {{3.4445, -4.7750, 2.0315}};
-    ns->norm_scale = 1.0;
-    return absl::OkStatus();
-  }
-  if (schedule == "polar_express") {
-    // Amsel, Persson, Musco, Gower, "The Polar Express" (arXiv:2505.16932): each iteration's
-    // quintic is the minimax-optimal one for the singular-value interval the previous ones left
-    // (lower bound 1e-3 at the start), with the paper's safety margin; as published by the
-    // modded-nanogpt speedrun (train_gpt.py) and Dion. Checked against an independent PyTorch
-    // evaluation of these triples by optimizers/ns_schedule_reference_test.
-    ns->coefficients = {{8.156554524902461, -22.48329292557795, 15.878769915207462},
-                        {4.042929935166739, -2.808917465908714, 0.5000178451051316},
-                        {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
-                        {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
-                        {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}};
-    ns->norm_scale = 1.02;
-    return absl::OkStatus();
-  }
-  const auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Newton-Schulz coefficients '", schedule, "': ", why,
-        "; expected quintic, polar_express, or a,b,c[;a,b,c...] (one triple per iteration)"));
-  };
-  std::vector<NsCoefficients> triples;
-  for (absl::string_view part : absl::StrSplit(schedule, ';')) {
-    std::vector<absl::string_view> numbers = absl::StrSplit(part, ',');
-    if (numbers.size() != 3) return bad(absl::StrCat("'", part, "' is not three numbers"));
-    NsCoefficients triple;
-    for (int i = 0; i < 3; ++i) {
-      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(numbers[i]), &triple[i]) ||
-          !std::isfinite(triple[i])) {
-        return bad(absl::StrCat("'", numbers[i], "' is not a finite number"));
-      }
-    }
-    triples.push_back(triple);
-  }
-  ns->coefficients = std::move(triples);
-  ns->norm_scale = 1.0;
+  ASSIGN_OR_RETURN(NsSchedule parsed, ParseNsSchedule(schedule));
+  ns->coefficients = std::move(parsed.coefficients);
+  ns->norm_scale = parsed.norm_scale;
   return absl::OkStatus();
 }
 

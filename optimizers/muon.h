@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "optimizers/ns_schedule.h"
 #include "optimizers/slot_optimizer.h"
 
 namespace orthoshard::optimizers {
@@ -39,13 +40,10 @@ enum class MuonScaleRule {
 
 enum class NsDType { kBFloat16, kFloat32 };
 
-// Coefficients (a, b, c) of one quintic iteration X <- a X + (b A + c A^2) X, A = X X^T.
-using NsCoefficients = std::array<double, 3>;
-
 struct NewtonSchulzOptions {
   // The coefficient schedule: iteration i uses coefficients[min(i, size - 1)], so one triple is
   // the classic fixed iteration (PyTorch's default below) and a list is a per-iteration schedule
-  // such as Polar Express (NsSchedule). Non-empty.
+  // such as Polar Express (ns_schedule.h). Non-empty.
   std::vector<NsCoefficients> coefficients = {{3.4445, -4.7750, 2.0315}};
   int ns_steps = 5;                     // iterations, in [1, 100)
   double eps = 1e-7;                    // the Frobenius norm is clamped at eps before dividing
@@ -76,14 +74,7 @@ struct MuonHyper {
 // Errors: kInvalidArgument naming the field, e.g. "Muon: ns_steps must be in [1, 100), got 0".
 absl::Status ValidateMuonHyper(const MuonHyper& hp);
 
-// Sets ns->coefficients and ns->norm_scale from a schedule name or list:
-//   "quintic"        (3.4445, -4.7750, 2.0315) every iteration, norm_scale 1: Keller Jordan's
-//                    iteration, torch.optim.Muon's and Megatron-LM's default;
-//   "polar_express"  the five per-iteration triples of Polar Express (Amsel et al.,
-//                    arXiv:2505.16932) as the modded-nanogpt speedrun and Dion publish them, with
-//                    their 2% normalisation margin (norm_scale 1.02); the last repeats after five;
-//   "a,b,c[;a,b,c...]" a triple or a per-iteration list (norm_scale 1).
-// Errors: kInvalidArgument naming the text and the expected forms.
+// Sets ns->coefficients and ns->norm_scale from a schedule name or list (ParseNsSchedule).
 absl::Status SetNsSchedule(absl::string_view schedule, NewtonSchulzOptions* ns);
 
 // Approximately orthogonalises the 2-D `g` (US'V^T with S' near 1 for G = USV^T): normalises a copy

@@ -504,6 +504,52 @@ TEST_F(OptimizersTest, ChainedNonMatrixGroupWeightDecay) {
   }
 }
 
+// no_weight_decay_patterns: a matching param keeps its value under zero gradients, whichever
+// optimizer updates it; the others decay as configured.
+TEST_F(OptimizersTest, ChainedNoWeightDecayPatterns) {
+  std::vector<Param> params = ToyParams();
+  for (Param& p : params) p.grad = at::zeros_like(p.param);  // only weight decay moves params
+  std::vector<at::Tensor> before;
+  for (const Param& p : params) before.push_back(p.param.clone());
+  ChainedConfig config;
+  config.max_grad_norm = 0.0;
+  config.adamw.lr = 0.1;
+  config.adamw.weight_decay = 0.2;
+  config.muon.lr = 0.1;
+  config.muon.weight_decay = 0.3;
+  config.no_weight_decay_patterns = {"embed*", "*.fc1.*"};
+  auto chained = ChainedOptimizer::Create(params, config);
+  ASSERT_TRUE(chained.ok()) << chained.status();
+  ASSERT_TRUE((*chained)->Step().ok());
+  // embed (AdamW) and fc1 (Muon) match: unchanged (AdamW and Muon add exact zeros for zero grads:
+  // Newton-Schulz of a zero matrix is zero, its norm clamped at eps). fc2 (Muon) decays.
+  EXPECT_TRUE(at::equal(params[0].param, before[0]));
+  EXPECT_TRUE(at::equal(params[2].param, before[2]));
+  EXPECT_TRUE(at::equal(params[3].param, at::mul(before[3], 1.0 - 0.1 * 0.3)));
+}
+
+// ParseNsSchedule: names, lists, and errors that name the text.
+TEST(NsScheduleTest, NamesListsAndErrors) {
+  auto quintic = ParseNsSchedule("quintic");
+  ASSERT_TRUE(quintic.ok());
+  EXPECT_EQ(quintic->coefficients, (std::vector<NsCoefficients>{{3.4445, -4.7750, 2.0315}}));
+  EXPECT_EQ(quintic->norm_scale, 1.0);
+  EXPECT_EQ(NewtonSchulzOptions{}.coefficients, quintic->coefficients);  // the default
+  auto polar = ParseNsSchedule("polar_express");
+  ASSERT_TRUE(polar.ok());
+  EXPECT_EQ(polar->coefficients.size(), 5u);
+  EXPECT_EQ(polar->norm_scale, 1.02);
+  auto list = ParseNsSchedule("2,-1.5,0.5; 3, -3.2,1.2");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->coefficients, (std::vector<NsCoefficients>{{2, -1.5, 0.5}, {3, -3.2, 1.2}}));
+  for (const char* bad : {"", "1,2", "a,b,c", "1,2,inf", "1,2,3;", "cubic"}) {
+    EXPECT_THAT(ParseNsSchedule(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("coefficients '", bad, "'"))))
+        << bad;
+  }
+}
+
 TEST_F(OptimizersTest, ScheduleDrivesLr) {
   ChainedConfig config;
   config.schedule = {ScheduleKind::kWarmupCosine, 2, 6, 0, 0.1};
