@@ -148,11 +148,16 @@ TEST(Pretrain, ReplicatedAndDistOptLearnAndAgree) {
 // is summed in a different order over shards, and bf16 Newton-Schulz amplifies that last-bit
 // difference (~1e-2 in this checksum after 3 steps). Orthogonalising the fused weights whole in the
 // layerwise run, as before the splits were carried, moves it by ~0.9 (327.28 vs 328.18).
+// Also the diagnostics: the params norm and the zero-gradient count, summed over what each rank
+// updates (whole matrices and ZeRO-1 slices when layer-wise, everything on every rank when
+// replicated) must describe the same bitwise-equal params and grads.
 TEST(Pretrain, LayerwiseAndReplicatedMuonAgreeBitwise) {
-  std::vector<std::string> checksums;
+  std::vector<std::string> checksums, zeros;
+  std::vector<double> norms;
   for (const char* dist : {"--dist=layerwise", "--dist=replicated"}) {
     RunResult run = RunPretrain({"--steps=3", "--eval_every=0", "--check_every=0",
                                  "--global_batch=16", "--warmup_steps=1", "--max_grad_norm=0",
+                                 "--log_params_norm", "--log_num_zeros_in_grad", "--log_every=1",
                                  dist});
     ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
     const std::string json = LastLine(run.out);
@@ -160,8 +165,22 @@ TEST(Pretrain, LayerwiseAndReplicatedMuonAgreeBitwise) {
     EXPECT_EQ(JsonField(json, "optimizer"), "muon");
     checksums.push_back(JsonField(json, "param_checksum"));
     ASSERT_FALSE(checksums.back().empty()) << json;
+    norms.push_back(JsonNumber(json, "params_norm"));
+    zeros.push_back(JsonField(json, "num_zeros_in_grad"));
+    EXPECT_THAT(run.out, HasSubstr("| muon lr 2.00e-02 | grad norm ")) << dist;
+    EXPECT_THAT(run.out, HasSubstr(" | params norm ")) << dist;
+    EXPECT_THAT(run.out, HasSubstr(" | zeros ")) << dist;
   }
   EXPECT_EQ(checksums[0], checksums[1]);
+  // Exact: the same grads. (0 here: the tiny preset ties its embedding to the head, whose
+  // gradient reaches every row; counting itself is optimizers_test's ChainedDiagnostics.)
+  EXPECT_EQ(zeros[0], zeros[1]);
+  EXPECT_FALSE(zeros[0].empty());
+  // The same params, summed in another order: each slot's norm is an fp32 cascade sum (relative
+  // error about log2(n) 2^-24 <= 1.1e-6 for n <= 2^18 elements per slot), then squared and added
+  // in double. 1e-5 leaves a 9x margin.
+  EXPECT_GT(norms[0], 0.0);
+  EXPECT_NEAR(norms[0], norms[1], 1e-5 * norms[1]);
 }
 
 TEST(Pretrain, FlagsOverrideTheConfigFile) {

@@ -38,9 +38,16 @@ std::string FormatProgress(const ProgressSample& sample, int64_t total_steps) {
     const int64_t remaining = std::max<int64_t>(total_steps - sample.step, 0);
     eta = FormatDuration(per_step * static_cast<double>(remaining));
   }
-  return absl::StrFormat("step %d/%d | loss %.4f | %s tok/s | lr %.2e | ETA %s", sample.step,
+  std::string extra;
+  if (sample.muon_lr >= 0) absl::StrAppendFormat(&extra, " | muon lr %.2e", sample.muon_lr);
+  if (sample.grad_norm >= 0) absl::StrAppendFormat(&extra, " | grad norm %.3g", sample.grad_norm);
+  if (sample.params_norm >= 0) {
+    absl::StrAppendFormat(&extra, " | params norm %.4g", sample.params_norm);
+  }
+  if (sample.zero_grads >= 0) absl::StrAppendFormat(&extra, " | zeros %.0f", sample.zero_grads);
+  return absl::StrFormat("step %d/%d | loss %.4f | %s tok/s | lr %.2e%s | ETA %s", sample.step,
                          total_steps, sample.loss, FormatRate(sample.tokens_per_s), sample.lr,
-                         eta);
+                         extra, eta);
 }
 
 bool IsTerminal(std::FILE* stream) { return stream != nullptr && isatty(fileno(stream)) == 1; }

@@ -19,6 +19,12 @@ struct ProgressSample {
   double tokens_per_s = 0.0;  // throughput, all ranks together
   double lr = 0.0;            // learning rate used by this step
   double elapsed_s = 0.0;     // seconds since the first step started
+  // Shown when >= 0: Muon's learning rate, the gradient norm clipping saw, the params' norm and
+  // the count of zero gradient elements.
+  double muon_lr = -1.0;
+  double grad_norm = -1.0;
+  double params_norm = -1.0;
+  double zero_grads = -1.0;
 };
 
 struct ProgressOptions {

@@ -41,6 +41,14 @@ TEST(FormatProgress, AllFields) {
   EXPECT_EQ(FormatProgress(s, 200), "step 20/200 | loss 3.4568 | 950 tok/s | lr 1.00e-03 | ETA ?");
   s.tokens_per_s = 2.5e7;
   EXPECT_EQ(FormatProgress(s, 200), "step 20/200 | loss 3.4568 | 25.0M tok/s | lr 1.00e-03 | ETA ?");
+  // The optional fields, shown when set (>= 0).
+  s.muon_lr = 0.02;
+  s.grad_norm = 0.51234;
+  s.params_norm = 123.456;
+  s.zero_grads = 4096;
+  EXPECT_EQ(FormatProgress(s, 200),
+            "step 20/200 | loss 3.4568 | 25.0M tok/s | lr 1.00e-03 | muon lr 2.00e-02 | grad norm "
+            "0.512 | params norm 123.5 | zeros 4096 | ETA ?");
 }
 
 TEST(ProgressPrinter, PlainLinesEveryNStepsAndAtTheEnd) {

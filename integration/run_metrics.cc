@@ -1,9 +1,11 @@
 #include "integration/run_metrics.h"
 
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <numeric>
 #include <system_error>
@@ -30,6 +32,12 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+int64_t MaxRssBytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
+}
+
 int64_t TotalBytes(const collectives::Communicator& comm) {
   return SumOverKinds(comm.traffic().bytes);
 }
@@ -45,6 +53,9 @@ RunMetrics::RunMetrics(const TrainerConfig& config, const collectives::Communica
       out_(options.out),
       summary_(summary),
       lr_(config.lr),
+      muon_lr_(config.optimizer == "muon" ? config.muon_lr : 0.0),
+      params_norm_(config.log_params_norm),
+      zero_grads_(config.log_num_zeros_in_grad),
       first_step_(first_step),
       tokens_per_step_(tokens_per_step),
       progress_(options.out, ProgressOptions{config.steps, config.log_every, options.terminal}) {}
@@ -81,14 +92,28 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   }
   summary_.final_loss = loss;
   summary_.steps = step;
+  const double params_norm = params_norm_ ? std::sqrt(result.stats.param_sum_squares) : -1.0;
+  const double zero_grads = zero_grads_ ? result.stats.zero_grads : -1.0;
+  summary_.params_norm = params_norm;
+  summary_.num_zeros_in_grad = static_cast<int64_t>(zero_grads);
   if (comm_.rank() != 0) return absl::OkStatus();
   const double elapsed = absl::ToDoubleSeconds(train_time_);
   const double tokens_per_s = elapsed > 0 ? tokens_per_step_ * StepsRun() / elapsed : 0;
   const double lr = lr_ * result.lr_multiplier;
-  progress_.Update({step, loss, tokens_per_s, lr, elapsed});
+  const double muon_lr = muon_lr_ * result.lr_multiplier;
+  ProgressSample sample{step, loss, tokens_per_s, lr, elapsed};
+  sample.muon_lr = muon_lr_ > 0 ? muon_lr : -1.0;
+  sample.grad_norm = result.grad_norm;
+  sample.params_norm = params_norm;
+  sample.zero_grads = zero_grads;
+  progress_.Update(sample);
   RETURN_IF_ERROR(Scalar("train/loss", step, loss));
   RETURN_IF_ERROR(Scalar("train/lr", step, lr));
+  if (muon_lr_ > 0) RETURN_IF_ERROR(Scalar("train/muon_lr", step, muon_lr));
   RETURN_IF_ERROR(Scalar("train/grad_norm", step, result.grad_norm));
+  if (params_norm_) RETURN_IF_ERROR(Scalar("train/params_norm", step, params_norm));
+  if (zero_grads_) RETURN_IF_ERROR(Scalar("train/num_zeros_in_grad", step, zero_grads));
+  RETURN_IF_ERROR(Scalar("memory/max_rss_bytes", step, static_cast<double>(MaxRssBytes())));
   RETURN_IF_ERROR(Scalar("train/tokens_per_s", step, tokens_per_s));
   RETURN_IF_ERROR(Scalar("train/step_time_s", step, absl::ToDoubleSeconds(time)));
   RETURN_IF_ERROR(Scalar("time/forward_s", step, cost.forward_s));
@@ -146,6 +171,7 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
         Scalar(prefix + "optimizer_state_bytes", summary_.steps, m.optimizer_state_bytes));
     RETURN_IF_ERROR(
         Scalar(prefix + "peak_transient_bytes", summary_.steps, m.peak_transient_bytes));
+    RETURN_IF_ERROR(Scalar(prefix + "max_rss_bytes", summary_.steps, m.max_rss_bytes));
   }
   return tb_ ? tb_->Flush() : absl::OkStatus();
 }

@@ -47,6 +47,8 @@ struct StepCost {
 
 // CPU seconds this process has used so far (user + system, all threads).
 double ProcessCpuSeconds();
+// The most resident memory this process has held so far (getrusage's ru_maxrss), in bytes.
+int64_t MaxRssBytes();
 
 class RunMetrics {
  public:
@@ -73,7 +75,7 @@ class RunMetrics {
 
   // The totals, once the steps are done, and (TensorBoard) each rank's memory from the summary's
   // `memory` (memory/rank<r>/params_bytes, grads_bytes, optimizer_state_bytes,
-  // peak_transient_bytes at the last step). Errors: the event writer's.
+  // peak_transient_bytes, max_rss_bytes at the last step). Errors: the event writer's.
   absl::Status Finish(int64_t skipped_steps);
   // This rank's CPU seconds per steady step (see steady_times_), once Finish ran, for the caller to
   // sum over ranks into TrainSummary::cpu_s_per_step.
@@ -87,6 +89,9 @@ class RunMetrics {
   std::FILE* out_;
   TrainSummary& summary_;
   double lr_;
+  double muon_lr_;  // 0 when no param is Muon's (--optimizer=adamw)
+  bool params_norm_;
+  bool zero_grads_;
   int64_t first_step_;
   double tokens_per_step_;
   ProgressPrinter progress_;

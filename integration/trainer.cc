@@ -252,6 +252,8 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
       c.muon_ns_dtype == "fp32" ? optimizers::NsDType::kFloat32 : optimizers::NsDType::kBFloat16;
   cc.schedule = MakeSchedule(c);
   cc.max_grad_norm = c.max_grad_norm;
+  cc.params_norm = c.log_params_norm;
+  cc.count_zero_grads = c.log_num_zeros_in_grad;
   cc.clip_mode = c.clip_mode == "exclude_muon" ? optimizers::ClipMode::kExcludeMuon
                                                : optimizers::ClipMode::kAllBeforeMomentum;
 
@@ -418,18 +420,19 @@ absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step,
 // What every rank holds (params, grads, optimizer state, transient peak), one row per rank.
 absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator& comm) {
   const ddp::DdpMemory m = s.ddp->memory();
-  at::Tensor rows = at::zeros({comm.size(), 4}, at::kLong);
+  at::Tensor rows = at::zeros({comm.size(), 5}, at::kLong);
   rows[comm.rank()][0].fill_(m.param_bytes);
   rows[comm.rank()][1].fill_(m.grad_bytes);
   rows[comm.rank()][2].fill_(s.optimizer->state_bytes());
   rows[comm.rank()][3].fill_(m.peak_transient_bytes);
+  rows[comm.rank()][4].fill_(MaxRssBytes());
   rows = rows.to(comm.device());
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{rows, {ReduceOp::kSum}}}));
   rows = rows.cpu();
   std::vector<RankMemory> out(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* row = rows[r].data_ptr<int64_t>();
-    out[r] = {row[0], row[1], row[2], row[3]};
+    out[r] = {row[0], row[1], row[2], row[3], row[4]};
   }
   return out;
 }

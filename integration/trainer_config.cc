@@ -272,8 +272,9 @@ std::string MemoryJson(const std::vector<RankMemory>& memory) {
     max_transient = std::max(max_transient, m.peak_transient_bytes);
     ranks.push_back(absl::StrFormat(
         "{\"rank\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,\"optimizer_state_bytes\":%d,"
-        "\"peak_transient_bytes\":%d}",
-        r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes));
+        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d}",
+        r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes,
+        m.max_rss_bytes));
   }
   return absl::StrFormat(
       "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]", max_persistent,
@@ -292,13 +293,18 @@ std::string TrainSummary::ToJson() const {
       "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,"
       "\"comm_bytes_per_step\":%d,\"wire_bytes_per_step\":%d,\"param_gather_wait_s\":%.6f,\"grad_sync_wait_s\":%.6f,"
       "\"step_s\":%.6f,\"forward_s\":%.6f,\"backward_s\":%.6f,\"optimizer_s\":%.6f,"
-      "\"cpu_s_per_step\":%.6f,\"param_buffer_bytes\":%d,%s}",
+      "\"cpu_s_per_step\":%.6f,\"param_buffer_bytes\":%d,%s%s}",
       steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
       elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
       checksum_checks, failed_saves, stop_signal, param_checksum, comm_bytes_per_step,
       wire_bytes_per_step,
       param_gather_wait_s, grad_sync_wait_s, step_s, forward_s, backward_s, optimizer_s,
-      cpu_s_per_step, param_buffer_bytes, MemoryJson(memory));
+      cpu_s_per_step, param_buffer_bytes,
+      (params_norm >= 0 ? absl::StrFormat("\"params_norm\":%.9g,", params_norm) : "") +
+          (num_zeros_in_grad >= 0
+               ? absl::StrFormat("\"num_zeros_in_grad\":%d,", num_zeros_in_grad)
+               : ""),
+      MemoryJson(memory));
 }
 
 std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {

@@ -53,6 +53,7 @@ struct RankMemory {
   int64_t grads_bytes = 0;
   int64_t optimizer_state_bytes = 0;
   int64_t peak_transient_bytes = 0;
+  int64_t max_rss_bytes = 0;  // the process's peak resident memory (all of it, LibTorch included)
   int64_t persistent_bytes() const { return params_bytes + grads_bytes + optimizer_state_bytes; }
 };
 
@@ -96,6 +97,10 @@ struct TrainSummary {
   // Sum of all params at the end, computed exactly (common/exact_sum.h) and rounded once, so it
   // is the same on every rank and for bitwise-equal params at any rank count or layout.
   double param_checksum = 0;
+  // The last step's --log_params_norm (the params entering it) and --log_num_zeros_in_grad; -1
+  // when not asked for (left out of the JSON then).
+  double params_norm = -1;
+  int64_t num_zeros_in_grad = -1;
   std::vector<RankMemory> memory;  // per rank, at the end of the run
 
   // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}.

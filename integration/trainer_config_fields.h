@@ -121,6 +121,13 @@
     "directory of the profile traces; empty = --log_dir") \
   X(int64_t, check_every, 100, \
     "compare a param checksum across ranks every N steps (and at the end); 0 = end only") \
+  X(bool, log_params_norm, false, \
+    "compute the L2 norm of all params entering each step (one more pass over what each rank " \
+    "updates, carried by the step's statistics all-reduce): log line, TensorBoard " \
+    "train/params_norm, summary JSON") \
+  X(bool, log_num_zeros_in_grad, false, \
+    "count the gradient elements that are exactly zero each step (as --log_params_norm): log " \
+    "line, TensorBoard train/num_zeros_in_grad, summary JSON") \
   X(int64_t, log_every, 10, \
     "without a terminal: a progress line every N steps") \
   X(std::string, log_dir, "", \

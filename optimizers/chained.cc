@@ -105,6 +105,16 @@ absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
   ASSIGN_OR_RETURN(stats.adamw_sum_squares, adamw_->GradSumSquares());
   ASSIGN_OR_RETURN(stats.muon_sum_squares, muon_->GradSumSquares());
   stats.nonfinite = !std::isfinite(stats.adamw_sum_squares + stats.muon_sum_squares);
+  if (config_.params_norm) {
+    ASSIGN_OR_RETURN(const double adamw, adamw_->ParamSumSquares());
+    ASSIGN_OR_RETURN(const double muon, muon_->ParamSumSquares());
+    stats.param_sum_squares = adamw + muon;
+  }
+  if (config_.count_zero_grads) {
+    ASSIGN_OR_RETURN(const int64_t adamw, adamw_->GradZeros());
+    ASSIGN_OR_RETURN(const int64_t muon, muon_->GradZeros());
+    stats.zero_grads = static_cast<double>(adamw + muon);
+  }
   return stats;
 }
 

@@ -57,6 +57,11 @@ struct ChainedConfig {
   ScheduleConfig schedule;  // multiplies both groups' lr
   double max_grad_norm = 1.0;  // global-norm clip threshold; <= 0 disables clipping
   ClipMode clip_mode = ClipMode::kAllBeforeMomentum;
+  // Diagnostics, each one more pass over what the rank updates, carried by the statistics'
+  // all-reduce (Megatron-LM's --log-params-norm and --log-num-zeros-in-grad): GradStats's
+  // param_sum_squares (the params entering the step) and zero_grads.
+  bool params_norm = false;
+  bool count_zero_grads = false;
 };
 
 // Sums of ||g||^2 per optimizer and whether a gradient held inf/NaN: this rank's (partial) or,
@@ -65,6 +70,10 @@ struct GradStats {
   double adamw_sum_squares = 0.0;
   double muon_sum_squares = 0.0;
   bool nonfinite = false;
+  // With ChainedConfig::params_norm / count_zero_grads, else 0. Doubles so that the statistics'
+  // all-reduce carries them (counts are exact below 2^53).
+  double param_sum_squares = 0.0;
+  double zero_grads = 0.0;
 };
 
 // Combines every rank's GradStats once per step. Cross-rank contract: every rank calls Reduce once

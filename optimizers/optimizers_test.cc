@@ -528,6 +528,37 @@ TEST_F(OptimizersTest, ChainedNoWeightDecayPatterns) {
   EXPECT_TRUE(at::equal(params[3].param, at::mul(before[3], 1.0 - 0.1 * 0.3)));
 }
 
+// ChainedConfig::params_norm / count_zero_grads: the statistics carry the norm of the params
+// entering the step and the count of exactly-zero gradient elements, over both optimizers.
+TEST_F(OptimizersTest, ChainedDiagnostics) {
+  std::vector<Param> params = ToyParams();
+  params[0].grad.narrow(0, 0, 3).zero_();  // 3 x 8 zeros in the embedding (AdamW)
+  params[3].grad.narrow(1, 0, 2).zero_();  // 8 x 2 zeros in fc2 (Muon)
+  double want_sum_squares = 0.0;
+  for (const Param& p : params) {
+    const double n = at::linalg_vector_norm(p.param, 2).item<double>();
+    want_sum_squares += n * n;
+  }
+  ChainedConfig config;
+  config.params_norm = true;
+  config.count_zero_grads = true;
+  auto chained = ChainedOptimizer::Create(params, config);
+  ASSERT_TRUE(chained.ok()) << chained.status();
+  auto result = (*chained)->Step();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->stats.zero_grads, 3 * 8 + 8 * 2);
+  // The same fp32 norms per param, added in the same order (AdamW's params first, then Muon's,
+  // as in ToyParams): the sums may differ only by the order of two additions.
+  EXPECT_NEAR(result->stats.param_sum_squares, want_sum_squares, 1e-12 * want_sum_squares);
+  config.params_norm = config.count_zero_grads = false;  // off: nothing counted
+  auto plain = ChainedOptimizer::Create(ToyParams(), config);
+  ASSERT_TRUE(plain.ok());
+  auto off = (*plain)->Step();
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->stats.zero_grads, 0.0);
+  EXPECT_EQ(off->stats.param_sum_squares, 0.0);
+}
+
 // ParseNsSchedule: names, lists, and errors that name the text.
 TEST(NsScheduleTest, NamesListsAndErrors) {
   auto quintic = ParseNsSchedule("quintic");

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include <ATen/ops/count_nonzero.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mul.h>
 #include <c10/util/Exception.h>
@@ -177,6 +178,32 @@ absl::StatusOr<double> SlotOptimizer::GradSumSquares() const {
     return absl::InternalError(absl::StrCat("grad norm: ", e.what_without_backtrace()));
   }
   return sum;
+}
+
+absl::StatusOr<double> SlotOptimizer::ParamSumSquares() const {
+  double sum = 0.0;
+  try {
+    for (const Held& h : slots_) {
+      const double norm = at::linalg_vector_norm(h.main, 2).item<double>();
+      sum += norm * norm;
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("param norm: ", e.what_without_backtrace()));
+  }
+  return sum;
+}
+
+absl::StatusOr<int64_t> SlotOptimizer::GradZeros() const {
+  int64_t zeros = 0;
+  try {
+    for (const Held& h : slots_) {
+      if (!h.slot.grad.defined()) continue;
+      zeros += h.slot.grad.numel() - at::count_nonzero(h.slot.grad).item<int64_t>();
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("zero gradients: ", e.what_without_backtrace()));
+  }
+  return zeros;
 }
 
 void SlotOptimizer::ExportState(std::vector<StateRecord>& out) const {

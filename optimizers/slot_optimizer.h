@@ -101,6 +101,10 @@ class SlotOptimizer {
   // Sum over this optimizer's gradients of ||g||^2 (each norm in fp32, summed in double, in slot
   // order). Not finite when a gradient holds inf/NaN (or the sum overflows). Error: kInternal.
   absl::StatusOr<double> GradSumSquares() const;
+  // Sum over this optimizer's fp32 main params of ||p||^2 (as GradSumSquares). Error: kInternal.
+  absl::StatusOr<double> ParamSumSquares() const;
+  // Elements of this optimizer's gradients that are exactly zero. Error: kInternal.
+  absl::StatusOr<int64_t> GradZeros() const;
 
   // Appends the records this rank saves: per slot "<name>/<field>" for every state tensor (the
   // saved elements, at their offset in the whole param), each counter field as an int64 scalar

@@ -16,14 +16,15 @@ using buffers::ParamAndGradBuffer;
 absl::StatusOr<GradStats> AllReduceStatsReducer::Reduce(const GradStats& local) {
   const bool nonfinite = local.nonfinite;
   at::Tensor stats = at::tensor({nonfinite ? 0.0 : local.adamw_sum_squares,
-                                 nonfinite ? 0.0 : local.muon_sum_squares, nonfinite ? 1.0 : 0.0},
+                                 nonfinite ? 0.0 : local.muon_sum_squares, nonfinite ? 1.0 : 0.0,
+                                 local.param_sum_squares, local.zero_grads},
                                 at::kDouble)
                          .to(comm_->device());
   ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work, comm_->AllReduce(stats));
   RETURN_IF_ERROR(work->Wait(comm_->timeout()));
   stats = stats.cpu();
   const double* reduced = stats.data_ptr<double>();
-  return GradStats{reduced[0], reduced[1], reduced[2] > 0.0};
+  return GradStats{reduced[0], reduced[1], reduced[2] > 0.0, reduced[3], reduced[4]};
 }
 
 RoutingReport LayoutRouting(absl::Span<ParamAndGradBuffer* const> buffers) {

@@ -51,7 +51,8 @@ enum class DistributedMode {
 };
 
 // GradStats summed over the ranks of `comm` (which must outlive it): ONE fp64 all-reduce of
-// [AdamW sum of squares, Muon sum of squares, ranks with a non-finite gradient]. A rank whose
+// [AdamW sum of squares, Muon sum of squares, ranks with a non-finite gradient, param sum of
+// squares, zero gradients] (the last two 0 unless ChainedConfig asks for them). A rank whose
 // GradStats::nonfinite is set (ChainedOptimizer::LocalGradStats sets it) sends zeros and its flag,
 // so the flag alone decides (inf - inf cannot turn into a finite sum).
 class AllReduceStatsReducer final : public StatsReducer {
