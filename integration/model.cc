@@ -100,9 +100,9 @@ at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::ScalarType dtype,
                                              at::Device device) {
   RETURN_IF_ERROR(ValidateConfig(config));
-  if (dtype != at::kFloat && dtype != at::kDouble) {
-    return absl::InvalidArgumentError(absl::StrCat("Gpt: param dtype must be float or double, got ",
-                                                   c10::toString(dtype)));
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kDouble) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gpt: param dtype must be float, bfloat16 or double, got ", c10::toString(dtype)));
   }
   try {
     Gpt model;
@@ -264,7 +264,10 @@ absl::StatusOr<at::Tensor> Gpt::Loss(const at::Tensor& tokens, const at::Tensor&
                                                      " differs from tokens shape ",
                                                      ShapeString(tokens)));
     }
-    const at::Tensor logits = ForwardUnchecked(tokens);
+    at::Tensor logits = ForwardUnchecked(tokens);
+    // Mixed precision: log-softmax and the mean over tokens in fp32 (the cast's backward rounds
+    // the logits' gradient back to bf16).
+    if (logits.scalar_type() == at::kBFloat16) logits = logits.to(at::kFloat);
     return at::cross_entropy_loss(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));

@@ -4,9 +4,15 @@
 //   Block(x):  x = x + Proj(Attention(Rotary(QKV(RMSNorm(x)))))      causal, grouped-query
 //              x = x + Down(SiLU(Gate(RMSNorm(x))) * Up(RMSNorm(x)))  SwiGLU
 //
-// Params are fp32 (or fp64 for gradient checks) leaves with requires_grad, listed in a fixed order
-// with a role (for optimizer routing) and, for fused weights, a split into logical blocks (for
-// Muon):
+// Mixed precision: with bf16 params the activations are bf16 too, and the numerically sensitive
+// parts run in fp32 as mixed-precision training does: ATen's bf16 RMSNorm and CPU/CUDA attention
+// accumulate in fp32 and round once at the end (model_test checks the RMSNorm claim on the
+// machine), and the loss is the cross entropy of the logits cast to fp32. The rotary tables are in
+// the params' dtype (as Megatron-LM casts cos/sin to the activations' dtype).
+//
+// Params are fp32 (bf16 for mixed precision, fp64 for gradient checks) leaves with requires_grad,
+// listed in a fixed order with a role (for optimizer routing) and, for fused weights, a split into
+// logical blocks (for Muon):
 //   embedding.weight                [V, C]                          embedding
 //   layers.{i}.attn_norm.weight     [C]                             norm
 //   layers.{i}.attn.qkv.weight      [(H + 2*KV) * D, C]             hidden; KV groups of {H/KV*D,
@@ -88,8 +94,9 @@ class Gpt {
  public:
   // Builds a model with params initialised from `seed` alone: the same seed gives bit-identical
   // params on every machine (ForEachInitialValue's values, cast to `dtype` and copied to
-  // `device`). `dtype` is kFloat or kDouble. Errors: as ValidateConfig; kInvalidArgument for
-  // another dtype; kInternal when LibTorch cannot place the params on `device`.
+  // `device`). `dtype` is kFloat, kBFloat16 or kDouble. Errors: as ValidateConfig;
+  // kInvalidArgument for another dtype; kInternal when LibTorch cannot place the params on
+  // `device`.
   static absl::StatusOr<Gpt> Create(const GptConfig& config, uint64_t seed,
                                     at::ScalarType dtype = at::kFloat,
                                     at::Device device = at::kCPU);

@@ -11,6 +11,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/rms_norm.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tril.h>
@@ -92,7 +93,7 @@ TEST(GptConfig, PresetsAndValidation) {
                        HasSubstr("GptConfig: num_layers must be > 0, got 0")));
   EXPECT_THAT(Gpt::Create(Small(true), 1, at::kHalf).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("param dtype must be float or double, got Half")));
+                       HasSubstr("param dtype must be float, bfloat16 or double, got Half")));
 }
 
 // Resident memory of this process (/proc/self/statm), in bytes.
@@ -213,6 +214,38 @@ TEST(Gpt, ForwardShapeAndErrors) {
   EXPECT_THAT(model.Loss(Tokens(2, 4, 11, 1), Tokens(2, 3, 11, 2)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("targets shape [2, 3] differs from tokens shape [2, 4]")));
+}
+
+// Mixed precision: bf16 params give bf16 logits and an fp32 loss, with gradients for every param.
+// The model's claim that ATen's bf16 RMSNorm computes in fp32 and rounds once is checked here, on
+// this machine's kernels: against the fp32 norm rounded to bf16, within one bf16 ulp (2^-7 of the
+// value, at most), since the two kernels' fp32 sums may differ in their last bits and flip a
+// rounding (bitwise on this AVX2 machine). The bf16 model's loss
+// against the fp32 model's of the same seed: params rounded to bf16 (relative 2^-9) and bf16
+// activations (each rounded to 2^-9 relative, GEMMs accumulating in fp32) move a loss near log(11)
+// by a few times 2^-8 of the logits' size (~1 here): 0.05 is a 5x margin on 4 x 2^-8 = 0.016.
+TEST(Gpt, Bf16MixedPrecision) {
+  const at::Tensor x = at::randn({16, 64}, at::kFloat).mul(3).to(at::kBFloat16);
+  const at::Tensor w = at::randn({64}, at::kFloat).to(at::kBFloat16);
+  const at::Tensor got = at::rms_norm(x, {64}, w, 1e-5).to(at::kFloat);
+  const at::Tensor fp32_rounded =
+      at::rms_norm(x.to(at::kFloat), {64}, w.to(at::kFloat), 1e-5).to(at::kBFloat16).to(at::kFloat);
+  EXPECT_TRUE((got - fp32_rounded).abs().le(fp32_rounded.abs().mul(1.0 / 128)).all().item<bool>());
+
+  ASSERT_OK_AND_ASSIGN(Gpt bf16, Gpt::Create(Small(true), 5, at::kBFloat16));
+  ASSERT_OK_AND_ASSIGN(Gpt fp32, Gpt::Create(Small(true), 5));
+  const at::Tensor tokens = Tokens(3, 8, 11, 4), targets = Tokens(3, 8, 11, 5);
+  ASSERT_OK_AND_ASSIGN(at::Tensor logits, bf16.Forward(tokens));
+  EXPECT_EQ(logits.scalar_type(), at::kBFloat16);
+  ASSERT_OK_AND_ASSIGN(at::Tensor loss, bf16.Loss(tokens, targets));
+  ASSERT_OK_AND_ASSIGN(at::Tensor want, fp32.Loss(tokens, targets));
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);
+  EXPECT_NEAR(loss.item<double>(), want.item<double>(), 0.05);
+  loss.backward();
+  for (const ModelParam& p : bf16.params()) {
+    ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+    EXPECT_EQ(p.tensor.grad().scalar_type(), at::kBFloat16) << p.name;
+  }
 }
 
 TEST(Gpt, SameSeedSameParams) {

@@ -210,7 +210,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
     layout::ParamSpec spec;
     spec.name = params[i].name;
     spec.shape = descriptors[i].shape;
-    spec.dtype = DType::kFloat32;
+    spec.dtype = c.precision == "bf16" ? DType::kBFloat16 : DType::kFloat32;
     spec.role = s.routing.entries[i].route == optimizers::Route::kMuon ? layout::ParamRole::kMuon
                                                                       : layout::ParamRole::kAdam;
     spec.shared_embedding = params[i].kind == ParamKind::kEmbedding && gpt.tie_embeddings;
@@ -221,7 +221,9 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   layout_options.dp = comm.size();
   layout_options.bucket_size = c.bucket_elems;
   layout_options.padding_tolerance = c.bucket_padding;
-  layout_options.grad_dtype = DType::kFloat32;
+  // fp32 grads for bf16 params: `.grad` is an fp32 view and AccumulateGrad's in-place add promotes
+  // each bf16 gradient (buffers/param_and_grad_buffer.h). grad_reduce_in_fp32=false: bf16 grads.
+  layout_options.grad_dtype = c.grad_reduce_in_fp32 ? DType::kFloat32 : std::optional<DType>{};
   // distopt: one byte-level (ZeRO-1) layout for everything; otherwise Muon's matrices get the
   // shard-aligned layer-wise layout.
   layout_options.muon_strategy =
@@ -259,6 +261,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
 
   const bool replicated = s.mode == DistMode::kReplicated;
   ddp::DdpConfig ddp_config;
+  ddp_config.grad_reduce_in_fp32 = c.grad_reduce_in_fp32;
   ddp_config.overlap_grad_reduce = c.overlap_grad_reduce;
   ddp_config.overlap_param_gather = !replicated && c.overlap_param_gather;
   ddp_config.grad_sync =
@@ -344,7 +347,9 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
 
   // Built without values; BuildDistribution writes them (drawn from the seed on the CPU, so every
   // device starts from the same weights) into the buffers.
-  ASSIGN_OR_RETURN(Gpt model, Gpt::CreateUninitialized(gpt, at::kFloat, comm.device()));
+  ASSIGN_OR_RETURN(Gpt model,
+                   Gpt::CreateUninitialized(gpt, c.precision == "bf16" ? at::kBFloat16 : at::kFloat,
+                                            comm.device()));
   s.model = std::make_unique<Gpt>(std::move(model));
   RETURN_IF_ERROR(BuildDistribution(c, gpt, comm, s));
   return s;
@@ -446,7 +451,9 @@ absl::StatusOr<double> SumOverRanks(Communicator& comm, double value) {
 
 // The configs a checkpoint records; a resume must match them (trainer.h: "incompatible").
 std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
-  return absl::StrCat("model=", c.model, " seq_len=", s.seq_len);
+  // The precision only when not fp32, so that fp32 checkpoints of earlier versions still match.
+  return absl::StrCat("model=", c.model, " seq_len=", s.seq_len,
+                      c.precision == "fp32" ? "" : absl::StrCat(" precision=", c.precision));
 }
 std::string OptimizerConfigString(const TrainerConfig& c) {
   return absl::StrCat("optimizer=", c.optimizer);

@@ -134,6 +134,10 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
         absl::StrCat("--muon_scale_rule '", c.muon_scale_rule,
                      "': expected original, match_rms_adamw or spectral"));
   }
+  if (c.precision != "fp32" && c.precision != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision '", c.precision, "': expected fp32 or bf16"));
+  }
   if (c.clip_mode != "all" && c.clip_mode != "exclude_muon") {
     return absl::InvalidArgumentError(
         absl::StrCat("--clip_mode '", c.clip_mode, "': expected all or exclude_muon"));

@@ -22,6 +22,14 @@
   X(std::string, device, "cpu", \
     "cpu (Gloo) or cuda (NCCL, one GPU per rank: cuda:LOCAL_RANK; needs a build with bazel " \
     "build --config=cuda)") \
+  X(std::string, precision, "fp32", \
+    "fp32, or bf16 mixed precision: bf16 params and activations (norms, attention softmax and " \
+    "loss computed in fp32), fp32 main params and optimizer state for what each rank updates, " \
+    "gradients accumulated and reduced in fp32 unless --grad_reduce_in_fp32=false. fp32 is the " \
+    "default because CPUs without bf16 arithmetic (AVX2-only) run bf16 GEMMs slower") \
+  X(bool, grad_reduce_in_fp32, true, \
+    "--precision=bf16: accumulate and reduce gradients in fp32 buffers; false keeps them bf16 " \
+    "(half the gradient memory and wire bytes, bf16 rounding in every accumulation and sum)") \
   X(int64_t, steps, 300, \
     "optimizer steps") \
   X(int64_t, global_batch, 32, \
