@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_shapes  # noqa: E402
 import report_lib as rl  # noqa: E402
 
-SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint", "peer"]
+SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint", "peer",
+            "precision"]
 
 
 def sh(cmd, cwd=None):
@@ -186,6 +187,46 @@ def peer_args(quick):
     return out
 
 
+def precision_args(quick):
+    """{model: pretrain args} of the precision section: the peer section's model and batch sizes,
+    2 ranks, layer-wise Muon; --precision is added per run."""
+    return {model: ours for model, (ours, _, _, _) in peer_args(quick).items()}
+
+
+def cpu_flags():
+    """The CPU's flags that decide bf16 speed (bf16 GEMMs need AVX512-BF16 or AMX to beat fp32)."""
+    wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return {flag: flag in have for flag in wanted}
+    except OSError:
+        pass
+    return {}
+
+
+def run_precision(runner, quick, repeat):
+    """One repeat of the precision section: {model: {"fp32"|"bf16"|"bf16_vs_fp32": figures}}, the
+    two runs of a model back to back (reversed on odd repeats)."""
+    out = {}
+    for model, args in precision_args(quick).items():
+        order = ["fp32", "bf16"] if repeat % 2 == 0 else ["bf16", "fp32"]
+        got = {p: rl.parse_pretrain(runner.run(BIN["pretrain"], args + [f"--precision={p}"]))
+               for p in order}
+        rows = {p: {"step_s": got[p]["step_s"], "tokens_per_s": got[p]["tokens_per_s"],
+                    "cpu_s_per_step": got[p]["cpu_s_per_step"], "final_loss": got[p]["final_loss"],
+                    "param_buffer_bytes": got[p]["param_buffer_bytes"]}
+                for p in ("fp32", "bf16")}
+        rows["bf16_vs_fp32"] = {
+            "speed": got["fp32"]["step_s"] / got["bf16"]["step_s"],
+            "cpu": got["bf16"]["cpu_s_per_step"] / got["fp32"]["cpu_s_per_step"],
+            "loss_diff": got["bf16"]["final_loss"] - got["fp32"]["final_loss"]}
+        out[model] = rows
+    return out
+
+
 def run_peer(runner, quick, repeat):
     """One repeat of the peer section: {model: peer_rows}. The runs of each ratio go back to back,
     in reverse order on odd repeats, so that a load drift does not always favour one side."""
@@ -341,6 +382,8 @@ def main():
         plan.append("fsdp")
     if "peer" in only and os.path.exists(BIN["pretrain"]):
         plan.append("peer")
+    if "precision" in only and os.path.exists(BIN["pretrain"]):
+        plan.append("precision")
     fsdp_step_args, fsdp_memory_args = fsdp_args(a.quick)
     raw = {name: [] for name in plan}
     errors = {}
@@ -360,6 +403,8 @@ def main():
                         for mode, flags in FSDP_MODE_FLAGS.items()}))
                 elif name == "peer":
                     raw[name].append(run_peer(runner, a.quick, rep))
+                elif name == "precision":
+                    raw[name].append(run_precision(runner, a.quick, rep))
                 elif name in ("optimizers", "checkpoint"):
                     rows = gbench(runner, BIN[name], args[name])
                     raw[name].append(rl.parse_checkpoint(rows) if name == "checkpoint" else rows)
@@ -391,10 +436,11 @@ def main():
         except (RuntimeError, FileNotFoundError, json.JSONDecodeError) as e:
             errors["layout"] = str(e)
     summaries = {name: rl.summarize(runs) for name, runs in raw.items()
-                 if runs and name != "peer"}
-    if raw.get("peer"):  # per model
-        summaries["peer"] = {model: rl.summarize([r[model] for r in raw["peer"]])
-                             for model in raw["peer"][0]}
+                 if runs and name not in ("peer", "precision")}
+    for name in ("peer", "precision"):
+        if raw.get(name):  # per model
+            summaries[name] = {model: rl.summarize([r[model] for r in raw[name]])
+                               for model in raw[name][0]}
     load_end = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 
@@ -655,6 +701,38 @@ def main():
             md.append(failed("peer"))
         elif "peer" not in summaries:
             md += ["Not measured: `//integration:pretrain` is not in this build.", ""]
+
+    # 8. Precision.
+    if "precision" in only:
+        flags_line = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu_flags().items())
+        md += ["## 8. bf16 mixed precision against fp32", "",
+               "`pretrain --precision=bf16` (bf16 params and activations, fp32 norms' and "
+               "attention's accumulation, fp32 loss, fp32 main params, grads and optimizer state) "
+               "against `--precision=fp32` on the same model, batch and seed, 2 ranks, layer-wise "
+               "Muon with fp32 Newton–Schulz, back to back (reversed on odd repeats). *speed*: "
+               "fp32 step s / bf16 step s (> 1: bf16 faster). *CPU*: bf16 CPU s per step / "
+               "fp32's. *loss diff*: bf16 − fp32 training loss after the run's steps. bf16 GEMM "
+               "speed depends on the CPU: without AVX512-BF16 or AMX, ATen/oneDNN convert bf16 to "
+               "fp32 around fp32 arithmetic, so bf16 is slower than fp32.", "",
+               f"CPU flags: {flags_line}.", ""]
+        for model, args in precision_args(a.quick).items():
+            md += [f"### {model}", "", "Reproduce: " + ", ".join(
+                f"`{command_for('pretrain', args + [f'--precision={p}'])}`"
+                for p in ("fp32", "bf16")), ""]
+            s = summaries.get("precision", {}).get(model)
+            if s:
+                md += [rl.markdown_table(
+                    ["precision", "step s", "tokens/s", "CPU s per step", "final loss",
+                     "param bytes"],
+                    [[p, s[p]["step_s"].format(3), s[p]["tokens_per_s"].format(0),
+                      s[p]["cpu_s_per_step"].format(3), s[p]["final_loss"].format(4),
+                      s[p]["param_buffer_bytes"].format(0)] for p in ("fp32", "bf16")]), "",
+                       rl.markdown_table(["bf16 vs fp32", "speed", "CPU", "loss diff"], [[
+                           "ratio", s["bf16_vs_fp32"]["speed"].format(2),
+                           s["bf16_vs_fp32"]["cpu"].format(2),
+                           s["bf16_vs_fp32"]["loss_diff"].format(4)]]), ""]
+        if "precision" in errors:
+            md.append(failed("precision"))
 
     md += ["## Run log", "", rl.markdown_table(
         ["binary", "arguments", "wall s", "exit"],

@@ -16,6 +16,8 @@
 #include <atomic>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -543,8 +545,31 @@ absl::StatusOr<std::optional<checkpoint::RootLock>> LockSaveDir(const TrainerCon
 }
 
 // Rank 0's start-up report: model, data, ranks, batch shape, routing and layout.
+// Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX-BF16), from /proc/cpuinfo's flags.
+// Without it ATen's bf16 GEMMs take a fallback path: measured 10-40x slower than fp32 GEMMs on an
+// AVX2-only EPYC (BENCHMARKS.md section 8).
+bool CpuHasBf16Arithmetic() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return true;  // unknown: no warning
+  char line[8192];
+  bool has = false;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, "flags", 5) != 0) continue;
+    has = std::strstr(line, " avx512_bf16") != nullptr || std::strstr(line, " amx_bf16") != nullptr;
+    break;
+  }
+  std::fclose(f);
+  return has;
+}
+
 void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& comm,
                     std::FILE* out) {
+  if (c.precision == "bf16" && !comm.device().is_cuda() && !CpuHasBf16Arithmetic()) {
+    std::fputs("pretrain: warning: --precision=bf16 on a CPU without AVX512-BF16 or AMX: ATen "
+               "runs bf16 matrix products on a fallback path, several times slower than fp32 "
+               "(--precision=fp32 trains faster here)\n",
+               out);
+  }
   std::fprintf(out,
                "pretrain: model %s (%lld params), data %s (%lld train / %lld eval tokens, "
                "unigram entropy %.3f nats), %d ranks, dist %s, optimizer %s\n"
