@@ -17,6 +17,7 @@ import json
 import sys
 
 PHASE_PREFIX = "step/"
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def load(path):
@@ -29,14 +30,28 @@ def load(path):
 def self_times(events, steps):
     """{phase: {op name: self microseconds per step}} over the phases of a step.
 
-    An op belongs to the innermost `step/...` range enclosing it on its thread; ops outside every
-    such range are counted under `(outside)`. Self time is an op's duration less its direct
-    children's on the same thread (events on one thread nest properly in Kineto's traces).
+    An op belongs to the innermost `step/...` range enclosing it on its thread; an op outside every
+    such range on its thread belongs to the range of any thread that was open when it started (the
+    autograd engine runs a GPU's backward on its own thread, the step's ranges are the main
+    thread's); the rest are counted under `(outside)`. Self time is an op's duration less its direct
+    children's on the same thread (events on one thread nest properly in Kineto's traces). A GPU
+    kernel, copy or set (on a stream, not a thread) belongs to the phase of the CPU call that
+    launched it (Kineto gives both the same `correlation` id), its self time is its duration.
     """
     by_thread = collections.defaultdict(list)
+    device = []
     for e in events:
-        by_thread[e["tid"]].append(e)
+        (device if e.get("cat") in DEVICE_CATEGORIES else by_thread[e["tid"]]).append(e)
     out = collections.defaultdict(lambda: collections.defaultdict(float))
+    launch_phase = {}  # correlation id -> phase of the CPU event that launched it
+    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"][len(PHASE_PREFIX):])
+                    for e in events if e["name"].startswith(PHASE_PREFIX))
+
+    def phase_at(ts):
+        for begin, end, name in ranges:  # few ranges: a scan is enough
+            if begin <= ts < end:
+                return name
+        return "(outside)"
     for evs in by_thread.values():
         # Parents first: earlier start, then the longer of two that start together.
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
@@ -48,15 +63,21 @@ def self_times(events, steps):
         for e in evs:
             while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
                 close(stack.pop())
-            phase = stack[-1][2] if stack else "(outside)"
+            phase = stack[-1][2] if stack else phase_at(e["ts"])
             if e["name"].startswith(PHASE_PREFIX):
                 phase = e["name"][len(PHASE_PREFIX):]
                 out[phase]  # a phase with no ops still shows
+            correlation = e.get("args", {}).get("correlation")
+            if correlation is not None:
+                launch_phase[correlation] = phase
             if stack:
                 stack[-1][1] += e["dur"]
             stack.append([e, 0.0, phase])
         while stack:
             close(stack.pop())
+    for e in device:
+        phase = launch_phase.get(e.get("args", {}).get("correlation"), "(outside)")
+        out[phase][e["name"]] += e["dur"] / steps
     return out
 
 

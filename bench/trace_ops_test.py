@@ -25,12 +25,21 @@ class SelfTimes(unittest.TestCase):
             op("aten::mm", 60, 20),       # 20 self
             op("step/optimizer", 100, 50),
             op("aten::add_", 100, 50),    # starts with its phase: still inside it
-            op("gloo:all_gather", 5, 30, tid=2),  # another thread: outside every phase
+            op("gloo:all_gather", 5, 30, tid=2),  # another thread, started in backward's range
+            op("gloo:all_reduce", 160, 5, tid=2),  # after every range: outside
         ]
+        # A GPU kernel launched by the backward's mm (correlation 7) counts in backward, whole;
+        # one whose launch is not in the trace, outside.
+        events[1]["args"] = {"correlation": 7}
+        events += [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 15, "dur": 8, "tid": 99,
+                    "args": {"correlation": 7}},
+                   {"ph": "X", "cat": "kernel", "name": "orphan", "ts": 30, "dur": 4, "tid": 99,
+                    "args": {"correlation": 8}}]
         got = trace_ops.self_times(events, steps=2)  # per step: halved
-        self.assertEqual(dict(got["backward"]), {"aten::mm": 25.0, "aten::copy_": 5.0})
+        self.assertEqual(dict(got["backward"]), {"aten::mm": 25.0, "aten::copy_": 5.0, "gemm": 4.0,
+                                                 "gloo:all_gather": 15.0})
         self.assertEqual(dict(got["optimizer"]), {"aten::add_": 25.0})
-        self.assertEqual(dict(got["(outside)"]), {"gloo:all_gather": 15.0})
+        self.assertEqual(dict(got["(outside)"]), {"gloo:all_reduce": 2.5, "orphan": 2.0})
         self.assertEqual(dict(trace_ops.phase_totals(events, 2)),
                          {"backward": 50.0, "optimizer": 25.0})
 
