@@ -340,6 +340,17 @@ int Main(int argc, char** argv) {
       collectives::ParseRendezvous(collectives::ProcessEnvironment());
   const MachineResources machine = ProbeMachine();
   if (info.ok()) {
+    // Under a launcher the launcher decides the ranks: an explicit --nproc_per_node that disagrees
+    // with it (say 2 under a one-task SLURM allocation) would otherwise be silently ignored.
+    if (given.count("nproc_per_node") != 0 &&
+        absl::GetFlag(FLAGS_nproc_per_node) != info->local_world_size) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--nproc_per_node=", absl::GetFlag(FLAGS_nproc_per_node), " is ignored under ",
+          info->source, ", which runs ", info->local_world_size, " rank(s) on this node (",
+          info->world_size, " in all); ask the launcher for the ranks (",
+          info->source == "slurm" ? "srun --ntasks-per-node" : "torchrun --nproc-per-node",
+          ") or drop the flag")));
+    }
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
     if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);
     if (absl::Status s = CheckMachine(*config, info->local_world_size, info->world_size, machine);

@@ -234,6 +234,7 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--muon_extra_scale=0", "--muon_extra_scale must be > 0, got 0"},
       {"--profile_step_start=3 --profile_step_end=2", "--profile_step_end 2 precedes"},
       {"--profile_step_start=-1", "--profile_step_start -1 / --profile_step_end 0: expected"},
+      {"--profile_step_start=400", "--profile_step_start 400 is after the last step (--steps 300)"},
   };
   for (const auto& [arg, message] : cases) {
     RunResult run = RunPretrain({arg, "--log_dir=" + log_dir});
@@ -305,6 +306,68 @@ TEST(Pretrain, EveryOptimizerFlagReachesTheOptimizer) {
     ASSERT_EQ(run.exit_code, 0) << flag << ": " << run.err;
     EXPECT_NE(JsonField(LastLine(run.out), "param_checksum"), want) << flag;
   }
+}
+
+// TensorBoard after a crash and a resume: a run logs steps 1-6 but its `latest` is rolled back to
+// step 4 (as a crash after step 6 whose last committed checkpoint was step 4 would leave it), then a
+// resume logs steps 5-8 into the same --log_dir. Read as TensorBoard reads a directory (files in
+// name order; a restart record at step S drops what earlier files logged at steps >= S; this
+// reimplements TensorBoard's purge rule, as the real tool is not installed here): every train step
+// appears once, and eval/loss at 0 (fresh start) and 8 (the end; the first run's end eval at 6 is
+// purged, the resume's initial eval not logged again). Two files: their names never collide.
+TEST(Pretrain, TensorBoardHasOneCurveAfterACrashAndResume) {
+  const std::string dir = TempDir() + "/tb_resume_ckpt", tb = TempDir() + "/tb_resume";
+  const std::vector<std::string> common = {"--steps=8", "--eval_every=0", "--check_every=0",
+                                           "--global_batch=8", "--save_every=4",
+                                           "--keep_checkpoints=3", "--save_dir=" + dir,
+                                           "--log_dir=" + tb};
+  std::vector<std::string> first = common;
+  first.push_back("--stop_after=6");
+  RunResult run = RunPretrain(first);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  std::ofstream(dir + "/latest", std::ios::trunc) << "step_000004\n";
+  std::vector<std::string> again = common;
+  again.push_back("--resume");
+  run = RunPretrain(again);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(tb)) {
+    files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 2u);
+  std::map<std::string, std::map<int64_t, int>> seen;  // tag -> step -> times logged
+  for (const std::string& file : files) {
+    ASSERT_OK_AND_ASSIGN(std::vector<TbEvent> events, ReadEventFile(file));
+    for (const TbEvent& e : events) {
+      if (e.session_start) {
+        EXPECT_EQ(e.step, 5) << file;
+        for (auto& [tag, steps] : seen) steps.erase(steps.lower_bound(e.step), steps.end());
+      }
+      for (const ScalarValue& v : e.scalars) ++seen[v.tag][e.step];
+    }
+  }
+  ASSERT_EQ(seen["train/loss"].size(), 8u);
+  for (const auto& [step, count] : seen["train/loss"]) EXPECT_EQ(count, 1) << "step " << step;
+  EXPECT_EQ(seen["eval/loss"], (std::map<int64_t, int>{{0, 1}, {8, 1}}));
+}
+
+// Under a launcher's environment (here SLURM's for a one-task allocation) an explicit
+// --nproc_per_node that disagrees with the launcher is bad input, not silently ignored.
+TEST(Pretrain, NprocPerNodeUnderALauncherMustAgreeWithIt) {
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "1", 1);
+  setenv("SLURM_JOB_ID", "4242", 1);
+  const RunResult run = RunPretrain({"--nproc_per_node=2", "--steps=1"});
+  unsetenv("SLURM_PROCID");
+  unsetenv("SLURM_NTASKS");
+  unsetenv("SLURM_JOB_ID");
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("--nproc_per_node=2 is ignored under slurm, which runs 1 rank(s) "
+                                 "on this node (1 in all); ask the launcher for the ranks (srun "
+                                 "--ntasks-per-node)"));
+  EXPECT_EQ(run.out, "");
 }
 
 // Resume equivalence at the same dp: 8 steps straight vs 4 steps (--stop_after=4, the lr schedule

@@ -69,7 +69,10 @@ absl::Status RunMetrics::OpenTensorBoard(const std::string& log_dir) {
         absl::StrCat("--log_dir '", log_dir, "': cannot create: ", ec.message()));
   }
   ASSIGN_OR_RETURN(tb_, EventWriter::Create(log_dir, NowSeconds()));
-  return absl::OkStatus();
+  // Resumed: TensorBoard drops what earlier files logged from this step on (a crashed run's steps
+  // after its last checkpoint), which this run logs again.
+  if (first_step_ > 1) RETURN_IF_ERROR(tb_->AddSessionStart(first_step_, NowSeconds()));
+  return tb_->Flush();
 }
 
 absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepResult& result,
@@ -125,11 +128,20 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
 }
 
+absl::Status RunMetrics::InitialEval(double loss) {
+  summary_.eval_loss = loss;
+  summary_.initial_eval_loss = loss;
+  // A fresh run logs it at step 0. A resumed run's params are the checkpoint's, which the run that
+  // saved it evaluated at that step if it evaluated there: logging it again would put that step on
+  // the curve twice (the restart record purges only from the first resumed step on).
+  if (first_step_ > 1) return absl::OkStatus();
+  return Scalar("eval/loss", 0, loss);
+}
+
 absl::Status RunMetrics::Eval(int64_t step, double loss) {
   summary_.eval_loss = loss;
-  if (step == 0) summary_.initial_eval_loss = loss;
   RETURN_IF_ERROR(Scalar("eval/loss", step, loss));
-  if (comm_.rank() != 0 || step == 0) return absl::OkStatus();
+  if (comm_.rank() != 0) return absl::OkStatus();
   progress_.Finish();
   std::fprintf(out_, "eval step %lld: loss %.4f\n", static_cast<long long>(step), loss);
   std::fflush(out_);

@@ -58,8 +58,9 @@ class RunMetrics {
              const TrainOptions& options, TrainSummary& summary, int64_t first_step,
              double tokens_per_step);
 
-  // Rank 0 opens an event file in `log_dir` (created if missing; nothing when empty). Errors:
-  // kFailedPrecondition for a log_dir that cannot be created; the writer's.
+  // Rank 0 opens an event file in `log_dir` (created if missing; nothing when empty); a resumed run
+  // (first_step > 1) starts it with a restart record at first_step (EventWriter::AddSessionStart).
+  // Errors: kFailedPrecondition for a log_dir that cannot be created; the writer's.
   absl::Status OpenTensorBoard(const std::string& log_dir);
 
   // The progress line, for whoever prints between its updates (the checkpointer).
@@ -70,7 +71,9 @@ class RunMetrics {
   absl::Status Step(int64_t step, double loss, const optimizers::StepResult& result,
                     const StepCost& cost);
 
-  // The eval loss after step `step` (0: before training). Errors: the event writer's.
+  // The eval loss before the first step run (TensorBoard: at step 0 in a fresh run, not logged in a
+  // resumed one), and after step `step`. Errors: the event writer's.
+  absl::Status InitialEval(double loss);
   absl::Status Eval(int64_t step, double loss);
 
   // The totals, once the steps are done, and (TensorBoard) each rank's memory from the summary's

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -166,6 +167,12 @@ std::string EncodeEvent(const TbEvent& event) {
     }
     PutBytes(&out, 5, summary);
   }
+  if (event.session_start) {
+    std::string session_log;
+    PutTag(&session_log, 1, kVarint);
+    PutVarint(&session_log, 1);  // SessionLog.START
+    PutBytes(&out, 6, session_log);
+  }
   return out;
 }
 
@@ -186,6 +193,18 @@ absl::StatusOr<TbEvent> DecodeEvent(absl::string_view data) {
     } else if (field == 5 && type == kLengthDelimited) {
       ASSIGN_OR_RETURN(absl::string_view summary, r.Bytes());
       RETURN_IF_ERROR(DecodeSummary(summary, &event.scalars));
+    } else if (field == 6 && type == kLengthDelimited) {
+      ASSIGN_OR_RETURN(absl::string_view session_log, r.Bytes());
+      WireReader log(session_log);
+      while (!log.done()) {
+        ASSIGN_OR_RETURN(const uint64_t log_key, log.Varint());
+        if ((log_key >> 3) == 1 && (log_key & 7) == kVarint) {
+          ASSIGN_OR_RETURN(const uint64_t status, log.Varint());
+          event.session_start = status == 1;
+        } else {
+          RETURN_IF_ERROR(log.Skip(log_key & 7));
+        }
+      }
     } else {
       RETURN_IF_ERROR(r.Skip(type));
     }
@@ -208,8 +227,10 @@ absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::stri
   char host[256] = "localhost";
   if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
   host[sizeof(host) - 1] = '\0';
-  const std::string path = absl::StrCat(log_dir, "/events.out.tfevents.",
-                                        static_cast<int64_t>(std::floor(wall_time)), ".", host);
+  static std::atomic<int> writers{0};
+  const std::string path =
+      absl::StrCat(log_dir, "/events.out.tfevents.", static_cast<int64_t>(std::floor(wall_time)),
+                   ".", host, ".", static_cast<int64_t>(getpid()), ".", writers++);
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) {
     const int err = errno;
@@ -246,6 +267,14 @@ absl::Status EventWriter::AddScalar(absl::string_view tag, int64_t step, float v
   event.wall_time = wall_time;
   event.step = step;
   event.scalars.push_back({std::string(tag), value});
+  return WriteRecord(EncodeEvent(event));
+}
+
+absl::Status EventWriter::AddSessionStart(int64_t step, double wall_time) {
+  TbEvent event;
+  event.wall_time = wall_time;
+  event.step = step;
+  event.session_start = true;
   return WriteRecord(EncodeEvent(event));
 }
 

@@ -5,10 +5,15 @@
 // with mask(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 and crc32c the Castagnoli CRC. Each record's
 // data is a serialized `tensorflow.Event`; only the fields below are produced or understood
 // (field numbers as in tensorflow/core/util/event.proto and summary.proto):
-//   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
-//   Summary { repeated Value value = 1; }
-//   Value   { string tag = 1; float simple_value = 2; }
+//   Event      { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
+//                SessionLog session_log = 6; }
+//   Summary    { repeated Value value = 1; }
+//   Value      { string tag = 1; float simple_value = 2; }
+//   SessionLog { SessionStatus status = 1; }   START = 1
 // The first record is Event{wall_time, file_version: "brain.Event:2"}; each scalar is its own Event.
+// A run resumed from a checkpoint writes Event{step, session_log: START} first: TensorBoard then
+// purges what earlier files logged at that step and later (the steps a crashed run logged after its
+// last checkpoint, which the resumed run logs again), so a curve has each step once.
 // The protobuf wire format is encoded by hand (a few varints and fixed-width fields).
 #ifndef ORTHOSHARD_INTEGRATION_TENSORBOARD_H_
 #define ORTHOSHARD_INTEGRATION_TENSORBOARD_H_
@@ -40,6 +45,7 @@ struct TbEvent {
   int64_t step = 0;
   std::string file_version;          // set only in the first record
   std::vector<ScalarValue> scalars;  // the summary's simple values, in order
+  bool session_start = false;        // session_log {status: START}: a restart at `step`
 };
 
 // Serialized `Event` bytes for the message above (fields left at their default are omitted).
@@ -48,8 +54,10 @@ std::string EncodeEvent(const TbEvent& event);
 // Appends scalar events to a new event file. Not thread-safe.
 class EventWriter {
  public:
-  // Creates `log_dir/events.out.tfevents.<seconds>.<host>` (log_dir must exist) and writes the
-  // file_version record. `wall_time` is seconds since the epoch for that first record.
+  // Creates `log_dir/events.out.tfevents.<seconds>.<host>.<pid>.<n>` (TensorFlow's naming; n counts
+  // the writers of this process, so two runs started in the same second, or two writers of one
+  // process, never share a file; log_dir must exist) and writes the file_version record.
+  // `wall_time` is seconds since the epoch for that first record.
   // Errors: kNotFound / kPermissionDenied / kInternal when the file cannot be created
   // ("tensorboard: cannot create '<path>': <strerror>").
   static absl::StatusOr<std::unique_ptr<EventWriter>> Create(const std::string& log_dir,
@@ -61,6 +69,10 @@ class EventWriter {
   // Writes Event{wall_time, step, Summary{Value{tag, simple_value}}}. Errors: kInternal on a
   // failed write, naming the file.
   absl::Status AddScalar(absl::string_view tag, int64_t step, float value, double wall_time);
+
+  // Writes Event{wall_time, step, session_log: START}: a run restarted at `step` (see the file
+  // comment). Errors: as AddScalar.
+  absl::Status AddSessionStart(int64_t step, double wall_time);
 
   // Flushes buffered records to the OS. Errors: kInternal naming the file.
   absl::Status Flush();

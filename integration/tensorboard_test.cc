@@ -1,5 +1,7 @@
 #include "integration/tensorboard.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -81,6 +83,32 @@ TEST(EventWriter, ScalarsRoundTrip) {
   EXPECT_EQ(events[3].step, 200);
   EXPECT_EQ(events[3].wall_time, 1700000002.0);
   EXPECT_EQ(events[3].scalars[0].value, 0.25f);
+}
+
+// SessionLog{status: START} at a step (a resumed run's first record): protobuf bytes as protoc
+// encodes Event{step: 5, session_log: {status: START}}, and read back.
+TEST(EventWriter, SessionStartRecord) {
+  TbEvent event;
+  event.step = 5;
+  event.session_start = true;
+  EXPECT_EQ(EncodeEvent(event), std::string("\x10\x05\x32\x02\x08\x01", 6));
+  ASSERT_OK_AND_ASSIGN(auto writer, EventWriter::Create(TempDir(), 1700000000.0));
+  EXPECT_OK(writer->AddSessionStart(5, 1700000001.0));
+  EXPECT_OK(writer->Flush());
+  ASSERT_OK_AND_ASSIGN(std::vector<TbEvent> events, ReadEventFile(writer->path()));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_FALSE(events[0].session_start);
+  EXPECT_TRUE(events[1].session_start);
+  EXPECT_EQ(events[1].step, 5);
+}
+
+// Two writers created in the same second (two runs into one --log_dir, or one process twice) get
+// their own files: TensorFlow's name, with the pid and a per-process count.
+TEST(EventWriter, FileNamesAreUniquePerWriter) {
+  ASSERT_OK_AND_ASSIGN(auto a, EventWriter::Create(TempDir(), 1700000000.0));
+  ASSERT_OK_AND_ASSIGN(auto b, EventWriter::Create(TempDir(), 1700000000.0));
+  EXPECT_NE(a->path(), b->path());
+  EXPECT_TRUE(absl::StrContains(a->path(), absl::StrCat(".", getpid(), "."))) << a->path();
 }
 
 TEST(ReadEventFile, DetectsCorruptionAndTruncation) {

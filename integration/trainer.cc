@@ -544,7 +544,6 @@ absl::StatusOr<std::optional<checkpoint::RootLock>> LockSaveDir(const TrainerCon
   return root_lock;
 }
 
-// Rank 0's start-up report: model, data, ranks, batch shape, routing and layout.
 // Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX-BF16), from /proc/cpuinfo's flags.
 // Without it ATen's bf16 GEMMs take a fallback path: measured 10-40x slower than fp32 GEMMs on an
 // AVX2-only EPYC (BENCHMARKS.md section 8).
@@ -562,6 +561,7 @@ bool CpuHasBf16Arithmetic() {
   return has;
 }
 
+// Rank 0's start-up report: model, data, ranks, batch shape, routing and layout.
 void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& comm,
                     std::FILE* out) {
   if (c.precision == "bf16" && !comm.device().is_cuda() && !CpuHasBf16Arithmetic()) {
@@ -702,7 +702,7 @@ absl::Status ReportEnd(const TrainerConfig& c, const Communicator& comm, const T
 absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOptions& options,
                        Setup& s, RunMetrics& metrics, TrainSummary& summary, int64_t first_step) {
   ASSIGN_OR_RETURN(const double initial_eval, Evaluate(s, comm));
-  RETURN_IF_ERROR(metrics.Eval(0, initial_eval));
+  RETURN_IF_ERROR(metrics.InitialEval(initial_eval));
   std::unique_ptr<Checkpointer> saver;
   if (!c.save_dir.empty()) {
     saver = std::make_unique<Checkpointer>(c, comm, metrics.progress(), options, summary,

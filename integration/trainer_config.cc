@@ -211,6 +211,11 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
           absl::StrCat("--profile_step_end ", c.profile_step_end, " precedes --profile_step_start ",
                        c.profile_step_start));
     }
+    if (c.profile_step_start > c.steps) {
+      return absl::InvalidArgumentError(absl::StrCat("--profile_step_start ", c.profile_step_start,
+                                                     " is after the last step (--steps ",
+                                                     c.steps, "): nothing would be profiled"));
+    }
     if (c.profile_dir.empty() && c.log_dir.empty()) {
       return absl::InvalidArgumentError(
           "--profile_step_start needs --profile_dir (or --log_dir) for the traces");

@@ -61,8 +61,8 @@
     "the factor of --muon_scale_rule=spectral (> 0)") \
   X(int, muon_ns_steps, 5, \
     "Newton-Schulz iterations, in [1, 100)") \
-  X(std::string, muon_ns_coefficients, "quintic", \
-    "Newton-Schulz coefficient schedule: quintic (3.4445, -4.7750, 2.0315 every iteration), " \
+  X(std::string, muon_ns_coefficients, "simple", \
+    "Newton-Schulz coefficient schedule: simple (3.4445, -4.7750, 2.0315 every iteration), " \
     "polar_express (the 5 per-iteration quintics of arXiv:2505.16932, as modded-nanogpt), or " \
     "a,b,c[;a,b,c...] (a triple per iteration; the last repeats)") \
   X(std::string, muon_ns_dtype, "bf16", \

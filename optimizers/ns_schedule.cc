@@ -13,7 +13,7 @@
 namespace orthoshard::optimizers {
 
 absl::StatusOr<NsSchedule> ParseNsSchedule(absl::string_view schedule) {
-  if (schedule == "quintic") {
+  if (schedule == "simple") {
     return NsSchedule{{{3.4445, -4.7750, 2.0315}}, 1.0};
   }
   if (schedule == "polar_express") {
@@ -29,10 +29,18 @@ absl::StatusOr<NsSchedule> ParseNsSchedule(absl::string_view schedule) {
                        {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}},
                       1.02};
   }
+  if (schedule == "quintic" || schedule == "aol") {
+    // Megatron-LM / emerging_optimizers name other tables so; rather than guess them, say so.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Newton-Schulz coefficients '", schedule,
+        "': that table of Megatron-LM's emerging_optimizers is not implemented; expected simple "
+        "(Keller Jordan's 3.4445, -4.7750, 2.0315, which Megatron calls simple), polar_express, or "
+        "a,b,c[;a,b,c...]"));
+  }
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Newton-Schulz coefficients '", schedule, "': ", why,
-        "; expected quintic, polar_express, or a,b,c[;a,b,c...] (one triple per iteration)"));
+        "; expected simple, polar_express, or a,b,c[;a,b,c...] (one triple per iteration)"));
   };
   std::vector<NsCoefficients> triples;
   for (absl::string_view part : absl::StrSplit(schedule, ';')) {

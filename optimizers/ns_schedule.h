@@ -20,8 +20,9 @@ struct NsSchedule {
 };
 
 // A schedule from its name or list:
-//   "quintic"        (3.4445, -4.7750, 2.0315) every iteration, norm_scale 1: Keller Jordan's
-//                    iteration, torch.optim.Muon's and Megatron-LM's default;
+//   "simple"         (3.4445, -4.7750, 2.0315) every iteration, norm_scale 1: Keller Jordan's
+//                    iteration, torch.optim.Muon's default (Megatron-LM's "simple" coefficient
+//                    type; its "quintic" and "aol" are other tables, refused by name);
 //   "polar_express"  the five per-iteration triples of Polar Express (Amsel et al.,
 //                    arXiv:2505.16932) as the modded-nanogpt speedrun and Dion publish them, with
 //                    their 2% normalisation margin (norm_scale 1.02); the last repeats after five;
