@@ -48,7 +48,7 @@ absl::Status CheckSaveDir(const TrainerConfig& c) {
     return absl::FailedPreconditionError(absl::StrCat(
         flag, ": cannot write in '", existing.string(), "': ", std::strerror(errno)));
   }
-  if (existing != target || c.resume) return absl::OkStatus();
+  if (existing != target || Resuming(c)) return absl::OkStatus();
   absl::StatusOr<std::vector<int64_t>> steps = checkpoint::ListCheckpoints(c.save_dir);
   absl::StatusOr<bool> has_latest =
       checkpoint::PathExists(checkpoint::JoinPath(c.save_dir, "latest"));

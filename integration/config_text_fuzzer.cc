@@ -51,7 +51,7 @@ void SetDistinct(int64_t& v, int i) { v = -101 - i; }
 void SetDistinct(int& v, int i) { v = -101 - i; }
 void SetDistinct(uint64_t& v, int i) { v = 0xfeedfacecafe0000ULL + i; }
 void SetDistinct(double& v, int i) { v = -1.5 - i; }
-void SetDistinct(bool& v, int) { v = !TrainerConfig().resume; }
+void SetDistinct(bool& v, int) { v = !v; }
 
 // A config whose every field differs from both TrainerConfig's and the proto's defaults, so a field
 // the parser writes without the text naming it shows up.
@@ -87,7 +87,7 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   Check(c.schedule == "constant" || c.schedule == "cosine" || c.schedule == "linear" ||
         c.schedule == "wsd");
   Check(!(c.dist == "distopt" && c.optimizer == "muon"));
-  Check(!((c.resume || c.save_every > 0) && c.save_dir.empty()));
+  Check(!((c.resume != "false" || c.save_every > 0) && c.save_dir.empty()));
   const absl::StatusOr<GptConfig> preset = GptPreset(c.model);
   Check(preset.ok());
   Check(c.steps >= 1 && c.global_batch >= 1 && c.micro_batches >= 1 && c.eval_batches >= 1 &&

@@ -85,11 +85,17 @@ int Fail(const absl::Status& status) {
 
 // Checks every "--name[=value]" argument against the registered flags before absl parses them, so
 // that an unknown flag or a bad value is exit code 2 (absl itself exits with 1). Records the names
-// given. Errors: kInvalidArgument.
+// given. --resume takes true, false or auto; a bare --resume (--noresume) is rewritten in argv to
+// --resume=true (false), as for a bool flag. Errors: kInvalidArgument.
 absl::Status PrescanFlags(int argc, char** argv, std::set<std::string>* given) {
+  static char kResumeTrue[] = "--resume=true";
+  static char kResumeFalse[] = "--resume=false";
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
+    if (arg == "--resume" || arg == "-resume") argv[i] = kResumeTrue;
+    if (arg == "--noresume" || arg == "-noresume") argv[i] = kResumeFalse;
+    arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
       return absl::InvalidArgumentError(
           absl::StrCat("unexpected argument '", arg, "' (flags are --name=value)"));
@@ -339,6 +345,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<collectives::RendezvousInfo> info =
       collectives::ParseRendezvous(collectives::ProcessEnvironment());
   const MachineResources machine = ProbeMachine();
+  // Every process decides alike, before any rank writes: a first start or a restart.
+  ResolveResumeAuto(&*config);
   if (info.ok()) {
     // Under a launcher the launcher decides the ranks: an explicit --nproc_per_node that disagrees
     // with it (say 2 under a one-task SLURM allocation) would otherwise be silently ignored.
@@ -373,7 +381,7 @@ int Main(int argc, char** argv) {
   if (absl::Status s = CheckMachine(*config, nprocs, nprocs, machine); !s.ok()) return Fail(s);
   if (absl::Status s = CheckLogDir(*config); !s.ok()) return Fail(s);
   if (absl::Status s = CheckSaveDir(*config); !s.ok()) return Fail(s);
-  if (config->resume) {
+  if (Resuming(*config)) {
     // The checkpoint's pointer and manifest (its CRC), once here rather than on every rank.
     if (!std::filesystem::exists(config->save_dir + "/latest")) {
       return Fail(absl::NotFoundError(absl::StrCat("--resume: no checkpoint in --save_dir: '",

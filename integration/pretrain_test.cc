@@ -370,6 +370,33 @@ TEST(Pretrain, NprocPerNodeUnderALauncherMustAgreeWithIt) {
   EXPECT_EQ(run.out, "");
 }
 
+// --resume=auto: one command for the first start and the restart. The first run finds no
+// checkpoint and starts afresh (stopping after step 4 with one); the same command then resumes it
+// and ends where an uninterrupted run ends, bitwise. A bad value exits 2.
+TEST(Pretrain, ResumeAutoStartsFreshThenResumes) {
+  const std::string dir = TempDir() + "/auto";
+  const std::vector<std::string> common = {"--steps=6", "--eval_every=0", "--check_every=0",
+                                           "--global_batch=8", "--max_grad_norm=0"};
+  std::vector<std::string> args = common;
+  args.push_back("--resume=auto");
+  args.push_back("--save_dir=" + dir);
+  std::vector<std::string> first = args;
+  first.push_back("--stop_after=4");
+  const RunResult a = RunPretrain(first);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(JsonField(LastLine(a.out), "steps"), "4");
+  const RunResult b = RunPretrain(args);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const RunResult straight = RunPretrain(common);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  EXPECT_EQ(JsonField(LastLine(b.out), "steps"), "6");
+  EXPECT_EQ(JsonField(LastLine(b.out), "param_checksum"),
+            JsonField(LastLine(straight.out), "param_checksum"));
+  const RunResult bad = RunPretrain({"--resume=maybe", "--save_dir=" + dir});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--resume 'maybe': expected true, false or auto"));
+}
+
 // Resume equivalence at the same dp: 8 steps straight vs 4 steps (--stop_after=4, the lr schedule
 // still spans --steps=8) + checkpoint, then --resume for steps 5..8 in a fresh process. Both end
 // at the same loss and params, bitwise (param_checksum is printed with 17 digits). Then the same

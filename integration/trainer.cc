@@ -768,7 +768,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   ASSIGN_OR_RETURN(const std::optional<checkpoint::RootLock> root_lock, LockSaveDir(c, comm));
   ASSIGN_OR_RETURN(Setup s, Build(c, comm));
   int64_t first_step = 1;
-  if (c.resume) {
+  if (Resuming(c)) {
     ASSIGN_OR_RETURN(const int64_t saved_step, Resume(c, s, comm, LastStep(c), options.out));
     first_step = saved_step + 1;
   }

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -97,8 +99,13 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", c.device, "': expected cpu or cuda"));
   }
-  if ((c.resume || c.save_every > 0) && c.save_dir.empty()) {
-    return absl::InvalidArgumentError(c.resume ? "--resume needs --save_dir (the checkpoint root)"
+  if (c.resume != "false" && c.resume != "true" && c.resume != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resume '", c.resume, "': expected true, false or auto"));
+  }
+  if ((c.resume != "false" || c.save_every > 0) && c.save_dir.empty()) {
+    return absl::InvalidArgumentError(c.resume != "false"
+                                          ? "--resume needs --save_dir (the checkpoint root)"
                                                : "--save_every needs --save_dir");
   }
   if (c.max_consecutive_skips < 0) {
@@ -323,6 +330,13 @@ std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {
     if (!p.empty()) out.emplace_back(p);
   }
   return out;
+}
+
+void ResolveResumeAuto(TrainerConfig* config) {
+  if (config->resume != "auto" || config->save_dir.empty()) return;  // validation names the latter
+  std::error_code ec;
+  config->resume =
+      std::filesystem::exists(config->save_dir + "/latest", ec) && !ec ? "true" : "false";
 }
 
 }  // namespace orthoshard::integration

@@ -42,6 +42,14 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 // other than cpu or cuda, ...). Whether this build and machine can run cuda is the caller's check.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
+// Whether the run continues from a checkpoint: --resume=true (after ResolveResumeAuto, also an
+// --resume=auto that found one).
+inline bool Resuming(const TrainerConfig& config) { return config.resume == "true"; }
+
+// Turns --resume=auto into true when --save_dir holds a `latest` pointer, else false; other values
+// are left alone. Every rank decides alike (the same file system, read before any rank writes).
+void ResolveResumeAuto(TrainerConfig* config);
+
 // --no_weight_decay split at commas, blanks trimmed, empty entries dropped.
 std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config);
 

@@ -144,9 +144,11 @@
     "checkpoint root (layerwise/distopt): step_NNNNNN/ dirs + `latest`; saved at the end") \
   X(int64_t, save_every, 0, \
     "also save a checkpoint every N steps (needs --save_dir); 0 = at the end only") \
-  X(bool, resume, false, \
-    "continue from --save_dir's latest checkpoint (any saved rank count); exit 2 if it is " \
-    "missing, corrupt or from another model/optimizer/data setup") \
+  X(std::string, resume, "false", \
+    "true (or bare --resume): continue from --save_dir's latest checkpoint (any saved rank " \
+    "count); exit 2 if it is missing, corrupt or from another model/optimizer/data setup. auto: " \
+    "the same when --save_dir has a `latest`, else start afresh (one command for a first " \
+    "start and every requeue or elastic restart). false: start afresh") \
   X(int64_t, stop_after, 0, \
     "stop after this step; the lr schedule still spans --steps (for a later --resume); 0 = " \
     "run to --steps") \

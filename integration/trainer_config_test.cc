@@ -29,7 +29,7 @@ using ::testing::HasSubstr;
 
 TEST(TrainerConfig, TextProtoSetsOnlyTheFieldsItNames) {
   TrainerConfig config;
-  ASSERT_OK(ApplyConfigText("steps: 7\nmodel: \"small\"\nlr: 0.5\nresume: false\n", "c", &config));
+  ASSERT_OK(ApplyConfigText("steps: 7\nmodel: \"small\"\nlr: 0.5\nresume: \"false\"\n", "c", &config));
   EXPECT_EQ(config.steps, 7);
   EXPECT_EQ(config.model, "small");
   EXPECT_EQ(config.lr, 0.5);
@@ -119,7 +119,7 @@ TEST(TrainerConfig, DeviceIsCpuOrCuda) {
 
 TEST(TrainerConfig, CheckpointFlagsAreChecked) {
   TrainerConfig config;
-  config.resume = true;
+  config.resume = "true";
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--resume needs --save_dir")));
   config.save_dir = "/tmp/x";

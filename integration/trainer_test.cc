@@ -126,7 +126,7 @@ TEST(CheckSaveDir, AcceptsAFreshOrResumableDirectory) {
   config.save_dir = dir;
   EXPECT_OK(CheckSaveDir(config));
   std::filesystem::create_directory(dir + "/step_000003");
-  config.resume = true;
+  config.resume = "true";
   EXPECT_OK(CheckSaveDir(config));
 }
 
