@@ -188,9 +188,17 @@ def peer_args(quick):
 
 
 def precision_args(quick):
-    """{model: pretrain args} of the precision section: the peer section's model and batch sizes,
-    2 ranks, layer-wise Muon; --precision is added per run."""
-    return {model: ours for model, (ours, _, _, _) in peer_args(quick).items()}
+    """{model: pretrain args} of the precision section: 2 ranks, layer-wise Muon with fp32
+    Newton-Schulz; --precision is added per run. small as in the peer section; gpt2-124m on 2 x 64
+    tokens for 3 steps, since a CPU without bf16 arithmetic takes minutes per bf16 step of it."""
+    out = {"small": peer_args(True)["small"][0]}
+    out["small"] = [a for a in out["small"] if not a.startswith("--steps=")] + [
+        "--steps=" + ("3" if quick else "6")]
+    if not quick:
+        out["gpt2-124m"] = ["--model=gpt2-124m", "--global_batch=2", "--seq_len=64", "--steps=3",
+                            "--muon_ns_dtype=fp32", "--num_threads=1", "--nproc_per_node=2"
+                            ] + PRETRAIN_STEPS_ONLY
+    return out
 
 
 def cpu_flags():
@@ -213,8 +221,13 @@ def run_precision(runner, quick, repeat):
     out = {}
     for model, args in precision_args(quick).items():
         order = ["fp32", "bf16"] if repeat % 2 == 0 else ["bf16", "fp32"]
-        got = {p: rl.parse_pretrain(runner.run(BIN["pretrain"], args + [f"--precision={p}"]))
-               for p in order}
+        try:
+            got = {p: rl.parse_pretrain(runner.run(BIN["pretrain"], args + [f"--precision={p}"],
+                                                   timeout=1800))
+                   for p in order}
+        except (RuntimeError, rl.ParseError, subprocess.TimeoutExpired) as e:
+            print(f"[bench] precision {model} failed: {e}", file=sys.stderr)
+            continue  # the other model's rows stand
         rows = {p: {"step_s": got[p]["step_s"], "tokens_per_s": got[p]["tokens_per_s"],
                     "cpu_s_per_step": got[p]["cpu_s_per_step"], "final_loss": got[p]["final_loss"],
                     "param_buffer_bytes": got[p]["param_buffer_bytes"]}
@@ -440,7 +453,7 @@ def main():
     for name in ("peer", "precision"):
         if raw.get(name):  # per model
             summaries[name] = {model: rl.summarize([r[model] for r in raw[name]])
-                               for model in raw[name][0]}
+                               for model in raw[name][0] if all(model in r for r in raw[name])}
     load_end = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 

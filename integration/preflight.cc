@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "integration/dataset.h"
+#include "common/status_macros.h"
 #include "integration/gpt_config.h"
 
 namespace orthoshard::integration {
@@ -134,12 +135,15 @@ absl::Status CheckMachine(const TrainerConfig& c, int local_ranks, int world_siz
       " per rank"));
 }
 
-absl::Status CheckLogDir(const TrainerConfig& c) {
+namespace {
+
+// `dir` (named by `flag_name`) is a directory this process can write in, or can be created under
+// its nearest existing ancestor. Errors: kFailedPrecondition naming the flag and the path.
+absl::Status CheckWritableDir(absl::string_view flag_name, const std::string& dir) {
   namespace fs = std::filesystem;
-  if (c.log_dir.empty()) return absl::OkStatus();
-  const std::string flag = absl::StrCat("--log_dir '", c.log_dir, "'");
+  const std::string flag = absl::StrCat(flag_name, " '", dir, "'");
   std::error_code ec;
-  fs::path existing = fs::absolute(c.log_dir, ec);
+  fs::path existing = fs::absolute(dir, ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat(flag, ": ", ec.message()));
   fs::file_status status = fs::status(existing, ec);
   while (status.type() == fs::file_type::not_found && existing.has_relative_path()) {
@@ -153,6 +157,16 @@ absl::Status CheckLogDir(const TrainerConfig& c) {
   if (::access(existing.c_str(), W_OK | X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         flag, ": cannot write in '", existing.string(), "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckLogDir(const TrainerConfig& c) {
+  if (!c.log_dir.empty()) RETURN_IF_ERROR(CheckWritableDir("--log_dir", c.log_dir));
+  if (c.profile_step_start > 0 && !c.profile_dir.empty()) {
+    RETURN_IF_ERROR(CheckWritableDir("--profile_dir", c.profile_dir));
   }
   return absl::OkStatus();
 }

@@ -39,9 +39,10 @@ int64_t MinBytesPerRank(const TrainerConfig& config, int world_size);
 absl::Status CheckMachine(const TrainerConfig& config, int local_ranks, int world_size,
                           const MachineResources& machine);
 
-// config.log_dir can take TensorBoard's files: it exists as a directory this process can write,
-// or can be created (its nearest existing ancestor is a writable directory). OK when empty.
-// Errors: kFailedPrecondition naming the path.
+// config.log_dir can take TensorBoard's files (and config.profile_dir the profile traces, when
+// profiling): each exists as a directory this process can write, or can be created (its nearest
+// existing ancestor is a writable directory). OK when empty. Errors: kFailedPrecondition naming
+// the flag and the path.
 absl::Status CheckLogDir(const TrainerConfig& config);
 
 }  // namespace orthoshard::integration

@@ -235,6 +235,8 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--profile_step_start=3 --profile_step_end=2", "--profile_step_end 2 precedes"},
       {"--profile_step_start=-1", "--profile_step_start -1 / --profile_step_end 0: expected"},
       {"--profile_step_start=400", "--profile_step_start 400 is after the last step (--steps 300)"},
+      {"--profile_step_start=2 --profile_dir=" + dir + "/bad.bin/prof",
+       "--profile_dir '" + dir + "/bad.bin/prof': '"},
   };
   for (const auto& [arg, message] : cases) {
     RunResult run = RunPretrain({arg, "--log_dir=" + log_dir});

@@ -782,7 +782,17 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     summary.param_buffer_bytes += b.numel() * DTypeSize(b.key.param_dtype);
   }
   summary.unigram_entropy = s.unigram_entropy;
-  if (comm.rank() == 0) PrintRunHeader(c, s, comm, options.out);
+  if (comm.rank() == 0) {
+    PrintRunHeader(c, s, comm, options.out);
+    if (first_step > 1) {
+      std::fprintf(options.out, "pretrain: resumed from the checkpoint of step %lld in %s\n",
+                   static_cast<long long>(first_step - 1), c.save_dir.c_str());
+    } else if (!c.save_dir.empty()) {
+      std::fprintf(options.out, "pretrain: starting afresh (checkpoints in %s)\n",
+                   c.save_dir.c_str());
+    }
+    std::fflush(options.out);
+  }
   RunMetrics metrics(c, comm, options, summary, first_step,
                      static_cast<double>(c.global_batch) * s.seq_len);
   RETURN_IF_ERROR(metrics.OpenTensorBoard(c.log_dir));
