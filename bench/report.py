@@ -744,6 +744,8 @@ def main():
                            "ratio", s["bf16_vs_fp32"]["speed"].format(2),
                            s["bf16_vs_fp32"]["cpu"].format(2),
                            s["bf16_vs_fp32"]["loss_diff"].format(4)]]), ""]
+            elif "precision" in summaries:
+                md += ["Not measured: a run of this model failed or timed out (see the run log).", ""]
         if "precision" in errors:
             md.append(failed("precision"))
 
