@@ -1,4 +1,5 @@
-// A GPT decoder on LibTorch, written with plain ATen ops over leaf tensors (no torch::nn).
+// A GPT decoder on LibTorch, written with plain ATen ops over leaf tensors (no torch::nn; one custom
+// autograd function, SwiGLU over the fused gate/up output, so its backward fills one gradient).
 //
 //   tokens [B, T] -> embedding -> L x Block -> final RMSNorm -> output head -> logits [B, T, V]
 //   Block(x):  x = x + Proj(Attention(Rotary(QKV(RMSNorm(x)))))      causal, grouped-query
