@@ -9,10 +9,10 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
-#include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/silu_backward.h>
 #include <c10/util/Exception.h>
