@@ -12,7 +12,20 @@
 #include "common/status_macros.h"
 
 namespace orthoshard::optimizers {
+
 namespace {
+
+// per_slot(held) summed over `slots` in order; a LibTorch error becomes kInternal naming `what`.
+template <typename T, typename Slots, typename PerSlot>
+absl::StatusOr<T> SumOverSlots(const Slots& slots, absl::string_view what, PerSlot per_slot) {
+  T sum{};
+  try {
+    for (const auto& held : slots) sum += per_slot(held);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  }
+  return sum;
+}
 
 bool IsFloatOrBf16(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
@@ -166,44 +179,26 @@ at::Tensor SlotOptimizer::ScaledGrad(size_t i, double grad_scale) const {
 }
 
 absl::StatusOr<double> SlotOptimizer::GradSumSquares() const {
-  double sum = 0.0;
-  try {
-    for (const Held& h : slots_) {
-      if (!h.slot.grad.defined()) continue;
-      const double norm =
-          at::linalg_vector_norm(h.slot.grad, 2, c10::nullopt, false, at::kFloat).item<double>();
-      sum += norm * norm;
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("grad norm: ", e.what_without_backtrace()));
-  }
-  return sum;
+  return SumOverSlots<double>(slots_, "grad norm", [](const Held& h) {
+    if (!h.slot.grad.defined()) return 0.0;
+    const double norm =
+        at::linalg_vector_norm(h.slot.grad, 2, c10::nullopt, false, at::kFloat).item<double>();
+    return norm * norm;
+  });
 }
 
 absl::StatusOr<double> SlotOptimizer::ParamSumSquares() const {
-  double sum = 0.0;
-  try {
-    for (const Held& h : slots_) {
-      const double norm = at::linalg_vector_norm(h.main, 2).item<double>();
-      sum += norm * norm;
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("param norm: ", e.what_without_backtrace()));
-  }
-  return sum;
+  return SumOverSlots<double>(slots_, "param norm", [](const Held& h) {
+    const double norm = at::linalg_vector_norm(h.main, 2).item<double>();
+    return norm * norm;
+  });
 }
 
 absl::StatusOr<int64_t> SlotOptimizer::GradZeros() const {
-  int64_t zeros = 0;
-  try {
-    for (const Held& h : slots_) {
-      if (!h.slot.grad.defined()) continue;
-      zeros += h.slot.grad.numel() - at::count_nonzero(h.slot.grad).item<int64_t>();
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("zero gradients: ", e.what_without_backtrace()));
-  }
-  return zeros;
+  return SumOverSlots<int64_t>(slots_, "zero gradients", [](const Held& h) -> int64_t {
+    if (!h.slot.grad.defined()) return 0;
+    return h.slot.grad.numel() - at::count_nonzero(h.slot.grad).item<int64_t>();
+  });
 }
 
 void SlotOptimizer::ExportState(std::vector<StateRecord>& out) const {
