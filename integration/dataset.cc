@@ -1,6 +1,9 @@
 #include "integration/dataset.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -9,12 +12,15 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "integration/prepared_dataset.pb.h"
 
 namespace orthoshard::integration {
 namespace {
@@ -76,27 +82,191 @@ const char* DtypeName(int code) {
   return code >= 1 && code <= 8 ? kNames[code] : "?";
 }
 
-int64_t ReadToken(const char* p, int code) {
+// The TokenStream type of an integer Megatron dtype code (1..5, 8).
+TokenStream::Type TypeOfCode(int code) {
   switch (code) {
-    case 1: return Load<uint8_t>(p);
-    case 2: return Load<int8_t>(p);
-    case 3: return Load<int16_t>(p);
-    case 4: return Load<int32_t>(p);
-    case 5: return Load<int64_t>(p);
-    case 8: return Load<uint16_t>(p);
+    case 1: return TokenStream::Type::kUInt8;
+    case 2: return TokenStream::Type::kInt8;
+    case 3: return TokenStream::Type::kInt16;
+    case 5: return TokenStream::Type::kInt64;
+    case 8: return TokenStream::Type::kUInt16;
   }
-  return -1;
+  return TokenStream::Type::kInt32;
+}
+
+int ElementSize(TokenStream::Type type) {
+  switch (type) {
+    case TokenStream::Type::kUInt8:
+    case TokenStream::Type::kInt8: return 1;
+    case TokenStream::Type::kInt16:
+    case TokenStream::Type::kUInt16: return 2;
+    case TokenStream::Type::kInt32: return 4;
+    case TokenStream::Type::kInt64: return 8;
+  }
+  return 4;
+}
+
+template <typename T>
+void CopyAs(const char* p, int64_t count, int64_t* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(Load<T>(p + i * sizeof(T)));
+}
+
+// Reads every token once (sequentially, then drops the pages from this process): sets
+// data->max_token, and fails on a negative id, naming the first.
+absl::Status ScanTokens(TokenDataset* data, absl::string_view where) {
+  const TokenStream& tokens = data->tokens;
+  tokens.Advise(TokenStream::Access::kSequential);
+  constexpr int64_t kBlock = 1 << 16;
+  std::vector<int64_t> block(kBlock);
+  int64_t max_token = -1;
+  for (int64_t start = 0; start < tokens.size(); start += kBlock) {
+    const int64_t n = std::min(kBlock, tokens.size() - start);
+    tokens.CopyTo(start, n, block.data());
+    for (int64_t i = 0; i < n; ++i) {
+      if (block[i] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "token ", block[i], " at index ", start + i, " is negative"));
+      }
+      max_token = std::max(max_token, block[i]);
+    }
+  }
+  if (max_token > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "token ", max_token, " does not fit a 32-bit token id"));
+  }
+  data->max_token = max_token;
+  tokens.Advise(TokenStream::Access::kDrop);
+  tokens.Advise(TokenStream::Access::kRandom);  // training reads windows in shuffled order
+  return absl::OkStatus();
+}
+
+// A regular file's size, or the error LoadTextFile & co. report for it.
+absl::StatusOr<int64_t> RegularFileSize(const std::string& path, absl::string_view what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string message =
+        absl::StrCat(what, " '", path, "': cannot open: ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "': ",
+                     S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file",
+                     ", expected a file"));
+  }
+  return static_cast<int64_t>(st.st_size);
 }
 
 }  // namespace
 
-double UnigramEntropy(const std::vector<int32_t>& tokens) {
+// ---- TokenStream ---------------------------------------------------------------------------------
+
+TokenStream::TokenStream(std::vector<int32_t> tokens) {
+  auto owned = std::make_shared<const std::vector<int32_t>>(std::move(tokens));
+  data_ = reinterpret_cast<const char*>(owned->data());
+  size_ = static_cast<int64_t>(owned->size());
+  storage_ = std::move(owned);
+}
+
+absl::StatusOr<TokenStream> TokenStream::MapFile(const std::string& path, int64_t offset,
+                                                 int64_t count, Type type,
+                                                 absl::string_view what) {
+  ASSIGN_OR_RETURN(const int64_t file_bytes, RegularFileSize(path, what));
+  const int element = ElementSize(type);
+  if (offset < 0 || count < 0 || offset > file_bytes || count > (file_bytes - offset) / element) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "': ", file_bytes, " bytes, expected at least ", offset,
+                     " + ", count, " tokens of ", element, " bytes"));
+  }
+  TokenStream stream;
+  stream.type_ = type;
+  stream.element_size_ = element;
+  stream.size_ = count;
+  stream.mapped_ = true;
+  if (file_bytes == 0) return stream;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "': cannot open: ", std::strerror(errno)));
+  }
+  void* base = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (base == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat(what, " '", path, "': mmap of ", file_bytes, " bytes failed: ",
+                     std::strerror(err)));
+  }
+  const size_t length = static_cast<size_t>(file_bytes);
+  stream.storage_ = std::shared_ptr<const void>(base, [length](const void* p) {
+    ::munmap(const_cast<void*>(p), length);
+  });
+  stream.data_ = static_cast<const char*>(base) + offset;
+  return stream;
+}
+
+int64_t TokenStream::operator[](int64_t i) const {
+  int64_t v;
+  CopyTo(i, 1, &v);
+  return v;
+}
+
+void TokenStream::CopyTo(int64_t start, int64_t count, int64_t* out) const {
+  const char* p = data_ + start * element_size_;
+  switch (type_) {
+    case Type::kUInt8: return CopyAs<uint8_t>(p, count, out);
+    case Type::kInt8: return CopyAs<int8_t>(p, count, out);
+    case Type::kInt16: return CopyAs<int16_t>(p, count, out);
+    case Type::kUInt16: return CopyAs<uint16_t>(p, count, out);
+    case Type::kInt32: return CopyAs<int32_t>(p, count, out);
+    case Type::kInt64: return CopyAs<int64_t>(p, count, out);
+  }
+}
+
+TokenStream TokenStream::Slice(int64_t start, int64_t count) const {
+  TokenStream view = *this;
+  view.data_ = data_ + start * element_size_;
+  view.size_ = count;
+  return view;
+}
+
+std::vector<int32_t> TokenStream::ToVector() const {
+  std::vector<int64_t> wide(size_);
+  CopyTo(0, size_, wide.data());
+  return std::vector<int32_t>(wide.begin(), wide.end());
+}
+
+void TokenStream::Advise(Access access) const {
+  if (!mapped_ || size_ == 0) return;
+  // madvise wants a page-aligned start: widen the range down to its page.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data_) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data_) + size_ * element_size_;
+  const int advice = access == Access::kSequential ? MADV_SEQUENTIAL
+                     : access == Access::kRandom   ? MADV_RANDOM
+                                                   : MADV_DONTNEED;
+  // Advice only: a failure changes speed, never the data.
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
+}
+
+// ---- Corpora -------------------------------------------------------------------------------------
+
+double UnigramEntropy(const TokenStream& tokens) {
   if (tokens.empty()) return 0.0;
   std::vector<int64_t> counts;
-  for (int32_t t : tokens) {
-    if (t >= static_cast<int64_t>(counts.size())) counts.resize(t + 1, 0);
-    ++counts[t];
+  constexpr int64_t kBlock = 1 << 16;
+  std::vector<int64_t> block(kBlock);
+  for (int64_t start = 0; start < tokens.size(); start += kBlock) {
+    const int64_t n = std::min(kBlock, tokens.size() - start);
+    tokens.CopyTo(start, n, block.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = block[i];
+      if (t >= static_cast<int64_t>(counts.size())) counts.resize(t + 1, 0);
+      ++counts[t];
+    }
   }
+  tokens.Advise(TokenStream::Access::kDrop);
   double h = 0.0;
   const double n = static_cast<double>(tokens.size());
   for (int64_t c : counts) {
@@ -168,41 +338,41 @@ absl::StatusOr<SyntheticCorpus> MakeSyntheticCorpus(const SyntheticOptions& opti
                    std::min(1.0, static_cast<double>(room) / static_cast<double>(line.size()));
     text.append(line, 0, std::min<size_t>(line.size(), room));
   }
-  corpus.data.tokens.assign(text.begin(), text.end());
+  corpus.data.tokens = TokenStream(std::vector<int32_t>(text.begin(), text.end()));
+  corpus.data.max_token = 0;
+  for (unsigned char c : text) corpus.data.max_token = std::max<int64_t>(corpus.data.max_token, c);
   corpus.entropy_nats_per_token = information / static_cast<double>(text.size());
   corpus.unigram_entropy_nats = UnigramEntropy(corpus.data.tokens);
   return corpus;
 }
 
 absl::StatusOr<TokenDataset> LoadTextFile(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path, "data file"));
-  if (bytes.empty()) {
+  ASSIGN_OR_RETURN(const int64_t bytes, RegularFileSize(path, "data file"));
+  if (bytes == 0) {
     return absl::InvalidArgumentError(absl::StrCat("data file '", path, "': file is empty"));
   }
-  TokenDataset data{path, 256, {}};
-  data.tokens.reserve(bytes.size());
-  for (char c : bytes) data.tokens.push_back(static_cast<uint8_t>(c));
+  TokenDataset data;
+  data.name = path;
+  data.vocab_size = 256;
+  ASSIGN_OR_RETURN(data.tokens,
+                   TokenStream::MapFile(path, 0, bytes, TokenStream::Type::kUInt8, "data file"));
+  RETURN_IF_ERROR(ScanTokens(&data, absl::StrCat("data file '", path, "': ")));
   return data;
 }
 
-absl::StatusOr<TokenDataset> LoadNanoGptFile(const std::string& path, int64_t vocab_size) {
-  ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path, "nanoGPT token file"));
+absl::StatusOr<TokenDataset> LoadNanoGptFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const int64_t bytes, RegularFileSize(path, "nanoGPT token file"));
   const std::string where = absl::StrCat("nanoGPT token file '", path, "': ");
-  if (bytes.empty()) return absl::InvalidArgumentError(where + "file is empty");
-  if (bytes.size() % 2 != 0) {
+  if (bytes == 0) return absl::InvalidArgumentError(where + "file is empty");
+  if (bytes % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, "size ", bytes.size(), " bytes is not a multiple of 2 (uint16 tokens)"));
+        where, "size ", bytes, " bytes is not a multiple of 2 (uint16 tokens)"));
   }
-  TokenDataset data{path, vocab_size, {}};
-  data.tokens.resize(bytes.size() / 2);
-  for (size_t i = 0; i < data.tokens.size(); ++i) {
-    const uint16_t t = Load<uint16_t>(bytes.data() + 2 * i);
-    if (t >= vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "token ", t, " at index ", i, " is >= vocab size ", vocab_size));
-    }
-    data.tokens[i] = t;
-  }
+  TokenDataset data;
+  data.name = path;
+  ASSIGN_OR_RETURN(data.tokens, TokenStream::MapFile(path, 0, bytes / 2, TokenStream::Type::kUInt16,
+                                                     "nanoGPT token file"));
+  RETURN_IF_ERROR(ScanTokens(&data, where));
   return data;
 }
 
@@ -295,7 +465,7 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view bytes, absl::
   return index;
 }
 
-absl::StatusOr<TokenDataset> LoadMegatronDataset(const std::string& prefix, int64_t vocab_size) {
+absl::StatusOr<TokenDataset> LoadMegatronDataset(const std::string& prefix) {
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
   ASSIGN_OR_RETURN(const std::string idx_bytes, ReadFile(idx_path, "megatron index"));
   ASSIGN_OR_RETURN(const MegatronIndex index, ParseMegatronIndex(idx_bytes, idx_path));
@@ -304,71 +474,136 @@ absl::StatusOr<TokenDataset> LoadMegatronDataset(const std::string& prefix, int6
         "megatron index '", idx_path, "': dtype code ", index.dtype_code, " (",
         DtypeName(index.dtype_code), ") is not an integer token type"));
   }
-  ASSIGN_OR_RETURN(const std::string bin, ReadFile(bin_path, "megatron data"));
+  ASSIGN_OR_RETURN(const int64_t bin_bytes, RegularFileSize(bin_path, "megatron data"));
   const std::string where = absl::StrCat("megatron data '", bin_path, "': ");
-  if (static_cast<int64_t>(bin.size()) != index.bin_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "size ", bin.size(), " bytes, index '",
+  if (bin_bytes != index.bin_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "size ", bin_bytes, " bytes, index '",
                                                    idx_path, "' says ", index.bin_bytes()));
   }
-  TokenDataset data{prefix, vocab_size, {}};
   const int64_t n = index.bin_bytes() / index.element_size;
   if (n == 0) return absl::InvalidArgumentError(where + "dataset has no tokens");
-  data.tokens.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = ReadToken(bin.data() + i * index.element_size, index.dtype_code);
-    if (t < 0 || t >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "token ", t, " at index ", i,
-                                                     " is outside [0, vocab size ", vocab_size,
-                                                     ")"));
-    }
-    data.tokens[i] = static_cast<int32_t>(t);
+  TokenDataset data;
+  data.name = prefix;
+  ASSIGN_OR_RETURN(data.tokens, TokenStream::MapFile(bin_path, 0, n, TypeOfCode(index.dtype_code),
+                                                     "megatron data"));
+  RETURN_IF_ERROR(ScanTokens(&data, where));
+  return data;
+}
+
+absl::StatusOr<PreparedInfo> ReadPreparedInfo(const std::string& dir) {
+  const std::string path = dir + "/dataset.json";
+  const std::string where = absl::StrCat("prepared dataset '", path, "': ");
+  ASSIGN_OR_RETURN(const std::string json, ReadFile(path, "prepared dataset"));
+  PreparedDataset message;
+  if (const auto status = google::protobuf::util::JsonStringToMessage(json, &message);
+      !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "not a dataset.json of tools/prepare_data.py: ", status.ToString()));
+  }
+  if (message.format() != "orthoshard-prepared-dataset" || message.version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "format \"", message.format(), "\" version ", message.version(),
+        ", expected \"orthoshard-prepared-dataset\" version 1"));
+  }
+  if (message.vocab_size() < 1 || message.eod_token() < 0 ||
+      message.eod_token() >= message.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "vocab_size ", message.vocab_size(), " and eod_token ", message.eod_token(),
+        ": expected vocab_size >= 1 and 0 <= eod_token < vocab_size"));
+  }
+  // Names inside the directory only: a dataset.json never points elsewhere.
+  const auto plain_name = [](const std::string& name) {
+    return !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
+  };
+  if (!plain_name(message.tokenizer()) || !plain_name(message.train().prefix()) ||
+      (message.has_val() && !plain_name(message.val().prefix()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "tokenizer, train.prefix and val.prefix must be file names inside the directory"));
+  }
+  PreparedInfo info;
+  info.dir = dir;
+  info.vocab_size = message.vocab_size();
+  info.eod_token = message.eod_token();
+  info.tokenizer_path = absl::StrCat(dir, "/", message.tokenizer());
+  info.train_prefix = absl::StrCat(dir, "/", message.train().prefix());
+  if (message.has_val()) info.val_prefix = absl::StrCat(dir, "/", message.val().prefix());
+  return info;
+}
+
+namespace {
+
+struct SpecParts {
+  absl::string_view kind;
+  std::string arg;
+  bool has_arg = false;
+};
+
+SpecParts SplitSpec(absl::string_view spec) {
+  const size_t colon = spec.find(':');
+  SpecParts parts;
+  parts.kind = spec.substr(0, colon);
+  parts.has_arg = colon != absl::string_view::npos;
+  if (parts.has_arg) parts.arg = std::string(spec.substr(colon + 1));
+  return parts;
+}
+
+absl::Status BadSpec(absl::string_view spec) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data spec '", spec,
+      "': expected synthetic[:TOKENS], text:PATH, nanogpt:PATH, megatron:PREFIX or prepared:DIR"));
+}
+
+}  // namespace
+
+absl::StatusOr<TokenDataset> LoadDatasetSpec(absl::string_view spec, uint64_t seed) {
+  const SpecParts parts = SplitSpec(spec);
+  if (parts.kind == "synthetic") {
+    SyntheticOptions options;
+    options.seed = seed;
+    if (parts.has_arg && !absl::SimpleAtoi(parts.arg, &options.num_tokens)) return BadSpec(spec);
+    ASSIGN_OR_RETURN(SyntheticCorpus corpus, MakeSyntheticCorpus(options));
+    return std::move(corpus.data);
+  }
+  if (!parts.has_arg || parts.arg.empty()) return BadSpec(spec);
+  if (parts.kind == "text") return LoadTextFile(parts.arg);
+  if (parts.kind == "nanogpt") return LoadNanoGptFile(parts.arg);
+  if (parts.kind == "megatron") return LoadMegatronDataset(parts.arg);
+  if (parts.kind == "prepared") {
+    ASSIGN_OR_RETURN(const PreparedInfo info, ReadPreparedInfo(parts.arg));
+    ASSIGN_OR_RETURN(TokenDataset data, LoadMegatronDataset(info.train_prefix));
+    data.vocab_size = info.vocab_size;
+    data.eod_token = info.eod_token;
+    return data;
+  }
+  return BadSpec(spec);
+}
+
+absl::StatusOr<std::string> EvalSpecOf(absl::string_view spec) {
+  const SpecParts parts = SplitSpec(spec);
+  if (parts.kind != "prepared" || parts.arg.empty()) return std::string();
+  ASSIGN_OR_RETURN(const PreparedInfo info, ReadPreparedInfo(parts.arg));
+  return info.val_prefix.empty() ? std::string() : absl::StrCat("megatron:", info.val_prefix);
+}
+
+absl::StatusOr<TokenDataset> DescribeDatasetSpec(absl::string_view spec) {
+  const SpecParts parts = SplitSpec(spec);
+  TokenDataset data;
+  data.name = std::string(spec);
+  if (parts.kind == "synthetic" || parts.kind == "text") data.vocab_size = 256;
+  if (parts.kind == "prepared" && !parts.arg.empty()) {
+    ASSIGN_OR_RETURN(const PreparedInfo info, ReadPreparedInfo(parts.arg));
+    data.vocab_size = info.vocab_size;
+    data.eod_token = info.eod_token;
   }
   return data;
 }
 
-absl::StatusOr<TokenDataset> LoadDatasetSpec(absl::string_view spec, int64_t vocab_size,
-                                             uint64_t seed) {
-  const size_t colon = spec.find(':');
-  const absl::string_view kind = spec.substr(0, colon);
-  const std::string arg(colon == absl::string_view::npos ? "" : spec.substr(colon + 1));
-  const auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data spec '", spec,
-        "': expected synthetic[:TOKENS], text:PATH, nanogpt:PATH or megatron:PREFIX"));
-  };
-  if (kind == "synthetic") {
-    SyntheticOptions options;
-    options.seed = seed;
-    if (colon != absl::string_view::npos && !absl::SimpleAtoi(arg, &options.num_tokens)) {
-      return bad();
-    }
-    ASSIGN_OR_RETURN(SyntheticCorpus corpus, MakeSyntheticCorpus(options));
-    return std::move(corpus.data);
-  }
-  if (colon == absl::string_view::npos || arg.empty()) return bad();
-  if (kind == "text") return LoadTextFile(arg);
-  if (kind == "nanogpt") return LoadNanoGptFile(arg, vocab_size);
-  if (kind == "megatron") return LoadMegatronDataset(arg, vocab_size);
-  return bad();
-}
-
-int64_t DatasetSpecMinTokens(absl::string_view spec) {
-  const size_t colon = spec.find(':');
-  const absl::string_view kind = spec.substr(0, colon);
-  const std::string arg(colon == absl::string_view::npos ? "" : spec.substr(colon + 1));
-  if (kind == "synthetic") {
-    int64_t tokens = SyntheticOptions().num_tokens;
-    if (colon != absl::string_view::npos && !absl::SimpleAtoi(arg, &tokens)) return 0;
-    return std::max<int64_t>(tokens, 0);
-  }
-  const std::string path = kind == "megatron" ? arg + ".bin" : arg;
-  struct stat st;
-  if (arg.empty() || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
-  const int64_t bytes = static_cast<int64_t>(st.st_size);
-  if (kind == "text") return bytes;           // a token per byte
-  if (kind == "nanogpt") return bytes / 2;    // uint16 tokens
-  if (kind == "megatron") return bytes / 8;   // at most 8 bytes a token (int64/float64 codes)
-  return 0;
+int64_t DatasetSpecResidentBytes(absl::string_view spec) {
+  const SpecParts parts = SplitSpec(spec);
+  if (parts.kind != "synthetic") return 0;  // files are mapped: shared page cache, not rank memory
+  int64_t tokens = SyntheticOptions().num_tokens;
+  if (parts.has_arg && !absl::SimpleAtoi(parts.arg, &tokens)) return 0;
+  return std::max<int64_t>(tokens, 0) * (4 + 1);  // int32 tokens + the generated text
 }
 
 absl::StatusOr<std::pair<TokenDataset, TokenDataset>> SplitTrainEval(const TokenDataset& data,
@@ -378,7 +613,7 @@ absl::StatusOr<std::pair<TokenDataset, TokenDataset>> SplitTrainEval(const Token
     return absl::InvalidArgumentError(
         absl::StrCat("eval fraction must be in (0, 1), got ", eval_fraction));
   }
-  const int64_t n = static_cast<int64_t>(data.tokens.size());
+  const int64_t n = data.tokens.size();
   const int64_t eval = static_cast<int64_t>(std::ceil(eval_fraction * static_cast<double>(n)));
   if (eval < min_tokens || n - eval < min_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -387,10 +622,12 @@ absl::StatusOr<std::pair<TokenDataset, TokenDataset>> SplitTrainEval(const Token
         min_tokens));
   }
   std::pair<TokenDataset, TokenDataset> parts;
-  parts.first = {data.name + " (train)", data.vocab_size,
-                 std::vector<int32_t>(data.tokens.begin(), data.tokens.end() - eval)};
-  parts.second = {data.name + " (eval)", data.vocab_size,
-                  std::vector<int32_t>(data.tokens.end() - eval, data.tokens.end())};
+  parts.first = data;
+  parts.first.name = data.name + " (train)";
+  parts.first.tokens = data.tokens.Slice(0, n - eval);
+  parts.second = data;
+  parts.second.name = data.name + " (eval)";
+  parts.second.tokens = data.tokens.Slice(n - eval, eval);
   return parts;
 }
 

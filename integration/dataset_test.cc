@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "integration/training_data.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -57,9 +58,11 @@ TEST(SyntheticCorpus, DeterministicAndLearnable) {
   ASSERT_OK_AND_ASSIGN(SyntheticCorpus a, MakeSyntheticCorpus({/*seed=*/5, /*num_tokens=*/200000}));
   ASSERT_OK_AND_ASSIGN(SyntheticCorpus b, MakeSyntheticCorpus({/*seed=*/5, /*num_tokens=*/200000}));
   ASSERT_OK_AND_ASSIGN(SyntheticCorpus c, MakeSyntheticCorpus({/*seed=*/6, /*num_tokens=*/200000}));
-  EXPECT_EQ(a.data.tokens, b.data.tokens);
-  EXPECT_NE(a.data.tokens, c.data.tokens);
-  ASSERT_EQ(a.data.tokens.size(), 200000u);
+  EXPECT_EQ(a.data.tokens.ToVector(), b.data.tokens.ToVector());
+  EXPECT_NE(a.data.tokens.ToVector(), c.data.tokens.ToVector());
+  ASSERT_EQ(a.data.tokens.size(), 200000);
+  const std::vector<int32_t> all = a.data.tokens.ToVector();
+  EXPECT_EQ(a.data.max_token, *std::max_element(all.begin(), all.end()));
   EXPECT_EQ(a.data.vocab_size, 256);
   // Far below the unigram entropy: a model has much to learn beyond byte frequencies. These are
   // properties of the generator (integer counts, sums of logs in double), not tolerances:
@@ -70,7 +73,8 @@ TEST(SyntheticCorpus, DeterministicAndLearnable) {
   EXPECT_GT(a.entropy_nats_per_token, 0.2);
   EXPECT_EQ(a.unigram_entropy_nats, UnigramEntropy(a.data.tokens));  // same code, same input
   // Each line opens and closes with the same name.
-  const std::string text(a.data.tokens.begin(), a.data.tokens.begin() + 2000);
+  const std::vector<int32_t> ids = a.data.tokens.ToVector();
+  const std::string text(ids.begin(), ids.begin() + 2000);
   const size_t end = text.find('\n');
   ASSERT_NE(end, std::string::npos);
   const std::string line = text.substr(0, end);
@@ -87,9 +91,10 @@ TEST(SyntheticCorpus, RejectsTinySize) {
 TEST(UnigramEntropy, UniformIsLogN) {
   // Four terms -(1/4) log(1/4): log within 1 ulp on each side (2 * 2^-52 relative), the scaling
   // by 1/4 exact, two of the three additions rounded (2 * 2^-53): at most 6 * 2^-53 relative.
-  EXPECT_NEAR(UnigramEntropy({0, 1, 2, 3}), std::log(4.0), 8 * 0x1p-53 * std::log(4.0));
-  EXPECT_EQ(UnigramEntropy({7, 7, 7}), 0.0);
-  EXPECT_EQ(UnigramEntropy({}), 0.0);
+  EXPECT_NEAR(UnigramEntropy(TokenStream({0, 1, 2, 3})), std::log(4.0),
+              8 * 0x1p-53 * std::log(4.0));
+  EXPECT_EQ(UnigramEntropy(TokenStream({7, 7, 7})), 0.0);
+  EXPECT_EQ(UnigramEntropy(TokenStream()), 0.0);
 }
 
 TEST(TextFile, BytesAreTokens) {
@@ -97,7 +102,9 @@ TEST(TextFile, BytesAreTokens) {
   WriteFile(path, std::string("hi\xff\n", 4));
   ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadTextFile(path));
   EXPECT_EQ(data.vocab_size, 256);
-  EXPECT_THAT(data.tokens, ElementsAre('h', 'i', 255, '\n'));
+  EXPECT_TRUE(data.tokens.mapped());
+  EXPECT_THAT(data.tokens.ToVector(), ElementsAre('h', 'i', 255, '\n'));
+  EXPECT_EQ(data.max_token, 255);
   WriteFile(path, "");
   EXPECT_THAT(LoadTextFile(path), StatusIs(absl::StatusCode::kInvalidArgument,
                                            HasSubstr("data file '" + path + "': file is empty")));
@@ -110,18 +117,15 @@ TEST(TextFile, BytesAreTokens) {
 TEST(NanoGptFile, Uint16LittleEndian) {
   const std::string path = TempPath("train.bin");
   WriteFile(path, std::string("\x01\x00\xff\x00\x00\x01", 6));
-  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadNanoGptFile(path, 300));
-  EXPECT_THAT(data.tokens, ElementsAre(1, 255, 256));
-  EXPECT_EQ(data.vocab_size, 300);
-  EXPECT_THAT(LoadNanoGptFile(path, 256),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("nanoGPT token file '" + path +
-                                 "': token 256 at index 2 is >= vocab size 256")));
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadNanoGptFile(path));
+  EXPECT_THAT(data.tokens.ToVector(), ElementsAre(1, 255, 256));
+  EXPECT_EQ(data.vocab_size, 0);  // the format does not record it
+  EXPECT_EQ(data.max_token, 256);
   WriteFile(path, std::string("\x01\x00\x02", 3));
-  EXPECT_THAT(LoadNanoGptFile(path, 300),
+  EXPECT_THAT(LoadNanoGptFile(path),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("size 3 bytes is not a multiple of 2 (uint16 tokens)")));
-  EXPECT_THAT(LoadNanoGptFile(TempPath("absent.bin"), 300),
+  EXPECT_THAT(LoadNanoGptFile(TempPath("absent.bin")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
 }
 
@@ -132,8 +136,10 @@ TEST(Megatron, ReadsSequencesInOrder) {
   std::string bin;
   for (int32_t t : {10, 11, 20, 30, 31, 32}) Put<int32_t>(&bin, t);
   WriteFile(prefix + ".bin", bin);
-  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadMegatronDataset(prefix, 64));
-  EXPECT_THAT(data.tokens, ElementsAre(10, 11, 20, 30, 31, 32));
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadMegatronDataset(prefix));
+  EXPECT_THAT(data.tokens.ToVector(), ElementsAre(10, 11, 20, 30, 31, 32));
+  EXPECT_EQ(data.max_token, 32);
+  EXPECT_EQ(data.eod_token, -1);
 
   ASSERT_OK_AND_ASSIGN(MegatronIndex index,
                        ParseMegatronIndex(MegatronIdx(4, 4, {2, 1, 3}, {0, 2, 3}), "x"));
@@ -148,34 +154,34 @@ TEST(Megatron, Uint16AndUint8) {
   const std::string prefix = TempPath("mega16");
   WriteFile(prefix + ".idx", MegatronIdx(8, 2, {3}, {0, 1}));
   WriteFile(prefix + ".bin", std::string("\x05\x00\x00\x01\x07\x00", 6));
-  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadMegatronDataset(prefix, 50304));
-  EXPECT_THAT(data.tokens, ElementsAre(5, 256, 7));
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadMegatronDataset(prefix));
+  EXPECT_THAT(data.tokens.ToVector(), ElementsAre(5, 256, 7));
   WriteFile(prefix + ".idx", MegatronIdx(1, 1, {2, 1}, {0, 2}));
   WriteFile(prefix + ".bin", "abc");
-  ASSERT_OK_AND_ASSIGN(data, LoadMegatronDataset(prefix, 256));
-  EXPECT_THAT(data.tokens, ElementsAre('a', 'b', 'c'));
+  ASSERT_OK_AND_ASSIGN(data, LoadMegatronDataset(prefix));
+  EXPECT_THAT(data.tokens.ToVector(), ElementsAre('a', 'b', 'c'));
 }
 
 TEST(Megatron, LoadErrors) {
   const std::string prefix = TempPath("megabad");
   const std::string idx = prefix + ".idx", bin = prefix + ".bin";
-  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+  EXPECT_THAT(LoadMegatronDataset(prefix),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("megatron index '" + idx + "': cannot open")));
   WriteFile(idx, MegatronIdx(3, 2, {2}, {0, 1}));
-  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+  EXPECT_THAT(LoadMegatronDataset(prefix),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("megatron data '" + bin + "'")));
   WriteFile(bin, std::string("\x01\x00", 2));
-  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+  EXPECT_THAT(LoadMegatronDataset(prefix),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("megatron data '" + bin + "': size 2 bytes, index '" + idx +
                                  "' says 4")));
   WriteFile(bin, std::string("\x01\x00\xff\xff", 4));  // int16 -1
-  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+  EXPECT_THAT(LoadMegatronDataset(prefix),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("token -1 at index 1 is outside [0, vocab size 10)")));
+                       HasSubstr("token -1 at index 1 is negative")));
   WriteFile(idx, MegatronIdx(7, 4, {1}, {0, 1}));
-  EXPECT_THAT(LoadMegatronDataset(prefix, 10),
+  EXPECT_THAT(LoadMegatronDataset(prefix),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("dtype code 7 (float32) is not an integer token type")));
 }
@@ -268,42 +274,45 @@ TEST(Megatron, MutatedIndexNeverCrashes) {
 }
 
 TEST(LoadDatasetSpec, EveryKind) {
-  ASSERT_OK_AND_ASSIGN(TokenDataset synthetic, LoadDatasetSpec("synthetic:1000", 256, 3));
+  ASSERT_OK_AND_ASSIGN(TokenDataset synthetic, LoadDatasetSpec("synthetic:1000", 3));
   ASSERT_OK_AND_ASSIGN(SyntheticCorpus direct, MakeSyntheticCorpus({3, 1000}));
-  EXPECT_EQ(synthetic.tokens, direct.data.tokens);
-  ASSERT_OK_AND_ASSIGN(TokenDataset default_size, LoadDatasetSpec("synthetic", 256, 3));
-  EXPECT_EQ(default_size.tokens.size(), 1u << 20);
+  EXPECT_EQ(synthetic.tokens.ToVector(), direct.data.tokens.ToVector());
+  ASSERT_OK_AND_ASSIGN(TokenDataset default_size, LoadDatasetSpec("synthetic", 3));
+  EXPECT_EQ(default_size.tokens.size(), 1 << 20);
 
   const std::string text = TempPath("spec.txt");
   WriteFile(text, "abc");
-  ASSERT_OK_AND_ASSIGN(TokenDataset t, LoadDatasetSpec("text:" + text, 256, 0));
-  EXPECT_THAT(t.tokens, ElementsAre('a', 'b', 'c'));
+  ASSERT_OK_AND_ASSIGN(TokenDataset t, LoadDatasetSpec("text:" + text, 0));
+  EXPECT_THAT(t.tokens.ToVector(), ElementsAre('a', 'b', 'c'));
   const std::string nano = TempPath("spec.bin");
   WriteFile(nano, std::string("\x02\x00", 2));
-  ASSERT_OK_AND_ASSIGN(TokenDataset n, LoadDatasetSpec("nanogpt:" + nano, 5, 0));
-  EXPECT_THAT(n.tokens, ElementsAre(2));
+  ASSERT_OK_AND_ASSIGN(TokenDataset n, LoadDatasetSpec("nanogpt:" + nano, 0));
+  EXPECT_THAT(n.tokens.ToVector(), ElementsAre(2));
   const std::string prefix = TempPath("spec_mega");
   WriteFile(prefix + ".idx", MegatronIdx(1, 1, {2}, {0, 1}));
   WriteFile(prefix + ".bin", std::string("\x01\x04", 2));
-  ASSERT_OK_AND_ASSIGN(TokenDataset m, LoadDatasetSpec("megatron:" + prefix, 5, 0));
-  EXPECT_THAT(m.tokens, ElementsAre(1, 4));
+  ASSERT_OK_AND_ASSIGN(TokenDataset m, LoadDatasetSpec("megatron:" + prefix, 0));
+  EXPECT_THAT(m.tokens.ToVector(), ElementsAre(1, 4));
 
   for (const char* spec : {"csv:x", "text", "text:", "synthetic:many", ""}) {
-    EXPECT_THAT(LoadDatasetSpec(spec, 256, 0),
+    EXPECT_THAT(LoadDatasetSpec(spec, 0),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat("data spec '", spec,
                                                 "': expected synthetic[:TOKENS], text:PATH, "
-                                                "nanogpt:PATH or megatron:PREFIX"))));
+                                                "nanogpt:PATH, megatron:PREFIX or "
+                                                "prepared:DIR"))));
   }
-  EXPECT_THAT(LoadDatasetSpec("nanogpt:" + TempPath("none.bin"), 5, 0),
+  EXPECT_THAT(LoadDatasetSpec("nanogpt:" + TempPath("none.bin"), 0),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
 }
 
 TEST(SplitTrainEval, TailIsHeldOut) {
-  TokenDataset data{"d", 10, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  TokenDataset data{"d", 10, -1, TokenStream({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), 9};
   ASSERT_OK_AND_ASSIGN(auto parts, SplitTrainEval(data, 0.25, 2));
-  EXPECT_THAT(parts.first.tokens, ElementsAre(0, 1, 2, 3, 4, 5, 6));
-  EXPECT_THAT(parts.second.tokens, ElementsAre(7, 8, 9));
+  EXPECT_THAT(parts.first.tokens.ToVector(), ElementsAre(0, 1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(parts.second.tokens.ToVector(), ElementsAre(7, 8, 9));
+  EXPECT_EQ(parts.second.tokens[0], 7);
+  EXPECT_EQ(parts.second.tokens.Slice(1, 2).ToVector(), std::vector<int32_t>({8, 9}));
   EXPECT_EQ(parts.second.vocab_size, 10);
   EXPECT_THAT(SplitTrainEval(data, 1.5, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -312,6 +321,128 @@ TEST(SplitTrainEval, TailIsHeldOut) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("dataset 'd' has 10 tokens: an eval fraction of 0.05 leaves 9 "
                                  "train and 1 eval tokens, each needs at least 2")));
+}
+
+// A prepared directory as tools/prepare_data.py writes it (tokens given; uint16 Megatron files).
+void WritePrepared(const std::string& dir, int64_t vocab, int64_t eod,
+                   const std::vector<uint16_t>& train, const std::vector<uint16_t>& val,
+                   const std::string& extra_json = "") {
+  ASSERT_EQ(::system(("mkdir -p " + dir).c_str()), 0);
+  for (const auto& [name, tokens] : {std::pair<std::string, const std::vector<uint16_t>*>{"train", &train},
+                                     {"val", &val}}) {
+    WriteFile(dir + "/" + name + ".idx",
+              MegatronIdx(8, 2, {static_cast<int32_t>(tokens->size())}, {0, 1}));
+    std::string bin;
+    for (uint16_t t : *tokens) Put<uint16_t>(&bin, t);
+    WriteFile(dir + "/" + name + ".bin", bin);
+  }
+  WriteFile(dir + "/dataset.json",
+            absl::StrCat("{\"format\": \"orthoshard-prepared-dataset\", \"version\": 1, ",
+                         "\"vocab_size\": ", vocab, ", \"eod_token\": ", eod,
+                         ", \"tokenizer\": \"tokenizer.json\", \"train\": {\"prefix\": \"train\"}, ",
+                         "\"val\": {\"prefix\": \"val\"}", extra_json, "}"));
+}
+
+std::vector<uint16_t> Ramp(int n, int vocab) {
+  std::vector<uint16_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(i % vocab);
+  return v;
+}
+
+TEST(Prepared, VocabularyEodAndValSplitComeFromTheDirectory) {
+  const std::string dir = TempPath("prepared");
+  WritePrepared(dir, 300, 299, Ramp(200, 300), Ramp(80, 300));
+  ASSERT_OK_AND_ASSIGN(TokenDataset data, LoadDatasetSpec("prepared:" + dir, 0));
+  EXPECT_EQ(data.vocab_size, 300);
+  EXPECT_EQ(data.eod_token, 299);
+  EXPECT_EQ(data.tokens.size(), 200);
+  EXPECT_TRUE(data.tokens.mapped());
+  ASSERT_OK_AND_ASSIGN(std::string eval, EvalSpecOf("prepared:" + dir));
+  EXPECT_EQ(eval, "megatron:" + dir + "/val");
+  ASSERT_OK_AND_ASSIGN(std::string none, EvalSpecOf("megatron:" + dir + "/train"));
+  EXPECT_EQ(none, "");
+
+  TrainerConfig c;
+  c.model = "tiny";  // vocab 256, seq_len 64
+  c.data = "prepared:" + dir;
+  c.seq_len = 16;
+  ASSERT_OK_AND_ASSIGN(TrainingData td, LoadTrainingData(c));
+  EXPECT_EQ(td.model.config.vocab_size, 300);
+  EXPECT_EQ(td.model.vocab_source, "--data=prepared:" + dir);
+  EXPECT_EQ(td.eod_token, 299);
+  EXPECT_EQ(td.train->tokens.size(), 200);
+  EXPECT_EQ(td.eval->tokens.size(), 80);
+  EXPECT_EQ(td.eval_source, "the data's val split");
+
+  // --vocab_size may pad the vocabulary, never cut it.
+  c.vocab_size = 384;
+  ASSERT_OK_AND_ASSIGN(td, LoadTrainingData(c));
+  EXPECT_EQ(td.model.config.vocab_size, 384);
+  c.vocab_size = 256;
+  EXPECT_THAT(LoadTrainingData(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--vocab_size 256 is below the vocabulary of --data=prepared:" +
+                                 dir + " (300)")));
+  c.vocab_size = 0;
+  c.eod_token = 5;
+  EXPECT_THAT(LoadTrainingData(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--eod_token 5 differs from the EOD token 299")));
+  c.eod_token = -1;
+  c.eval_data = "megatron:" + dir + "/train";
+  ASSERT_OK_AND_ASSIGN(td, LoadTrainingData(c));
+  EXPECT_EQ(td.eval->tokens.size(), 200);
+  EXPECT_EQ(td.eval_source, "--eval_data=megatron:" + dir + "/train");
+}
+
+TEST(Prepared, TokensBeyondTheVocabularySayWhatFits) {
+  const std::string prefix = TempPath("big_ids");
+  std::vector<uint16_t> ids = Ramp(200, 250);
+  ids[17] = 50256;  // a GPT-2 token id
+  WriteFile(prefix + ".idx", MegatronIdx(8, 2, {200}, {0, 1}));
+  std::string bin;
+  for (uint16_t t : ids) Put<uint16_t>(&bin, t);
+  WriteFile(prefix + ".bin", bin);
+  TrainerConfig c;
+  c.model = "tiny";
+  c.data = "megatron:" + prefix;
+  c.seq_len = 16;
+  EXPECT_THAT(LoadTrainingData(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("holds token id 50256, so the model needs a vocabulary of at "
+                                 "least 50257; it has 256 (from --model=tiny). Pass "
+                                 "--vocab_size=50257, or a --model preset whose vocabulary is "
+                                 "large enough: gpt2-124m (50304)")));
+  c.vocab_size = 50257;
+  c.eval_fraction = 0.2;
+  ASSERT_OK_AND_ASSIGN(TrainingData td, LoadTrainingData(c));
+  EXPECT_EQ(td.model.config.vocab_size, 50257);
+  EXPECT_EQ(td.eod_token, -1);
+  EXPECT_EQ(td.train->tokens.size() + td.eval->tokens.size(), 200);
+  c.eod_mask_loss = true;
+  EXPECT_THAT(LoadTrainingData(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--eod_mask_loss needs an end-of-document token")));
+}
+
+TEST(Prepared, BadDatasetJson) {
+  const std::string dir = TempPath("prepared_bad");
+  WritePrepared(dir, 300, 300, Ramp(100, 300), Ramp(100, 300));
+  EXPECT_THAT(ReadPreparedInfo(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected vocab_size >= 1 and 0 <= eod_token < vocab_size")));
+  WritePrepared(dir, 300, 1, Ramp(100, 300), Ramp(100, 300), ", \"colour\": 1");
+  EXPECT_THAT(ReadPreparedInfo(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not a dataset.json of tools/prepare_data.py")));
+  WriteFile(dir + "/dataset.json",
+            "{\"format\": \"orthoshard-prepared-dataset\", \"version\": 1, \"vocab_size\": 9, "
+            "\"eod_token\": 0, \"tokenizer\": \"../t.json\", \"train\": {\"prefix\": \"train\"}}");
+  EXPECT_THAT(ReadPreparedInfo(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("must be file names inside the directory")));
+  EXPECT_THAT(ReadPreparedInfo(TempPath("prepared_absent")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("dataset.json")));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "integration/loader.h"
 
 #include <algorithm>
+#include <vector>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -27,15 +28,20 @@ absl::Status Mismatch(absl::string_view field, const std::string& saved, const s
       absl::StrCat("loader resume: ", field, " ", saved, " in the saved state, ", now, " now"));
 }
 
-// LoaderState::data_fingerprint of `tokens`.
-uint32_t DataFingerprint(const std::vector<int32_t>& tokens) {
+// LoaderState::data_fingerprint of `tokens`: the CRC of the blocks' ids as little-endian int32,
+// whatever type the file stores them in.
+uint32_t DataFingerprint(const TokenStream& tokens) {
   constexpr int64_t kBlocks = 64, kBlockTokens = 1024;
-  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t n = tokens.size();
   uint32_t crc = checkpoint::Crc32c(&n, sizeof(n));
   const int64_t block = std::min(kBlockTokens, n);
+  std::vector<int64_t> wide(block);
+  std::vector<int32_t> ids(block);
   for (int64_t b = 0; b < kBlocks && block > 0; ++b) {
     const int64_t start = (n - block) * b / (kBlocks - 1);
-    crc = checkpoint::Crc32cExtend(crc, tokens.data() + start, block * sizeof(int32_t));
+    tokens.CopyTo(start, block, wide.data());
+    std::copy(wide.begin(), wide.end(), ids.begin());
+    crc = checkpoint::Crc32cExtend(crc, ids.data(), block * sizeof(int32_t));
   }
   return crc;
 }
@@ -98,7 +104,11 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
     return absl::InvalidArgumentError(absl::StrCat("data loader: rank ", options.rank,
                                                    " is outside [0, ", options.world_size, ")"));
   }
-  const int64_t n = static_cast<int64_t>(data->tokens.size());
+  if ((options.reset_at_eod || options.mask_eod_loss) && options.eod_token < 0) {
+    return absl::InvalidArgumentError(
+        "data loader: reset_at_eod and mask_eod_loss need an EOD token (eod_token >= 0)");
+  }
+  const int64_t n = data->tokens.size();
   if (n < options.seq_len + 1) {
     return absl::InvalidArgumentError(absl::StrCat("dataset '", data->name, "' has ", n,
                                                    " tokens, seq_len ", options.seq_len,
@@ -132,6 +142,8 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
   const int64_t S = options_.seq_len, rows = options_.micro_batch_size;
   const int64_t per_rank = options_.micro_batches * rows;
   const int64_t first = step * global_batch_ + options_.rank * per_rank;
+  const int64_t eod = options_.eod_token;
+  std::vector<int64_t> window_tokens(S + 1);
   std::vector<MicroBatch> batches(options_.micro_batches);
   for (int64_t m = 0; m < options_.micro_batches; ++m) {
     MicroBatch& b = batches[m];
@@ -139,19 +151,48 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
     b.cols = S;
     b.inputs.resize(rows * S);
     b.targets.resize(rows * S);
+    if (options_.reset_at_eod) {
+      b.segments.resize(rows * S);
+      b.positions.resize(rows * S);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t sample = first + m * rows + r;
       const int64_t window = WindowOf(sample);
-      const int32_t* src = data_->tokens.data() + window * S;
+      data_->tokens.CopyTo(window * S, S + 1, window_tokens.data());
+      int64_t segment = 0, position = 0;
       for (int64_t t = 0; t < S; ++t) {
-        b.inputs[r * S + t] = src[t];
-        b.targets[r * S + t] = src[t + 1];
+        const int64_t i = r * S + t;
+        const bool at_eod = window_tokens[t] == eod && eod >= 0;
+        b.inputs[i] = window_tokens[t];
+        b.targets[i] = at_eod && options_.mask_eod_loss ? kIgnoreTarget : window_tokens[t + 1];
+        if (b.targets[i] != kIgnoreTarget) ++b.counted_targets;
+        if (options_.reset_at_eod) {
+          b.segments[i] = segment;
+          b.positions[i] = position++;
+          if (at_eod) {  // the EOD ends its document; the next token starts one
+            ++segment;
+            position = 0;
+            if (t + 1 < S) b.has_boundaries = true;
+          }
+        }
       }
       b.sample_ids.push_back(sample);
       b.windows.push_back(window);
     }
   }
   return batches;
+}
+
+int64_t DataLoader::CountedTargets(int64_t step) const {
+  const int64_t S = options_.seq_len;
+  if (!options_.mask_eod_loss) return global_batch_ * S;
+  std::vector<int64_t> window_tokens(S);
+  int64_t counted = 0;
+  for (int64_t j = 0; j < global_batch_; ++j) {
+    data_->tokens.CopyTo(WindowOf(step * global_batch_ + j) * S, S, window_tokens.data());
+    for (int64_t t = 0; t < S; ++t) counted += window_tokens[t] != options_.eod_token;
+  }
+  return counted;
 }
 
 std::vector<MicroBatch> DataLoader::Next() { return BatchAt(step_++); }

@@ -7,6 +7,14 @@
 // micro_batch_size; rank r takes the contiguous slice [r*G/world_size, (r+1)*G/world_size) of them,
 // cut into `micro_batches` micro-batches. So the ranks' slices are disjoint, their union is the
 // global batch, and every rank computes it from (seed, step) alone: no communication.
+//
+// Documents: when the data ends its documents with an EOD token, a window may hold the end of one
+// document and the start of the next. With `reset_at_eod` each row also carries its documents
+// (segment ids, +1 after every EOD input, and each token's position inside its document), from
+// which the model restricts attention to the token's own document (Megatron-LM's
+// reset_attention_mask and reset_position_ids); the EOD belongs to the document it ends. With
+// `mask_eod_loss` the target predicted from an EOD input (the next document's first token, which
+// that position cannot see) is kIgnoreTarget (Megatron's eod_mask_loss).
 #ifndef ORTHOSHARD_INTEGRATION_LOADER_H_
 #define ORTHOSHARD_INTEGRATION_LOADER_H_
 
@@ -30,7 +38,13 @@ struct LoaderOptions {
   int world_size = 1;
   uint64_t seed = 0;              // permutation seed; must match on every rank
   bool shuffle = true;            // false: windows in order (eval)
+  int64_t eod_token = -1;         // >= 0: every document ends with this id
+  bool reset_at_eod = false;      // MicroBatch::segments/positions (needs eod_token)
+  bool mask_eod_loss = false;     // targets after an EOD input are kIgnoreTarget (needs eod_token)
 };
+
+// A target that is not predicted (cross entropy's ignore_index, as PyTorch's and HF's -100).
+inline constexpr int64_t kIgnoreTarget = -100;
 
 // One micro-batch, row-major [rows, cols] int64 ids ready for at::from_blob.
 struct MicroBatch {
@@ -40,6 +54,12 @@ struct MicroBatch {
   std::vector<int64_t> targets;     // [rows * cols], inputs shifted by one token
   std::vector<int64_t> sample_ids;  // [rows] global sample indices (step * G + j)
   std::vector<int64_t> windows;     // [rows] dataset window of each row
+  // LoaderOptions::reset_at_eod: [rows * cols] document of each token within its row (0, 1, ...)
+  // and its position inside that document; empty otherwise.
+  std::vector<int64_t> segments;
+  std::vector<int64_t> positions;
+  bool has_boundaries = false;      // a row has an EOD before its last token (else: plain causal)
+  int64_t counted_targets = 0;      // targets that are not kIgnoreTarget
 };
 
 // Where a loader stands, plus what must match for a resume to continue the same stream.
@@ -75,6 +95,11 @@ class DataLoader {
 
   // This rank's micro-batches of global batch `step`, without moving the position.
   std::vector<MicroBatch> BatchAt(int64_t step) const;
+
+  // Targets that count (are not kIgnoreTarget) in global batch `step` over all ranks: what a
+  // per-token mean loss of the step divides by. Every rank computes it alike, from the data alone
+  // (rows * cols * G without mask_eod_loss).
+  int64_t CountedTargets(int64_t step) const;
 
   LoaderState state() const;
 

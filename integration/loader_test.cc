@@ -14,14 +14,17 @@ namespace orthoshard::integration {
 namespace {
 
 using ::orthoshard::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::shared_ptr<const TokenDataset> Counting(int64_t n) {
   auto data = std::make_shared<TokenDataset>();
   data->name = "counting";
   data->vocab_size = static_cast<int64_t>(n);
-  data->tokens.resize(n);
-  std::iota(data->tokens.begin(), data->tokens.end(), 0);
+  std::vector<int32_t> tokens(n);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  data->tokens = TokenStream(std::move(tokens));
+  data->max_token = n - 1;
   return data;
 }
 
@@ -177,7 +180,9 @@ TEST(DataLoader, ResumeOnOtherDataOfTheSameSizeIsRejected) {
   ASSERT_OK_AND_ASSIGN(DataLoader saved, DataLoader::Create(data, Options(0, 2)));
   saved.Next();
   auto other = std::make_shared<TokenDataset>(*data);
-  other->tokens[250] += 1;
+  std::vector<int32_t> changed = data->tokens.ToVector();
+  changed[250] += 1;
+  other->tokens = TokenStream(std::move(changed));
   ASSERT_OK_AND_ASSIGN(DataLoader resumed, DataLoader::Create(other, Options(0, 2)));
   EXPECT_THAT(resumed.Restore(saved.state()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -185,6 +190,76 @@ TEST(DataLoader, ResumeOnOtherDataOfTheSameSizeIsRejected) {
                                  "size?)")));
   ASSERT_OK_AND_ASSIGN(DataLoader same, DataLoader::Create(Counting(500), Options(0, 2)));
   EXPECT_OK(same.Restore(saved.state()));
+}
+
+// Documents ending in EOD (0): segments and positions restart after each EOD, the target
+// predicted from an EOD is ignored with mask_eod_loss, and CountedTargets is the sum of every
+// rank's counted targets.
+TEST(DataLoader, DocumentsAndEodLossMask) {
+  auto data = std::make_shared<TokenDataset>();
+  data->name = "docs";
+  // Documents of 3, 1, 4 and 2 tokens, each followed by its EOD, then again.
+  std::vector<int32_t> tokens;
+  for (int round = 0; round < 8; ++round) {
+    for (int length : {3, 1, 4, 2}) {
+      for (int i = 0; i < length; ++i) tokens.push_back(1 + (round + i) % 9);
+      tokens.push_back(0);
+    }
+  }
+  data->tokens = TokenStream(tokens);
+  data->max_token = 9;
+  data->eod_token = 0;
+  LoaderOptions o;
+  o.seq_len = 8;
+  o.micro_batch_size = 2;
+  o.micro_batches = 2;
+  o.shuffle = false;
+  o.eod_token = 0;
+  o.reset_at_eod = true;
+  o.mask_eod_loss = true;
+  ASSERT_OK_AND_ASSIGN(DataLoader loader, DataLoader::Create(data, o));
+  const std::vector<MicroBatch> batches = loader.BatchAt(0);
+  const MicroBatch& b = batches[0];
+  // Row 0 is window 0: tokens 1 2 3 EOD 1 EOD 1 2 | next 3.
+  EXPECT_THAT(std::vector<int64_t>(b.inputs.begin(), b.inputs.begin() + 8),
+              ElementsAre(1, 2, 3, 0, 1, 0, 1, 2));
+  EXPECT_THAT(std::vector<int64_t>(b.targets.begin(), b.targets.begin() + 8),
+              ElementsAre(2, 3, 0, kIgnoreTarget, 0, kIgnoreTarget, 2, 3));
+  EXPECT_THAT(std::vector<int64_t>(b.segments.begin(), b.segments.begin() + 8),
+              ElementsAre(0, 0, 0, 0, 1, 1, 2, 2));
+  EXPECT_THAT(std::vector<int64_t>(b.positions.begin(), b.positions.begin() + 8),
+              ElementsAre(0, 1, 2, 3, 0, 1, 0, 1));
+  EXPECT_TRUE(b.has_boundaries);
+  int64_t counted = 0;
+  for (const MicroBatch& m : batches) {
+    int64_t kept = 0;
+    for (int64_t t : m.targets) kept += t != kIgnoreTarget;
+    EXPECT_EQ(m.counted_targets, kept);
+    counted += kept;
+  }
+  EXPECT_EQ(loader.CountedTargets(0), counted);  // one rank: its batches are the global batch
+  // At two ranks each rank's part adds up to the same global count.
+  int64_t over_ranks = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    LoaderOptions r = o;
+    r.world_size = 2;
+    r.rank = rank;
+    r.micro_batches = 1;
+    ASSERT_OK_AND_ASSIGN(DataLoader part, DataLoader::Create(data, r));
+    EXPECT_EQ(part.CountedTargets(0), counted);
+    for (const MicroBatch& m : part.BatchAt(0)) over_ranks += m.counted_targets;
+  }
+  EXPECT_EQ(over_ranks, counted);
+  // Without the loss mask every target counts; without reset no segments are given.
+  o.mask_eod_loss = false;
+  o.reset_at_eod = false;
+  ASSERT_OK_AND_ASSIGN(DataLoader plain, DataLoader::Create(data, o));
+  EXPECT_EQ(plain.CountedTargets(0), 4 * 8);
+  EXPECT_TRUE(plain.BatchAt(0)[0].segments.empty());
+  o.eod_token = -1;
+  o.mask_eod_loss = true;
+  EXPECT_THAT(DataLoader::Create(data, o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need an EOD token")));
 }
 
 TEST(DataLoader, CreateErrors) {

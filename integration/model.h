@@ -81,11 +81,22 @@ struct LayerHooks {
   std::function<void(int layer, const at::Tensor& output)> post_forward;
 };
 
-// Applies rotary position embeddings to x [B, N, T, D] (D even) for positions 0..T-1: each pair
-// (x[..., j], x[..., j + D/2]) at position t is rotated by angle t * theta^(-2j/D) (the "rotate
-// half" convention of GPT-NeoX and Llama). `cos` and `sin` are [T_max >= T, D/2] tables from
-// RotaryTables. Differentiable in x.
+// Applies rotary position embeddings to x [B, N, T, D] (D even): each pair (x[..., j],
+// x[..., j + D/2]) at position t is rotated by angle t * theta^(-2j/D) (the "rotate half"
+// convention of GPT-NeoX and Llama). `cos` and `sin` are either [T_max >= T, D/2] tables from
+// RotaryTables (positions 0..T-1) or their rows for each token's own position, [B, 1, T, D/2].
+// Differentiable in x.
 at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The documents inside each row of a batch (DataLoader's MicroBatch::segments/positions): a token
+// attends only to earlier tokens of its own document, and its rotary position counts from its
+// document's start, so each document is computed as if it were alone in its row.
+struct Documents {
+  at::Tensor segments;   // [B, T] int64 on the params' device: document of each token, non-decreasing
+  at::Tensor positions;  // [B, T] int64: position inside the document, in [0, T)
+};
+
+enum class LossReduction { kMean, kSum };
 
 // cos/sin tables [max_seq_len, head_dim / 2] in `dtype` (computed in double).
 void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::ScalarType dtype,
@@ -129,22 +140,35 @@ class Gpt {
   void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
 
   // logits [B, T, V] for tokens [B, T] (int64 on the params' device, 1 <= T <= max_seq_len, ids
-  // in [0, V)).
-  // Errors: kInvalidArgument naming the expected vs received shape/dtype/id range; kInternal for
-  // a LibTorch error.
-  absl::StatusOr<at::Tensor> Forward(const at::Tensor& tokens) const;
+  // in [0, V)); causal attention over each whole row, or within each document when `documents`
+  // is given.
+  // Errors: kInvalidArgument naming the expected vs received shape/dtype/id range (documents'
+  // too); kInternal for a LibTorch error.
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& tokens,
+                                     const Documents* documents = nullptr) const;
 
-  // Mean next-token cross-entropy (nats) of Forward(tokens) against targets [B, T] (int64).
+  // Next-token cross-entropy (nats) of Forward(tokens, documents) against targets [B, T] (int64
+  // ids, or kIgnoreTarget = -100 for a position that is not counted): the mean over the counted
+  // targets, or their sum.
   // Errors: as Forward, and kInvalidArgument when targets' shape differs or an id is out of range.
-  absl::StatusOr<at::Tensor> Loss(const at::Tensor& tokens, const at::Tensor& targets) const;
+  absl::StatusOr<at::Tensor> Loss(const at::Tensor& tokens, const at::Tensor& targets,
+                                  const Documents* documents = nullptr,
+                                  LossReduction reduction = LossReduction::kMean) const;
 
  private:
   struct Layer {
     at::Tensor attn_norm, qkv, proj, mlp_norm, fc1, fc2;
   };
 
-  at::Tensor ForwardUnchecked(const at::Tensor& tokens) const;
-  at::Tensor Block(const Layer& layer, const at::Tensor& x) const;
+  // What every block's attention shares in one forward: the rotary rows and the document mask.
+  struct AttentionInputs {
+    at::Tensor cos, sin;  // RotaryTables, or [B, 1, T, D/2] rows of each token's position
+    at::Tensor mask;      // [B, 1, T, T] bool (true: may attend), or undefined: causal
+  };
+
+  absl::Status CheckDocuments(const at::Tensor& tokens, const Documents& documents) const;
+  at::Tensor ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const;
+  at::Tensor Block(const Layer& layer, const at::Tensor& x, const AttentionInputs& attention) const;
   void Enter(int layer) const {
     if (hooks_.pre_forward) hooks_.pre_forward(layer);
   }

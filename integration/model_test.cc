@@ -14,6 +14,7 @@
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/tril.h>
 #include <ATen/ops/zeros.h>
 #include <unistd.h>
@@ -275,6 +276,59 @@ TEST(Gpt, Causal) {
   // machine), and SDPA's causal mask drops the changed keys before they reach a prefix row.
   EXPECT_TRUE(at::equal(la.narrow(1, 0, 5), lb.narrow(1, 0, 5)));
   EXPECT_FALSE(at::allclose(la.narrow(1, 5, 3), lb.narrow(1, 5, 3), 1e-5, 1e-6));
+}
+
+// Documents: with the loader's segments and positions, a document's logits do not depend on the
+// document before it in the row (bitwise: same shapes, and the mask drops the other document's
+// keys before the softmax), and they are the logits of that document alone at the row's start.
+TEST(Gpt, DocumentsDoNotSeeEachOther) {
+  const GptConfig config = Small(true);
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(config, 7, at::kDouble));
+  // Row: document A (3 tokens, the last its EOD) then document B (5 tokens).
+  const at::Tensor a = Tokens(1, 8, 11, 4);
+  at::Tensor b = a.clone();
+  b.narrow(1, 0, 2).copy_(Tokens(1, 2, 11, 9));  // another document A, same length
+  const auto ids = [](std::vector<int64_t> v) {
+    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).view({1, 8});
+  };
+  const Documents documents{ids({0, 0, 0, 1, 1, 1, 1, 1}), ids({0, 1, 2, 0, 1, 2, 3, 4})};
+  ASSERT_OK_AND_ASSIGN(at::Tensor la, model.Forward(a, &documents));
+  ASSERT_OK_AND_ASSIGN(at::Tensor lb, model.Forward(b, &documents));
+  EXPECT_TRUE(at::equal(la.narrow(1, 3, 5), lb.narrow(1, 3, 5)));
+  EXPECT_FALSE(at::allclose(la.narrow(1, 0, 3), lb.narrow(1, 0, 3), 1e-5, 1e-6));
+  // Without documents the same change reaches B (the test above is not vacuous).
+  ASSERT_OK_AND_ASSIGN(at::Tensor ca, model.Forward(a));
+  ASSERT_OK_AND_ASSIGN(at::Tensor cb, model.Forward(b));
+  EXPECT_FALSE(at::allclose(ca.narrow(1, 3, 5), cb.narrow(1, 3, 5), 1e-5, 1e-6));
+  // B alone: other shapes, so not bitwise. fp64 throughout: each logit is a few hundred
+  // operations deep with |values| < 10, so rounding differences stay below 1e3 * 2^-52 * 10 ~
+  // 2e-12; 1e-10 leaves room and is still 10^7 times below the change above.
+  ASSERT_OK_AND_ASSIGN(at::Tensor alone, model.Forward(a.narrow(1, 3, 5).contiguous()));
+  EXPECT_TRUE(at::allclose(la.narrow(1, 3, 5), alone, 0, 1e-10));
+  // Document A's logits are those of A alone too (the causal prefix).
+  ASSERT_OK_AND_ASSIGN(at::Tensor a_alone, model.Forward(a.narrow(1, 0, 3).contiguous()));
+  EXPECT_TRUE(at::allclose(la.narrow(1, 0, 3), a_alone, 0, 1e-10));
+
+  // Loss over ignored targets: the mean over the counted ones, the sum of them.
+  at::Tensor targets = Tokens(1, 8, 11, 5);
+  ASSERT_OK_AND_ASSIGN(at::Tensor all, model.Loss(a, targets, &documents, LossReduction::kSum));
+  targets[0][2] = -100;
+  ASSERT_OK_AND_ASSIGN(at::Tensor sum, model.Loss(a, targets, &documents, LossReduction::kSum));
+  ASSERT_OK_AND_ASSIGN(at::Tensor mean, model.Loss(a, targets, &documents));
+  EXPECT_LT(sum.item<double>(), all.item<double>());
+  EXPECT_NEAR(mean.item<double>(), sum.item<double>() / 7, 1e-12);
+
+  // Malformed documents are refused, naming the field.
+  const Documents short_positions{ids({0, 0, 0, 1, 1, 1, 1, 1}), ids({0, 1, 2, 0, 1, 2, 3, 4})
+                                                                     .narrow(1, 0, 4)};
+  EXPECT_THAT(model.Forward(a, &short_positions),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("documents' positions must be an int64 tensor of the tokens' "
+                                 "shape [1, 8]")));
+  const Documents far{ids({0, 0, 0, 1, 1, 1, 1, 1}), ids({0, 1, 2, 0, 1, 2, 3, 8})};
+  EXPECT_THAT(model.Forward(a, &far),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("documents' positions must be in [0, 8), got range [0, 8]")));
 }
 
 TEST(Rotary, MatchesDirectFormula) {

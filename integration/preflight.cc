@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "integration/dataset.h"
+#include "integration/training_data.h"
 #include "common/status_macros.h"
 #include "integration/gpt_config.h"
 
@@ -76,7 +77,10 @@ namespace {
 // The parts of MinBytesPerRank, each with what sets it.
 std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c, int world_size) {
   // Every term is bounded by the validated config (sizes fit int64 with room), so no overflow.
-  const GptConfig preset = *GptPreset(c.model);
+  // The model as the run resolves it (its vocabulary may be the data's); the preset when the data's
+  // description cannot be read (the run reports that itself).
+  const absl::StatusOr<ResolvedModel> resolved = ResolveModel(c);
+  const GptConfig preset = resolved.ok() ? resolved->config : *GptPreset(c.model);
   const int64_t params = GptParamCount(preset);
   const int64_t seq_len = c.seq_len > 0 ? c.seq_len : preset.max_seq_len;
   const int64_t micro_batch = c.global_batch / (int64_t{world_size} * c.micro_batches);
@@ -102,7 +106,7 @@ std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c,
                     " samples (lower --global_batch or raise --micro_batches)")},
       {c.eval_batches * micro_batch * seq_len * 16,
        absl::StrCat("the eval batches (lower --eval_batches, now ", c.eval_batches, ")")},
-      {2 * DatasetSpecMinTokens(c.data) * 4, absl::StrCat("the data (--data=", c.data, ")")},
+      {DatasetSpecResidentBytes(c.data), absl::StrCat("the data (--data=", c.data, ")")},
   };
 }
 

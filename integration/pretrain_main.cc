@@ -57,6 +57,7 @@
 #include "integration/preflight.h"
 #include "integration/progress.h"
 #include "integration/trainer.h"
+#include "integration/training_data.h"
 
 namespace {
 const orthoshard::integration::TrainerConfig kDefaults;
@@ -394,15 +395,8 @@ int Main(int argc, char** argv) {
       return Fail(absl::Status(readable.code(), absl::StrCat("--resume: ", readable.message())));
     }
   }
-  absl::StatusOr<GptConfig> preset = GptPreset(config->model);
-  if (!preset.ok()) return Fail(preset.status());
-  absl::StatusOr<TokenDataset> data =
-      LoadDatasetSpec(config->data, preset->vocab_size, config->seed);
-  if (!data.ok()) return Fail(data.status());
-  const int64_t seq_len = config->seq_len > 0 ? config->seq_len : preset->max_seq_len;
-  if (absl::Status s = SplitTrainEval(*data, config->eval_fraction, seq_len + 1).status(); !s.ok()) {
-    return Fail(s);
-  }
+  // The data as the ranks will load it (mapped, so this costs a read of each file, not a copy).
+  if (absl::Status s = LoadTrainingData(*config).status(); !s.ok()) return Fail(s);
   if (!config->save_dir.empty()) {
     // Last, as it creates --save_dir: fail before launching when another run holds it (rank 0
     // takes the lock for the run).

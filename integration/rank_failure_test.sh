@@ -83,7 +83,7 @@ for pid in $ranks; do
   kill -0 "$pid" 2>/dev/null && fail "rank process $pid left behind after the hang"
 done
 for r in 0 2; do
-  grep -q "^\[rank $r\].*\(timed out\|did not complete within 5s\).*rank 1" "$work/err2" \
+  grep -qi "^\[rank $r\].*\(timed out\|did not complete within 5s\).*rank 1" "$work/err2" \
       || fail "rank $r printed no timeout naming rank 1: $(grep "^\[rank $r\]" "$work/err2" | head -3)"
 done
 echo "PASS: launcher exit $rc ${elapsed}s after SIGSTOP of rank 1 (timeout 5 s + grace 15 s)"

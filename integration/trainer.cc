@@ -47,6 +47,7 @@
 #include "integration/run_metrics.h"
 #include "integration/run_policy.h"
 #include "integration/step_profiler.h"
+#include "integration/training_data.h"
 #include "layout/layout.h"
 #include "optimizers/chained.h"
 #include "optimizers/distributed/distributed_optimizer.h"
@@ -178,6 +179,10 @@ struct Setup {
   int64_t micro_batch_size = 0;
   double unigram_entropy = 0;
   int64_t train_tokens = 0, eval_tokens = 0;
+  std::string vocab_source, eval_source;
+  int64_t eod_token = -1;
+  bool documents = false;      // rows carry their documents (attention stops at EOD)
+  bool per_token_loss = false; // --eod_mask_loss: the step's loss is a mean over counted targets
   DistMode mode = DistMode::kReplicated;
   std::unique_ptr<Gpt> model;
   layout::FullParamLayout layout;
@@ -322,15 +327,18 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
 absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   Setup s;
   ASSIGN_OR_RETURN(s.mode, ParseDistMode(c.dist));
-  ASSIGN_OR_RETURN(GptConfig gpt, GptPreset(c.model));
+  ASSIGN_OR_RETURN(TrainingData data, LoadTrainingData(c));
+  const GptConfig& gpt = data.model.config;
   s.seq_len = c.seq_len > 0 ? c.seq_len : gpt.max_seq_len;
   s.micro_batch_size = c.global_batch / (static_cast<int64_t>(comm.size()) * c.micro_batches);
-
-  ASSIGN_OR_RETURN(TokenDataset data, LoadDatasetSpec(c.data, gpt.vocab_size, c.seed));
-  ASSIGN_OR_RETURN(auto split, SplitTrainEval(data, c.eval_fraction, s.seq_len + 1));
-  s.unigram_entropy = UnigramEntropy(split.first.tokens);
-  s.train_tokens = static_cast<int64_t>(split.first.tokens.size());
-  s.eval_tokens = static_cast<int64_t>(split.second.tokens.size());
+  s.unigram_entropy = UnigramEntropy(data.train->tokens);
+  s.train_tokens = data.train->tokens.size();
+  s.eval_tokens = data.eval->tokens.size();
+  s.vocab_source = data.model.vocab_source;
+  s.eval_source = data.eval_source;
+  s.eod_token = data.eod_token;
+  s.documents = c.reset_attention_mask && data.eod_token >= 0;
+  s.per_token_loss = c.eod_mask_loss;
   LoaderOptions lo;
   lo.seq_len = s.seq_len;
   lo.micro_batch_size = s.micro_batch_size;
@@ -338,12 +346,13 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   lo.rank = comm.rank();
   lo.world_size = comm.size();
   lo.seed = c.seed;
-  ASSIGN_OR_RETURN(DataLoader train,
-                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.first)), lo));
+  lo.eod_token = data.eod_token;
+  lo.reset_at_eod = s.documents;
+  lo.mask_eod_loss = c.eod_mask_loss;
+  ASSIGN_OR_RETURN(DataLoader train, DataLoader::Create(data.train, lo));
   lo.micro_batches = c.eval_batches;
   lo.shuffle = false;
-  ASSIGN_OR_RETURN(DataLoader eval,
-                   DataLoader::Create(std::make_shared<TokenDataset>(std::move(split.second)), lo));
+  ASSIGN_OR_RETURN(DataLoader eval, DataLoader::Create(data.eval, lo));
   s.train = std::make_unique<DataLoader>(std::move(train));
   s.eval = std::make_unique<DataLoader>(std::move(eval));
 
@@ -358,16 +367,38 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
 }
 
 
-// Mean eval loss over this rank's fixed eval micro-batches, averaged over ranks.
+// A micro-batch's loss (mean over its counted targets, or their sum), within each row's documents
+// when the run has them.
+absl::StatusOr<at::Tensor> MicroBatchLoss(const Setup& s, const MicroBatch& b, at::Device device,
+                                          LossReduction reduction) {
+  const at::Tensor inputs = ToTensor(b.inputs, b.rows, b.cols, device);
+  const at::Tensor targets = ToTensor(b.targets, b.rows, b.cols, device);
+  if (!s.documents || !b.has_boundaries) {  // one document per row: plain causal attention
+    return s.model->Loss(inputs, targets, nullptr, reduction);
+  }
+  const Documents documents{ToTensor(b.segments, b.rows, b.cols, device),
+                            ToTensor(b.positions, b.rows, b.cols, device)};
+  return s.model->Loss(inputs, targets, &documents, reduction);
+}
+
+// Eval loss over every rank's fixed eval micro-batches: the mean of the micro-batches' means, or
+// with --eod_mask_loss the mean over all counted targets.
 absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
   at::NoGradGuard no_grad;
-  double total = 0;
+  double total = 0, counted = 0;
   const std::vector<MicroBatch> batches = s.eval->BatchAt(0);
   for (const MicroBatch& b : batches) {
     ASSIGN_OR_RETURN(at::Tensor loss,
-                     s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
-                                   ToTensor(b.targets, b.rows, b.cols, comm.device())));
+                     MicroBatchLoss(s, b, comm.device(),
+                                    s.per_token_loss ? LossReduction::kSum : LossReduction::kMean));
     total += loss.item<double>();
+    counted += static_cast<double>(b.counted_targets);
+  }
+  if (s.per_token_loss) {
+    at::Tensor sums = at::tensor({total, counted}, at::kDouble).to(comm.device());
+    RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{sums, {ReduceOp::kSum}}}));
+    sums = sums.cpu();
+    return sums[0].item<double>() / std::max(1.0, sums[1].item<double>());
   }
   at::Tensor mean = ScalarOn(comm, total / static_cast<double>(batches.size()));
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{mean, {ReduceOp::kAvg}}}));
@@ -581,6 +612,17 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
                static_cast<long long>(c.global_batch), comm.size(),
                static_cast<long long>(c.micro_batches), static_cast<long long>(s.micro_batch_size),
                static_cast<long long>(s.seq_len));
+  std::fprintf(out, "pretrain: vocabulary %lld (from %s), eval on %s, %s\n",
+               static_cast<long long>(s.model->config().vocab_size), s.vocab_source.c_str(),
+               s.eval_source.c_str(),
+               s.eod_token < 0
+                   ? "no end-of-document token: the data is one stream"
+                   : absl::StrCat("documents end with token ", s.eod_token,
+                                  s.documents ? ": attention and positions restart after each"
+                                              : ": attention crosses documents "
+                                                "(--reset_attention_mask=false)",
+                                  s.per_token_loss ? ", loss after EOD masked" : "")
+                         .c_str());
   std::fputs(s.routing.ToString().c_str(), out);
   std::fputs(LayoutSummary(s.layout).c_str(), out);
   std::fflush(out);
@@ -607,7 +649,16 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   StepOutcome out;
   s.ddp->ZeroGradBuffers();
   double loss_sum = 0;
+  const int64_t step = s.train->state().step;
   const std::vector<MicroBatch> batches = s.train->Next();
+  // The scale that makes the ranks' mean gradient (pre-scaled by 1/dp) the gradient of the step's
+  // loss: the mean of the micro-batches' means, or with --eod_mask_loss the sum over every
+  // rank's counted targets divided by their number (the same on every rank: from the data alone).
+  const double per_token_scale =
+      s.per_token_loss
+          ? static_cast<double>(comm.size()) /
+                static_cast<double>(std::max<int64_t>(1, s.train->CountedTargets(step)))
+          : 0.0;
   for (size_t m = 0; m < batches.size(); ++m) {
     const MicroBatch& b = batches[m];
     s.ddp->set_is_last_microbatch(m + 1 == batches.size());
@@ -615,15 +666,23 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     at::Tensor loss;
     {
       RECORD_USER_SCOPE("step/forward");  // named ranges in a --profile_step_start trace
-      ASSIGN_OR_RETURN(loss, s.model->Loss(ToTensor(b.inputs, b.rows, b.cols, comm.device()),
-                                           ToTensor(b.targets, b.rows, b.cols, comm.device())));
+      ASSIGN_OR_RETURN(loss, MicroBatchLoss(s, b, comm.device(),
+                                            s.per_token_loss ? LossReduction::kSum
+                                                             : LossReduction::kMean));
     }
     const absl::Time backward_start = absl::Now();
     {
       RECORD_USER_SCOPE("step/backward");
-      loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+      if (s.per_token_loss) {
+        loss.mul(per_token_scale).backward();
+      } else {
+        loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+      }
     }
-    loss_sum += loss.item<double>();
+    // Averaged over the ranks below: per rank, loss_sum is what makes that average the step's loss.
+    loss_sum += s.per_token_loss
+                    ? loss.item<double>() * per_token_scale * static_cast<double>(batches.size())
+                    : loss.item<double>();
     out.cost.forward_s += absl::ToDoubleSeconds(backward_start - forward_start);
     out.cost.backward_s += absl::ToDoubleSeconds(absl::Now() - backward_start);
   }

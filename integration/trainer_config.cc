@@ -254,6 +254,15 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
   }
+  if (c.vocab_size < 0 || c.vocab_size > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_size must be 0 (the data's or the preset's) or in [1, 2^31], got ",
+                     c.vocab_size));
+  }
+  if (c.eod_token < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eod_token must be a token id (>= 0) or -1 (the data's, if any), got ", c.eod_token));
+  }
   if (!(c.eval_fraction > 0 && c.eval_fraction < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--eval_fraction must be in (0, 1), got ", c.eval_fraction));

@@ -10,7 +10,23 @@
   X(std::string, model, "tiny", \
     "model preset: tiny, small, gpt2-124m, tinyllama-1.1b") \
   X(std::string, data, "synthetic", \
-    "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX") \
+    "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX | prepared:DIR " \
+    "(tools/prepare_data.py's output: tokens, vocabulary, EOD, val split)") \
+  X(int64_t, vocab_size, 0, \
+    "model vocabulary; 0 = the data's (a prepared dataset's tokenizer), else the preset's") \
+  X(std::string, eval_data, "", \
+    "held-out dataset (same forms as --data); empty = the data's val split (prepared:DIR), " \
+    "else the last --eval_fraction of --data") \
+  X(int64_t, eod_token, -1, \
+    "end-of-document token id; -1 = the data's (prepared:DIR records it), else none") \
+  X(bool, reset_attention_mask, true, \
+    "with an EOD token: attention and rotary positions restart after every EOD, so no token " \
+    "attends across a document boundary (Megatron-LM's --reset-attention-mask and " \
+    "--reset-position-ids); without one the data is one stream") \
+  X(bool, eod_mask_loss, false, \
+    "drop the loss of the token predicted from an EOD (the next document's first token) " \
+    "(Megatron-LM's --eod-mask-loss); the loss is then the mean over the counted tokens of " \
+    "the whole step") \
   X(std::string, optimizer, "muon", \
     "muon (Muon for hidden matrices, AdamW for the rest) or adamw (AdamW for all)") \
   X(std::string, dist, "layerwise", \
