@@ -23,7 +23,9 @@ namespace orthoshard::checkpoint {
 const char kCkptUsage[] =
     "usage: ckpt inspect DIR\n"
     "       ckpt verify DIR\n"
-    "       ckpt export DIR --to=OUT [--max_shard_bytes=N]\n"
+    "       ckpt export DIR --to=OUT [--max_shard_bytes=N] [--format=safetensors|hf]\n"
+    "                   [--tokenizer=PATH]   (hf: a prepared data dir or a tokenizer.json)\n"
+    "       ckpt forward DIR --tokens=ID,ID,...|@FILE [--out=LOGITS.safetensors]\n"
     "DIR is a checkpoint directory (with manifest.binpb) or a root with a `latest` pointer.";
 
 namespace {
@@ -32,14 +34,15 @@ absl::Status ArgError(absl::string_view what) { return absl::InvalidArgumentErro
 
 constexpr char kIndexName[] = "model.safetensors.index.json";
 
-// Whether `name` is a file ExportSafetensors writes.
-bool IsExportFile(absl::string_view name) {
+// Whether `name` is a file ExportSafetensors writes (with `mapping`'s files).
+bool IsExportFile(absl::string_view name, const std::optional<ExportMapping>& mapping) {
   return name == "model.safetensors" || name == kIndexName ||
-         (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"));
+         (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors")) ||
+         (mapping.has_value() && mapping->files.count(std::string(name)) > 0);
 }
 
 // kFailedPrecondition if `dir` exists and holds anything an export does not write.
-absl::Status CheckReplaceable(const std::string& dir) {
+absl::Status CheckReplaceable(const std::string& dir, const std::optional<ExportMapping>& mapping) {
   ASSIGN_OR_RETURN(const bool exists, PathExists(dir));
   if (!exists) return absl::OkStatus();
   ASSIGN_OR_RETURN(const bool is_dir, IsDirectory(dir));
@@ -49,7 +52,7 @@ absl::Status CheckReplaceable(const std::string& dir) {
   }
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(dir));
   for (const std::string& name : names) {
-    if (!IsExportFile(name)) {
+    if (!IsExportFile(name, mapping)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "export --to=", dir, ": holds '", name, "', which no export writes; refusing to replace "
           "the directory (choose an empty or new one)"));
@@ -116,18 +119,40 @@ absl::StatusOr<CkptCommand> ParseCkptArgs(const std::vector<std::string>& args) 
     command.verb = CkptCommand::Verb::kVerify;
   } else if (args[0] == "export") {
     command.verb = CkptCommand::Verb::kExport;
+  } else if (args[0] == "forward") {
+    command.verb = CkptCommand::Verb::kForward;
   } else {
     return ArgError(absl::StrCat("unknown command '", args[0],
-                                 "' (expected inspect, verify or export)"));
+                                 "' (expected inspect, verify, export or forward)"));
   }
   bool have_to = false;
   for (size_t i = 1; i < args.size(); ++i) {
     absl::string_view arg = args[i];
+    if (absl::StartsWith(arg, "--") && command.verb == CkptCommand::Verb::kForward) {
+      if (absl::ConsumePrefix(&arg, "--tokens=")) {
+        if (arg.empty()) return ArgError("--tokens= needs ids (ID,ID,...) or @FILE");
+        command.tokens = std::string(arg);
+      } else if (absl::ConsumePrefix(&arg, "--out=")) {
+        if (arg.empty()) return ArgError("--out= needs a file name");
+        command.out = std::string(arg);
+      } else {
+        return ArgError(absl::StrCat("unknown flag '", arg, "' for forward"));
+      }
+      continue;
+    }
     if (absl::StartsWith(arg, "--")) {
       if (command.verb != CkptCommand::Verb::kExport) {
         return ArgError(absl::StrCat("unknown flag '", arg, "' for ", args[0]));
       }
-      if (absl::ConsumePrefix(&arg, "--to=")) {
+      if (absl::ConsumePrefix(&arg, "--format=")) {
+        if (arg != "safetensors" && arg != "hf") {
+          return ArgError(absl::StrCat("--format must be safetensors or hf, got '", arg, "'"));
+        }
+        command.format = std::string(arg);
+      } else if (absl::ConsumePrefix(&arg, "--tokenizer=")) {
+        if (arg.empty()) return ArgError("--tokenizer= needs a path");
+        command.tokenizer = std::string(arg);
+      } else if (absl::ConsumePrefix(&arg, "--to=")) {
         if (arg.empty()) return ArgError("--to= needs an output directory");
         command.to = std::string(arg);
         have_to = true;
@@ -148,19 +173,40 @@ absl::StatusOr<CkptCommand> ParseCkptArgs(const std::vector<std::string>& args) 
   if (command.verb == CkptCommand::Verb::kExport && !have_to) {
     return ArgError("export needs --to=OUT");
   }
+  if (command.verb == CkptCommand::Verb::kExport && !command.tokenizer.empty() &&
+      command.format != "hf") {
+    return ArgError("--tokenizer is for --format=hf");
+  }
+  if (command.verb == CkptCommand::Verb::kForward && command.tokens.empty()) {
+    return ArgError("forward needs --tokens=ID,ID,... or --tokens=@FILE");
+  }
   return command;
 }
 
-absl::Status RunCkptCommand(const CkptCommand& command, std::ostream& out) {
+absl::Status RunCkptCommand(const CkptCommand& command, std::ostream& out,
+                            const CkptExtensions& extensions) {
   ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(command.dir));
   switch (command.verb) {
     case CkptCommand::Verb::kInspect:
       return Inspect(dir, out);
     case CkptCommand::Verb::kVerify:
       return Verify(dir, out);
+    case CkptCommand::Verb::kForward:
+      if (!extensions.forward) {
+        return absl::UnimplementedError("this program has no model to run `forward` with");
+      }
+      return extensions.forward(dir, command, out);
     case CkptCommand::Verb::kExport: {
       ExportOptions options;
       options.max_shard_bytes = command.max_shard_bytes;
+      if (command.format == "hf") {
+        if (!extensions.hf_mapping) {
+          return absl::UnimplementedError(
+              "this program knows no model to map to Hugging Face names (--format=hf)");
+        }
+        ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir));
+        ASSIGN_OR_RETURN(options.mapping, extensions.hf_mapping(manifest.model_config(), command));
+      }
       ASSIGN_OR_RETURN(std::vector<std::string> files,
                        ExportSafetensors(dir, command.to, options));
       for (const std::string& file : files) out << "wrote " << JoinPath(command.to, file) << "\n";
@@ -182,7 +228,7 @@ absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& ch
     return ArgError(absl::StrCat("checkpoint ", checkpoint_dir, " has no records of kind \"",
                                  kParamKind, "\" to export"));
   }
-  RETURN_IF_ERROR(CheckReplaceable(out_dir));
+  RETURN_IF_ERROR(CheckReplaceable(out_dir, options.mapping));
   std::string base = out_dir;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   const std::string staging = base + ".export-tmp", old = base + ".export-old";
@@ -211,26 +257,80 @@ absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& ch
 
 namespace {
 
+// A tensor of the export: its name, dtype and shape, and where its bytes come from.
+struct Planned {
+  std::string name;
+  const TensorRecord* source = nullptr;
+  std::vector<std::pair<int64_t, int64_t>> rows;  // empty: the whole record
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+};
+
+absl::StatusOr<std::vector<Planned>> PlanExport(const Manifest& manifest,
+                                                const std::optional<ExportMapping>& mapping) {
+  std::map<std::string, const TensorRecord*> params;
+  std::vector<Planned> planned;
+  for (const TensorRecord& record : manifest.tensors()) {
+    if (record.kind() != kParamKind) continue;
+    params[record.name()] = &record;
+    if (!mapping.has_value()) {
+      planned.push_back({record.name(), &record, {},
+                         {record.global_shape().begin(), record.global_shape().end()},
+                         record.length()});
+    }
+  }
+  if (!mapping.has_value()) return planned;
+  std::set<std::string> used;
+  for (const ExportTensor& t : mapping->tensors) {
+    const auto it = params.find(t.source);
+    if (it == params.end()) {
+      return ArgError(absl::StrCat("export mapping: '", t.name, "' comes from param '", t.source,
+                                   "', which the checkpoint does not have"));
+    }
+    const TensorRecord& record = *it->second;
+    used.insert(t.source);
+    std::vector<int64_t> shape(record.global_shape().begin(), record.global_shape().end());
+    if (shape.empty()) return ArgError(absl::StrCat("export mapping: param '", t.source, "' is a scalar"));
+    const int64_t rows = shape[0];
+    int64_t total = t.rows.empty() ? rows : 0;
+    for (const auto& [start, count] : t.rows) {
+      if (start < 0 || count < 1 || start > rows - count) {
+        return ArgError(absl::StrCat("export mapping: '", t.name, "' takes rows [", start, ", ",
+                                     start + count, ") of '", t.source, "', which has ", rows));
+      }
+      total += count;
+    }
+    const uint64_t row_bytes = rows > 0 ? record.length() / static_cast<uint64_t>(rows) : 0;
+    shape[0] = total;
+    planned.push_back({t.name, &record, t.rows, shape, row_bytes * static_cast<uint64_t>(total)});
+  }
+  for (const auto& [name, record] : params) {
+    if (used.count(name) == 0) {
+      return ArgError(absl::StrCat("export mapping leaves out param '", name,
+                                   "' (an export must carry every weight)"));
+    }
+  }
+  return planned;
+}
+
 absl::StatusOr<std::vector<std::string>> WriteExportFiles(const std::string& checkpoint_dir,
                                                           const Manifest& manifest,
                                                           const std::string& out_dir,
                                                           const ExportOptions& options) {
-  std::vector<const TensorRecord*> params;
-  for (const TensorRecord& record : manifest.tensors()) {
-    if (record.kind() == kParamKind) params.push_back(&record);
-  }
-  // Greedy packing in manifest order.
-  std::vector<std::vector<const TensorRecord*>> shards(1);
+  ASSIGN_OR_RETURN(const std::vector<Planned> params, PlanExport(manifest, options.mapping));
+  // Greedy packing in export order.
+  std::vector<std::vector<const Planned*>> shards(1);
   uint64_t shard_bytes = 0;
   uint64_t total_bytes = 0;
-  for (const TensorRecord* record : params) {
-    if (!shards.back().empty() && shard_bytes + record->length() > options.max_shard_bytes) {
+  for (const Planned& p : params) {
+    const Planned* record = &p;
+    if (!shards.back().empty() && shard_bytes + record->bytes > options.max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
     shards.back().push_back(record);
-    shard_bytes += record->length();
-    total_bytes += record->length();
+    shard_bytes += record->bytes;
+    total_bytes += record->bytes;
   }
   std::vector<std::string> names;
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -239,34 +339,52 @@ absl::StatusOr<std::vector<std::string>> WriteExportFiles(const std::string& che
                         : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size()));
   }
   std::map<std::string, SafetensorsReader> readers;
-  std::vector<uint8_t> buffer;
+  std::vector<uint8_t> buffer, rows;
+  const TensorRecord* buffered = nullptr;  // whose bytes `buffer` holds (fused params feed several)
   for (size_t i = 0; i < shards.size(); ++i) {
     std::vector<TensorSpec> specs;
-    for (const TensorRecord* record : shards[i]) {
-      specs.push_back({record->name(), record->dtype(),
-                       {record->global_shape().begin(), record->global_shape().end()}});
-    }
+    for (const Planned* p : shards[i]) specs.push_back({p->name, p->source->dtype(), p->shape});
     ASSIGN_OR_RETURN(SafetensorsWriter writer,
                      SafetensorsWriter::Create(JoinPath(out_dir, names[i]), std::move(specs),
                                                {{"format", "pt"}}));
-    for (const TensorRecord* record : shards[i]) {
-      auto it = readers.find(record->file());
-      if (it == readers.end()) {
-        ASSIGN_OR_RETURN(SafetensorsReader reader,
-                         SafetensorsReader::Open(JoinPath(checkpoint_dir, record->file())));
-        it = readers.emplace(record->file(), std::move(reader)).first;
+    for (const Planned* p : shards[i]) {
+      const TensorRecord* record = p->source;
+      if (buffered != record) {
+        auto it = readers.find(record->file());
+        if (it == readers.end()) {
+          ASSIGN_OR_RETURN(SafetensorsReader reader,
+                           SafetensorsReader::Open(JoinPath(checkpoint_dir, record->file())));
+          it = readers.emplace(record->file(), std::move(reader)).first;
+        }
+        buffer.resize(record->length());
+        RETURN_IF_ERROR(ReadRecord(it->second, *record, absl::MakeSpan(buffer)));
+        buffered = record;
       }
-      buffer.resize(record->length());
-      RETURN_IF_ERROR(ReadRecord(it->second, *record, absl::MakeSpan(buffer)));
-      RETURN_IF_ERROR(writer.Append(buffer));
+      if (p->rows.empty()) {
+        RETURN_IF_ERROR(writer.Append(buffer));
+        continue;
+      }
+      const uint64_t row_bytes = record->length() / static_cast<uint64_t>(record->global_shape(0));
+      rows.clear();
+      for (const auto& [start, count] : p->rows) {
+        rows.insert(rows.end(), buffer.begin() + start * row_bytes,
+                    buffer.begin() + (start + count) * row_bytes);
+      }
+      RETURN_IF_ERROR(writer.Append(rows));
     }
     RETURN_IF_ERROR(writer.Finish().status());
+  }
+  if (options.mapping.has_value()) {
+    for (const auto& [file, contents] : options.mapping->files) {
+      RETURN_IF_ERROR(WriteFileAtomically(JoinPath(out_dir, file), contents));
+      names.push_back(file);
+    }
   }
   RETURN_IF_ERROR(SyncDir(out_dir));
   if (shards.size() == 1) return names;
   std::map<std::string, std::string> weight_map;
   for (size_t i = 0; i < shards.size(); ++i) {
-    for (const TensorRecord* record : shards[i]) weight_map[record->name()] = names[i];
+    for (const Planned* p : shards[i]) weight_map[p->name] = names[i];
   }
   std::string index = absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total_bytes,
                                    "},\n  \"weight_map\": {");

@@ -89,7 +89,7 @@ TEST(CkptBinaryTest, ExitCodes) {
   const std::string root = ScratchDir();
   ASSERT_OK(WriteTestCheckpoint(root, 1, SmallModel()));
   auto exit_code = [](const std::string& args) {
-    int status = std::system(absl::StrCat("checkpoint/ckpt ", args, " >/dev/null 2>&1").c_str());
+    int status = std::system(absl::StrCat("integration/ckpt ", args, " >/dev/null 2>&1").c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   };
   EXPECT_EQ(exit_code("bogus"), 2);

@@ -1,7 +1,11 @@
 // GptConfig presets and validation (gpt_config.h).
 #include "integration/gpt_config.h"
 
+#include <utility>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::integration {
@@ -91,6 +95,52 @@ int64_t GptParamCount(const GptConfig& c) {
   const int64_t C = c.hidden, V = c.vocab_size;
   return V * C + GptHiddenMatrixCount(c) + c.num_layers * 2 * C + C +
          (c.tie_embeddings ? 0 : V * C);
+}
+
+std::string FormatSavedModel(const SavedModel& saved) {
+  const absl::StatusOr<GptConfig> preset = GptPreset(saved.preset);
+  return absl::StrCat(
+      "model=", saved.preset, " seq_len=", saved.seq_len,
+      preset.ok() && preset->vocab_size == saved.config.vocab_size
+          ? ""
+          : absl::StrCat(" vocab=", saved.config.vocab_size),
+      saved.precision == "fp32" ? "" : absl::StrCat(" precision=", saved.precision));
+}
+
+absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
+  SavedModel saved;
+  int64_t vocab = 0;
+  bool have_model = false, have_seq_len = false;
+  for (absl::string_view field : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(field, '=');
+    bool ok = !kv.second.empty();
+    if (kv.first == "model") {
+      saved.preset = std::string(kv.second);
+      have_model = ok;
+    } else if (kv.first == "seq_len") {
+      ok = ok && absl::SimpleAtoi(kv.second, &saved.seq_len) && saved.seq_len > 0;
+      have_seq_len = ok;
+    } else if (kv.first == "vocab") {
+      ok = ok && absl::SimpleAtoi(kv.second, &vocab) && vocab > 0;
+    } else if (kv.first == "precision") {
+      saved.precision = std::string(kv.second);
+      ok = ok && (saved.precision == "fp32" || saved.precision == "bf16");
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("saved model config \"", text,
+                                                     "\": unknown or malformed field \"", field,
+                                                     "\""));
+    }
+  }
+  if (!have_model || !have_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saved model config \"", text, "\": expected model=<preset> and seq_len=<tokens>"));
+  }
+  ASSIGN_OR_RETURN(saved.config, GptPreset(saved.preset));
+  if (vocab > 0) saved.config.vocab_size = vocab;
+  return saved;
 }
 
 }  // namespace orthoshard::integration

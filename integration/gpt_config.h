@@ -5,6 +5,7 @@
 #define ORTHOSHARD_INTEGRATION_GPT_CONFIG_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,6 +49,22 @@ int64_t GptHiddenMatrixCount(const GptConfig& config);
 // Errors: kInvalidArgument for a non-positive size, hidden not divisible by num_heads, num_heads
 // not divisible by num_kv_heads, an odd head_dim (rotary pairs), or a non-positive theta/eps/std.
 absl::Status ValidateConfig(const GptConfig& config);
+
+// A model's identity as a checkpoint records it (SharedState::model_config), written by the
+// trainer and read back by `ckpt` to rebuild the model:
+//   "model=<preset> seq_len=<S>[ vocab=<V>][ precision=<p>]"
+// vocab only when it differs from the preset's, precision only when not fp32 (so checkpoints of
+// earlier versions, which had neither, read the same).
+struct SavedModel {
+  std::string preset;
+  GptConfig config;  // the preset with the saved vocabulary
+  int64_t seq_len = 0;
+  std::string precision = "fp32";
+};
+std::string FormatSavedModel(const SavedModel& saved);
+// Errors: kInvalidArgument naming the text and the field that is missing or malformed, or an
+// unknown preset.
+absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text);
 
 }  // namespace orthoshard::integration
 

@@ -484,9 +484,12 @@ absl::StatusOr<double> SumOverRanks(Communicator& comm, double value) {
 
 // The configs a checkpoint records; a resume must match them (trainer.h: "incompatible").
 std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
-  // The precision only when not fp32, so that fp32 checkpoints of earlier versions still match.
-  return absl::StrCat("model=", c.model, " seq_len=", s.seq_len,
-                      c.precision == "fp32" ? "" : absl::StrCat(" precision=", c.precision));
+  SavedModel saved;
+  saved.preset = c.model;
+  saved.config = s.model->config();
+  saved.seq_len = s.seq_len;
+  saved.precision = c.precision;
+  return FormatSavedModel(saved);
 }
 std::string OptimizerConfigString(const TrainerConfig& c) {
   return absl::StrCat("optimizer=", c.optimizer);
