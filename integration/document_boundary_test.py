@@ -1,0 +1,66 @@
+"""Attention stops at document boundaries: a corpus whose documents leak into each other when
+concatenated trains, with pretrain's document mask, to no better than the information bound.
+
+    document_boundary_test.py PRETRAIN PREPARE_DATA
+
+The corpus is pairs of documents A, B: A is K tokens drawn uniformly from M symbols, B is a copy of
+A, each followed by EOD. Across the boundary B is a copy of what came K + 1 tokens earlier (a fixed
+relative offset, which rotary attention finds quickly); within B alone its tokens are independent
+uniform draws. So with --reset_attention_mask (the default), no model can predict B's tokens 2..K
+from what it may see, nor A's: with the EOD loss mask, per pair 2K targets are counted (K - 1 of A,
+A's EOD, the same for B), of which 2(K - 1) are uniform over M symbols, and the expected eval loss of
+ANY model is at least (K - 1) / K * ln M (cross entropy against a uniform target is ln M plus a
+KL >= 0). With --reset_attention_mask=false the same training copies B from A, and the loss falls
+well below that bound: the data does leak, so the first run's loss proves the mask holds.
+
+Margins: the bound is an expectation; the eval mean over N ~ 2000 counted targets of a model near
+uniform fluctuates by ~sd(-log q)/sqrt(N) < 0.02 nats, so FLOOR = 0.95 x bound (0.12 nats below it)
+cannot fail by chance. The leaking run is asserted below 0.75 x bound: copying removes the loss of
+half the uniform targets, bringing it towards 0.5 x bound (measured in the run and printed).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+K, M = 8, 16  # tokens per document, symbols (ids 1..M; EOD is 0)
+pretrain, prepare = (os.path.abspath(p) for p in sys.argv[1:3])
+sys.path.insert(0, os.path.dirname(prepare))
+from prepare_data import write_megatron  # noqa: E402 (the tool's own Megatron writer)
+
+work = tempfile.mkdtemp(prefix="doc_boundary.", dir=os.environ.get("TEST_TMPDIR"))
+rng = np.random.default_rng(11)
+for split, pairs in (("train", 4000), ("val", 200)):
+    documents = []
+    for _ in range(pairs):
+        a = [int(v) for v in rng.integers(1, M + 1, size=K)]
+        documents += [a + [0], a + [0]]
+    write_megatron(os.path.join(work, split), documents, np.uint16)
+
+bound = (K - 1) / K * math.log(M)
+
+
+def train(reset):
+    args = [pretrain, "--nproc_per_node=1", "--model=tiny", f"--data=megatron:{work}/train",
+            f"--eval_data=megatron:{work}/val", f"--vocab_size={M + 1}", "--eod_token=0",
+            "--eod_mask_loss", f"--reset_attention_mask={'true' if reset else 'false'}",
+            "--steps=600", "--global_batch=16", "--seq_len=64", "--eval_every=0",
+            "--eval_batches=4", "--optimizer=adamw", "--dist=replicated", "--lr=3e-3"]
+    result = subprocess.run(args, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["eval_loss"]
+
+
+masked = train(reset=True)
+leaking = train(reset=False)
+print(f"information bound {bound:.3f} nats; eval loss with the document mask {masked:.3f}, "
+      f"without {leaking:.3f}")
+assert masked >= 0.95 * bound, f"FAIL: the masked run beat the information bound: {masked} < {bound}"
+assert leaking <= 0.75 * bound, f"FAIL: the corpus did not leak without the mask: {leaking}"
+print("PASS: attention stops at document boundaries")

@@ -1,0 +1,154 @@
+"""From raw text to a Hugging Face model, with the real tools at every step.
+
+    hf_pipeline_test.py PRETRAIN CKPT PREPARE_DATA
+
+1. Pipeline (two ranks): a small text corpus -> tools/prepare_data.py (BPE trained by Hugging Face
+   tokenizers, Megatron .bin/.idx, EOD per document, val split) -> `pretrain --data=prepared:DIR`
+   with documents and the EOD loss mask -> `ckpt export --format=hf` -> transformers'
+   AutoModelForCausalLM / AutoTokenizer load it, and its loss on the held-out windows, each document
+   computed on its own as pretrain's document mask does, equals pretrain's eval loss.
+2. Logits, per preset (tiny: tied, multi-head; small: tied, grouped-query with 4 query heads per KV
+   head), one exported whole and one in shards with an index: LlamaForCausalLM's logits and loss on
+   the same ids equal `ckpt forward`'s, which runs orthoshard's own model on the checkpoint.
+
+Tolerances: both sides compute in fp32 with the same operations in different orders (HF's RMSNorm
+and rotary are written out in PyTorch ops, ours are ATen's fused kernels), so they differ by
+rounding only: fp32 unit roundoff 2^-24 = 6e-8 times a depth of at most ~10^3 accumulated terms
+(dot products of length C or F <= 704, over 4 blocks) times the logits' magnitude (< 20 here) bounds
+a logit's difference by ~1e-3 in the worst case and ~1e-5 typically (random-walk accumulation);
+LOGIT_TOL = 2e-4 sits between (measured: ~1e-6). A mean of log-probabilities moves by at most the
+largest logit difference, so the losses get the same bound plus 5e-7 for pretrain's 6-decimal print.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+LOGIT_TOL = 2e-4
+LOSS_TOL = LOGIT_TOL + 5e-7
+
+pretrain, ckpt, prepare = (os.path.abspath(p) for p in sys.argv[1:4])
+python = sys.executable
+work = tempfile.mkdtemp(prefix="hf_pipeline.", dir=os.environ.get("TEST_TMPDIR"))
+
+
+def run(*args, **kwargs):
+    result = subprocess.run(list(args), capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def write_corpus(path, documents, seed):
+    rng = random.Random(seed)
+    words = ("alpha beta gamma delta river stone light north quick silver garden window "
+             "market winter orange falcon").split()
+    with open(path, "w") as f:
+        for _ in range(documents):
+            sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) + "."
+                         for _ in range(rng.randint(2, 6))]
+            f.write(" ".join(sentences) + "\n\n")
+
+
+def summary_of(output):
+    return json.loads(output.strip().splitlines()[-1])
+
+
+# ---- 1. The pipeline -----------------------------------------------------------------------------
+corpus = os.path.join(work, "corpus.txt")
+write_corpus(corpus, 400, seed=5)
+data = os.path.join(work, "data")
+print(run(python, prepare, "--input", corpus, "--output_dir", data, "--vocab_size", "384",
+          "--val_fraction", "0.1").strip())
+meta = json.load(open(os.path.join(data, "dataset.json")))
+eod, vocab = meta["eod_token"], meta["vocab_size"]
+
+seq_len, eval_batches, global_batch, ranks = 64, 2, 8, 2
+root = os.path.join(work, "run")
+os.makedirs(root)
+out = run(pretrain, "--nproc_per_node=2", "--model=tiny", f"--data=prepared:{data}", "--steps=60",
+          f"--global_batch={global_batch}", f"--seq_len={seq_len}", f"--eval_batches={eval_batches}",
+          "--eval_every=0", "--eod_mask_loss", f"--save_dir={root}/ckpt")
+summary = summary_of(out)
+assert f"vocabulary {vocab} (from --data=prepared:{data})" in out, out
+assert "attention and positions restart after each" in out, out
+export = os.path.join(root, "hf")
+run(ckpt, "export", f"{root}/ckpt", f"--to={export}", "--format=hf", f"--tokenizer={data}")
+
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402 (after the runs: slow import)
+from tokenizers import Tokenizer  # noqa: E402
+
+model = AutoModelForCausalLM.from_pretrained(export).eval()
+tokenizer = AutoTokenizer.from_pretrained(export)
+assert type(model).__name__ == "LlamaForCausalLM", type(model)
+assert model.config.vocab_size == vocab and model.config.eos_token_id == eod, model.config
+sample = "the quick silver falcon. winter market"
+assert tokenizer(sample)["input_ids"] == Tokenizer.from_file(os.path.join(data, "tokenizer.json")).encode(sample).ids
+assert tokenizer.decode(tokenizer(sample)["input_ids"]) == sample
+
+# pretrain's eval set: the val split's windows in order (shuffle off), `ranks x eval_batches x
+# micro-batch` of them, wrapping around; each row's documents end at EOD; the target predicted from
+# an EOD is not counted (--eod_mask_loss); the loss is the mean over the counted targets.
+val = np.fromfile(os.path.join(data, "val.bin"), dtype=np.uint16).astype(np.int64)
+windows = (len(val) - 1) // seq_len
+samples = ranks * eval_batches * (global_batch // ranks)
+total, counted = 0.0, 0
+with torch.no_grad():
+    for sample_index in range(samples):
+        w = sample_index % windows
+        x = val[w * seq_len: w * seq_len + seq_len]
+        y = val[w * seq_len + 1: w * seq_len + seq_len + 1]
+        start = 0
+        while start < seq_len:
+            ends = np.nonzero(x[start:] == eod)[0]
+            end = start + int(ends[0]) + 1 if len(ends) else seq_len  # the EOD ends its document
+            logits = model(torch.tensor(x[start:end])[None]).logits[0].double()
+            logp = torch.log_softmax(logits, -1)
+            for t in range(start, end):
+                if x[t] == eod:
+                    continue
+                total -= logp[t - start, y[t]].item()
+                counted += 1
+            start = end
+hf_loss = total / counted
+assert abs(hf_loss - summary["eval_loss"]) <= LOSS_TOL, (hf_loss, summary["eval_loss"])
+print(f"PASS: pipeline: prepare -> pretrain 2 ranks ({summary['initial_eval_loss']:.3f} -> "
+      f"{summary['eval_loss']:.6f} eval) -> export -> transformers eval loss {hf_loss:.6f} "
+      f"on {counted} held-out targets (|diff| {abs(hf_loss - summary['eval_loss']):.1e})")
+
+# ---- 2. Logits per preset ------------------------------------------------------------------------
+ids = [int(v) for v in val[:48]]
+for preset, shard_bytes in (("tiny", None), ("small", 300_000)):
+    root = os.path.join(work, preset)
+    os.makedirs(root)
+    run(pretrain, "--nproc_per_node=1", f"--model={preset}", f"--data=prepared:{data}", "--steps=3",
+        "--global_batch=4", "--seq_len=64", "--eval_every=0", "--eval_batches=1", f"--save_dir={root}/ckpt")
+    export = os.path.join(root, "hf")
+    extra = [f"--max_shard_bytes={shard_bytes}"] if shard_bytes else []
+    run(ckpt, "export", f"{root}/ckpt", f"--to={export}", "--format=hf", f"--tokenizer={data}", *extra)
+    files = sorted(os.listdir(export))
+    if shard_bytes:
+        assert "model.safetensors.index.json" in files and "model-00001-of-" in " ".join(files), files
+    else:
+        assert "model.safetensors" in files, files
+    reference = run(ckpt, "forward", f"{root}/ckpt", "--tokens=" + ",".join(map(str, ids)),
+                    f"--out={root}/logits.safetensors")
+    ours_loss = float(reference.split()[1])
+    ours = load_file(f"{root}/logits.safetensors")["logits"]
+    model = AutoModelForCausalLM.from_pretrained(export).eval()
+    config = model.config
+    with torch.no_grad():
+        result = model(torch.tensor(ids)[None], labels=torch.tensor(ids)[None])
+    diff = (result.logits[0] - ours).abs().max().item()
+    assert diff <= LOGIT_TOL, (preset, diff)
+    assert abs(result.loss.item() - ours_loss) <= LOSS_TOL, (preset, result.loss.item(), ours_loss)
+    print(f"PASS: {preset} ({config.num_attention_heads} heads / {config.num_key_value_heads} KV, "
+          f"tied {config.tie_word_embeddings}, {len(files)} files): max |logit diff| {diff:.1e}, "
+          f"loss {ours_loss:.6f} vs {result.loss.item():.6f}")
