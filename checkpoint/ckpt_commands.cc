@@ -290,9 +290,16 @@ absl::StatusOr<std::vector<Planned>> PlanExport(const Manifest& manifest,
     const TensorRecord& record = *it->second;
     used.insert(t.source);
     std::vector<int64_t> shape(record.global_shape().begin(), record.global_shape().end());
-    if (shape.empty()) return ArgError(absl::StrCat("export mapping: param '", t.source, "' is a scalar"));
+    if (t.rows.empty()) {  // renamed whole (scalars included)
+      planned.push_back({t.name, &record, {}, shape, record.length()});
+      continue;
+    }
+    if (shape.empty()) {
+      return ArgError(absl::StrCat("export mapping: '", t.name, "' takes rows of param '", t.source,
+                                   "', a scalar"));
+    }
     const int64_t rows = shape[0];
-    int64_t total = t.rows.empty() ? rows : 0;
+    int64_t total = 0;
     for (const auto& [start, count] : t.rows) {
       if (start < 0 || count < 1 || start > rows - count) {
         return ArgError(absl::StrCat("export mapping: '", t.name, "' takes rows [", start, ", ",

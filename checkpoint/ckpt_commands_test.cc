@@ -249,6 +249,70 @@ TEST(CkptTest, ExportReplacesAPreviousExportWholeOrNotAtAll) {
   EXPECT_THAT(files, ElementsAre("model.safetensors", "notes.txt"));
 }
 
+// A mapped export renames and splits by rows (bytes as saved), writes the mapping's files in the
+// same all-or-nothing directory, and refuses a mapping that drops a param, names an absent one or
+// takes rows the param lacks.
+TEST(CkptTest, MappedExportSplitsRowsAndWritesFiles) {
+  const std::string root = ScratchDir();
+  ASSERT_OK(WriteTestCheckpoint(root, 4, SmallModel()));
+  const std::string step = JoinPath(root, "step_000004");
+  ExportMapping mapping;
+  for (const TestTensor& t : SmallModel()) {
+    if (t.name == "layers.0.attn.qkv.weight") continue;
+    mapping.tensors.push_back({"renamed." + t.name, t.name, {}});
+  }
+  // qkv [24, 8] BF16: "q" = rows 0..3 and 12..15, "kv" = rows 4..11 and 16..23.
+  mapping.tensors.push_back({"q", "layers.0.attn.qkv.weight", {{0, 4}, {12, 4}}});
+  mapping.tensors.push_back({"kv", "layers.0.attn.qkv.weight", {{4, 8}, {16, 8}}});
+  mapping.files["config.json"] = "{\"a\": 1}\n";
+  ExportOptions options;
+  options.mapping = mapping;
+  const std::string out_dir = JoinPath(ScratchDir("_out"), "mapped");
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> files, ExportSafetensors(step, out_dir, options));
+  EXPECT_THAT(files, ElementsAre("model.safetensors", "config.json"));
+  ASSERT_OK_AND_ASSIGN(std::string config, ReadFileToString(JoinPath(out_dir, "config.json")));
+  EXPECT_EQ(config, "{\"a\": 1}\n");
+  ASSERT_OK_AND_ASSIGN(SafetensorsReader reader,
+                       SafetensorsReader::Open(JoinPath(out_dir, "model.safetensors")));
+  const TestTensor qkv = SmallModel()[1];
+  const std::vector<uint8_t> whole = RecordBytes(qkv, kParamKind, 4);
+  const size_t row = 8 * 2;  // 8 BF16 elements
+  std::vector<uint8_t> q(whole.begin(), whole.begin() + 4 * row);
+  q.insert(q.end(), whole.begin() + 12 * row, whole.begin() + 16 * row);
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got_q, reader.ReadTensor("q"));
+  EXPECT_EQ(got_q, q);
+  EXPECT_THAT(reader.Find("kv")->spec.shape, ElementsAre(16, 8));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got_fc1, reader.ReadTensor("renamed.layers.0.mlp.fc1.weight"));
+  EXPECT_EQ(got_fc1, RecordBytes(SmallModel()[2], kParamKind, 4));
+  // A second mapped export replaces the first (its config.json counts as an export's file).
+  ASSERT_OK(ExportSafetensors(step, out_dir, options).status());
+
+  ExportOptions dropped = options;
+  dropped.mapping->tensors.pop_back();  // kv
+  dropped.mapping->tensors.pop_back();  // q: nothing reads qkv now
+  EXPECT_THAT(ExportSafetensors(step, out_dir, dropped),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("leaves out param 'layers.0.attn.qkv.weight'")));
+  ExportOptions absent = options;
+  absent.mapping->tensors.push_back({"x", "no.such.param", {}});
+  EXPECT_THAT(ExportSafetensors(step, out_dir, absent),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'x' comes from param 'no.such.param', which the checkpoint "
+                                 "does not have")));
+  ExportOptions outside = options;
+  outside.mapping->tensors.back().rows = {{20, 8}};
+  EXPECT_THAT(ExportSafetensors(step, out_dir, outside),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'kv' takes rows [20, 28) of 'layers.0.attn.qkv.weight', which "
+                                 "has 24")));
+  // The failed attempts left the good export in place.
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> names, ListDir(out_dir));
+  EXPECT_THAT(names, ElementsAre("config.json", "model.safetensors"));
+  // Without a provider, --format=hf is refused by name.
+  EXPECT_THAT(RunCkpt({"export", root, "--to=" + out_dir, "--format=hf"}),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("--format=hf")));
+}
+
 TEST(CkptTest, ExportRejectsAZeroShardLimit) {
   const std::string root = ScratchDir();
   ASSERT_OK(WriteTestCheckpoint(root, 4, SmallModel()));
