@@ -313,8 +313,8 @@ TEST(Pretrain, EveryOptimizerFlagReachesTheOptimizer) {
 // TensorBoard after a crash and a resume: a run logs steps 1-6 but its `latest` is rolled back to
 // step 4 (as a crash after step 6 whose last committed checkpoint was step 4 would leave it), then a
 // resume logs steps 5-8 into the same --log_dir. Read as TensorBoard reads a directory (files in
-// name order; a restart record at step S drops what earlier files logged at steps >= S; this
-// reimplements TensorBoard's purge rule, as the real tool is not installed here): every train step
+// name order; a restart record at step S drops what earlier files logged at steps >= S: TensorBoard's
+// purge rule, which //integration:tensorboard_interop_test checks with TensorBoard itself): every train step
 // appears once, and eval/loss at 0 (fresh start) and 8 (the end; the first run's end eval at 6 is
 // purged, the resume's initial eval not logged again). Two files: their names never collide.
 TEST(Pretrain, TensorBoardHasOneCurveAfterACrashAndResume) {

@@ -171,7 +171,7 @@ std::string EncodeEvent(const TbEvent& event) {
     std::string session_log;
     PutTag(&session_log, 1, kVarint);
     PutVarint(&session_log, 1);  // SessionLog.START
-    PutBytes(&out, 6, session_log);
+    PutBytes(&out, 7, session_log);  // Event.session_log (6 is the deprecated log_message)
   }
   return out;
 }
@@ -193,7 +193,7 @@ absl::StatusOr<TbEvent> DecodeEvent(absl::string_view data) {
     } else if (field == 5 && type == kLengthDelimited) {
       ASSIGN_OR_RETURN(absl::string_view summary, r.Bytes());
       RETURN_IF_ERROR(DecodeSummary(summary, &event.scalars));
-    } else if (field == 6 && type == kLengthDelimited) {
+    } else if (field == 7 && type == kLengthDelimited) {
       ASSIGN_OR_RETURN(absl::string_view session_log, r.Bytes());
       WireReader log(session_log);
       while (!log.done()) {

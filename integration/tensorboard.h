@@ -6,7 +6,7 @@
 // data is a serialized `tensorflow.Event`; only the fields below are produced or understood
 // (field numbers as in tensorflow/core/util/event.proto and summary.proto):
 //   Event      { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
-//                SessionLog session_log = 6; }
+//                SessionLog session_log = 7; }   (6 is the deprecated log_message)
 //   Summary    { repeated Value value = 1; }
 //   Value      { string tag = 1; float simple_value = 2; }
 //   SessionLog { SessionStatus status = 1; }   START = 1

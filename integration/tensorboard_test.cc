@@ -91,7 +91,7 @@ TEST(EventWriter, SessionStartRecord) {
   TbEvent event;
   event.step = 5;
   event.session_start = true;
-  EXPECT_EQ(EncodeEvent(event), std::string("\x10\x05\x32\x02\x08\x01", 6));
+  EXPECT_EQ(EncodeEvent(event), std::string("\x10\x05\x3a\x02\x08\x01", 6));
   ASSERT_OK_AND_ASSIGN(auto writer, EventWriter::Create(TempDir(), 1700000000.0));
   EXPECT_OK(writer->AddSessionStart(5, 1700000001.0));
   EXPECT_OK(writer->Flush());
