@@ -122,6 +122,7 @@ absl::Status ScanTokens(TokenDataset* data, absl::string_view where) {
   for (int64_t start = 0; start < tokens.size(); start += kBlock) {
     const int64_t n = std::min(kBlock, tokens.size() - start);
     tokens.CopyTo(start, n, block.data());
+    tokens.Advise(TokenStream::Access::kDrop, start, n);  // keep the scan's resident set small
     for (int64_t i = 0; i < n; ++i) {
       if (block[i] < 0) {
         return absl::InvalidArgumentError(
@@ -135,7 +136,6 @@ absl::Status ScanTokens(TokenDataset* data, absl::string_view where) {
         absl::StrCat(where, "token ", max_token, " does not fit a 32-bit token id"));
   }
   data->max_token = max_token;
-  tokens.Advise(TokenStream::Access::kDrop);
   tokens.Advise(TokenStream::Access::kRandom);  // training reads windows in shuffled order
   return absl::OkStatus();
 }
@@ -237,12 +237,13 @@ std::vector<int32_t> TokenStream::ToVector() const {
   return std::vector<int32_t>(wide.begin(), wide.end());
 }
 
-void TokenStream::Advise(Access access) const {
-  if (!mapped_ || size_ == 0) return;
+void TokenStream::Advise(Access access, int64_t start, int64_t count) const {
+  if (!mapped_ || count <= 0) return;
   // madvise wants a page-aligned start: widen the range down to its page.
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(data_) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(data_) + size_ * element_size_;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(data_ + start * element_size_);
+  const uintptr_t begin = first & ~(page - 1);
+  const uintptr_t end = first + count * element_size_;
   const int advice = access == Access::kSequential ? MADV_SEQUENTIAL
                      : access == Access::kRandom   ? MADV_RANDOM
                                                    : MADV_DONTNEED;
@@ -260,13 +261,13 @@ double UnigramEntropy(const TokenStream& tokens) {
   for (int64_t start = 0; start < tokens.size(); start += kBlock) {
     const int64_t n = std::min(kBlock, tokens.size() - start);
     tokens.CopyTo(start, n, block.data());
+    tokens.Advise(TokenStream::Access::kDrop, start, n);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = block[i];
       if (t >= static_cast<int64_t>(counts.size())) counts.resize(t + 1, 0);
       ++counts[t];
     }
   }
-  tokens.Advise(TokenStream::Access::kDrop);
   double h = 0.0;
   const double n = static_cast<double>(tokens.size());
   for (int64_t c : counts) {

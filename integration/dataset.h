@@ -67,7 +67,9 @@ class TokenStream {
   // are not needed now (MADV_DONTNEED: a shared file mapping drops them from this process, the
   // page cache keeps them). No-op for an owned stream.
   enum class Access { kSequential, kRandom, kDrop };
-  void Advise(Access access) const;
+  void Advise(Access access) const { Advise(access, 0, size_); }
+  // The same for tokens [start, start + count) (widened to whole pages).
+  void Advise(Access access, int64_t start, int64_t count) const;
 
  private:
   std::shared_ptr<const void> storage_;  // the owned vector or the mapping
