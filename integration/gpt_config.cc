@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -104,7 +105,8 @@ std::string FormatSavedModel(const SavedModel& saved) {
       preset.ok() && preset->vocab_size == saved.config.vocab_size
           ? ""
           : absl::StrCat(" vocab=", saved.config.vocab_size),
-      saved.precision == "fp32" ? "" : absl::StrCat(" precision=", saved.precision));
+      saved.precision == "fp32" ? "" : absl::StrCat(" precision=", saved.precision),
+      saved.documents.empty() ? "" : absl::StrCat(" documents=", saved.documents));
 }
 
 absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
@@ -122,6 +124,9 @@ absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
       have_seq_len = ok;
     } else if (kv.first == "vocab") {
       ok = ok && absl::SimpleAtoi(kv.second, &vocab) && vocab > 0;
+    } else if (kv.first == "documents") {
+      saved.documents = std::string(kv.second);
+      ok = ok && absl::StartsWith(saved.documents, "eod");
     } else if (kv.first == "precision") {
       saved.precision = std::string(kv.second);
       ok = ok && (saved.precision == "fp32" || saved.precision == "bf16");

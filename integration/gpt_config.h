@@ -52,14 +52,17 @@ absl::Status ValidateConfig(const GptConfig& config);
 
 // A model's identity as a checkpoint records it (SharedState::model_config), written by the
 // trainer and read back by `ckpt` to rebuild the model:
-//   "model=<preset> seq_len=<S>[ vocab=<V>][ precision=<p>]"
-// vocab only when it differs from the preset's, precision only when not fp32 (so checkpoints of
-// earlier versions, which had neither, read the same).
+//   "model=<preset> seq_len=<S>[ vocab=<V>][ precision=<p>][ documents=<d>]"
+// vocab only when it differs from the preset's, precision only when not fp32, documents only when
+// the data has an EOD token (so checkpoints of earlier versions, which had none, read the same).
 struct SavedModel {
   std::string preset;
   GptConfig config;  // the preset with the saved vocabulary
   int64_t seq_len = 0;
   std::string precision = "fp32";
+  // How the run treats documents: "" (no EOD), or "eod<id>" + ",reset" (attention within
+  // documents) + ",mask_loss" (EOD loss mask), e.g. "eod0,reset". A resume must train the same way.
+  std::string documents;
 };
 std::string FormatSavedModel(const SavedModel& saved);
 // Errors: kInvalidArgument naming the text and the field that is missing or malformed, or an

@@ -55,6 +55,10 @@ TEST(LlamaExportMapping, TiedHasNoHeadAndBadTokenizerIsNamed) {
   EXPECT_THAT(LlamaExportMapping(saved, "/no/such/tokenizer.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--tokenizer '/no/such/tokenizer.json': no such file")));
+  ASSERT_OK_AND_ASSIGN(SavedModel documents,
+                       ParseSavedModel("model=tiny seq_len=64 documents=eod0,reset,mask_loss"));
+  EXPECT_EQ(documents.documents, "eod0,reset,mask_loss");
+  EXPECT_EQ(FormatSavedModel(documents), "model=tiny seq_len=64 documents=eod0,reset,mask_loss");
   EXPECT_THAT(ParseSavedModel("model=tiny"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected model=<preset>")));
   EXPECT_THAT(ParseSavedModel("model=tiny seq_len=64 colour=red"),

@@ -514,6 +514,23 @@ TEST(Pretrain, ResumeWithAnotherSetupExitsWithTwo) {
   }
   EXPECT_EQ(ReadFile(dir + "/latest"), latest);
   EXPECT_FALSE(std::filesystem::exists(dir + "/step_000002"));
+
+  // Documents (the synthetic text's newline as the EOD: a document per sentence): a resume that
+  // would attend across them, or count the loss otherwise, is another setup too.
+  const std::string docs = TempDir() + "/other_documents";
+  save = RunPretrain({"--steps=4", "--stop_after=1", "--eval_every=0", "--global_batch=16",
+                      "--eod_token=10", "--save_dir=" + docs});
+  ASSERT_EQ(save.exit_code, 0) << save.out << save.err;
+  EXPECT_THAT(save.out, HasSubstr("documents end with token 10: attention and positions restart"));
+  for (const char* arg : {"--reset_attention_mask=false", "--eod_mask_loss"}) {
+    const RunResult run = RunPretrain({"--steps=4", "--eval_every=0", "--global_batch=16",
+                                       "--eod_token=10", "--save_dir=" + docs, "--resume", arg});
+    EXPECT_EQ(run.exit_code, 2) << arg << ": " << run.err;
+    EXPECT_THAT(run.err, HasSubstr("documents=eod10,reset'")) << arg;
+  }
+  const RunResult same = RunPretrain({"--steps=2", "--eval_every=0", "--global_batch=16",
+                                      "--eod_token=10", "--save_dir=" + docs, "--resume"});
+  EXPECT_EQ(same.exit_code, 0) << same.err;
 }
 
 // distopt (ZeRO-1 AdamW for everything) resumes bitwise too.

@@ -489,6 +489,10 @@ std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
   saved.config = s.model->config();
   saved.seq_len = s.seq_len;
   saved.precision = c.precision;
+  if (s.eod_token >= 0) {
+    saved.documents = absl::StrCat("eod", s.eod_token, s.documents ? ",reset" : "",
+                                   s.per_token_loss ? ",mask_loss" : "");
+  }
   return FormatSavedModel(saved);
 }
 std::string OptimizerConfigString(const TrainerConfig& c) {
