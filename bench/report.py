@@ -4,6 +4,9 @@ summarised) plus PNG plots.
 
   bazel run //bench:report -- [--out=BENCHMARKS.md] [--repeats=N] [--quick] [--only=layout,...]
 
+With --only, the chosen sections replace theirs in an existing --out and the rest is kept, each
+replaced section saying when, where and at which commit it was measured.
+
 Run by bench/report.sh from the runfiles tree, so benchmark binaries are found by their package
 path (they are `data` of the target). Output paths are relative to $BUILD_WORKSPACE_DIRECTORY.
 """
@@ -752,8 +755,21 @@ def main():
     md += ["## Run log", "", rl.markdown_table(
         ["binary", "arguments", "wall s", "exit"],
         [[f"`{b}`", " ".join(x) or "–", f"{t:.1f}", rc] for b, x, t, rc in runner.log]), ""]
+    text = "\n".join(md)
+    if set(only) != set(SECTIONS) and os.path.exists(out_path):
+        # A partial run updates its sections of the full report and keeps the others (whose header
+        # describes the run that measured them); each updated section says where it came from.
+        provenance = (
+            f"This section was generated on its own, `bazel run //bench:report -- "
+            f"{' '.join(flags + ['--only=' + ','.join(only)])}`, {started.strftime('%Y-%m-%d %H:%M')}"
+            f"–{finished.strftime('%H:%M')} UTC, on {info['cpu']} ({info['cores']} cores, "
+            f"{info['memory']}), load average {load_start} at the start and {load_end} at the end, "
+            f"commit {info['commit'][:7]}{' with uncommitted changes' if info['dirty'] else ''}. "
+            f"The other sections are from the runs described above.\n")
+        with open(out_path) as f:
+            text = rl.merge_sections(f.read(), text, provenance)
     with open(out_path, "w") as f:
-        f.write("\n".join(md))
+        f.write(text)
     print(f"[bench] wrote {out_path}" + (f" and {len(plots)} plot(s) in {plots_dir}" if plots else ""),
           file=sys.stderr)
     return 1 if errors else 0

@@ -593,3 +593,43 @@ def peer_breakdown_table(summary):
             for mode, st in summary.items() if mode not in ("ratios", "reference")]
     return markdown_table(["run", "forward ms", "backward ms", "exposed grad comm ms",
                            "optimizer ms", "exposed param sync ms", "step ms"], rows)
+
+
+def _split_sections(text):
+    """[(key, chunk)]: the text before the first "## " heading (key None), then one chunk per
+    "## " heading (key: the heading's number, "7." for "## 7. ...", else the whole heading)."""
+    chunks, key, lines = [], None, []
+    for line in text.split("\n"):
+        if line.startswith("## "):
+            chunks.append((key, "\n".join(lines)))
+            title = line[3:].strip()
+            key, lines = title.split(" ", 1)[0] if title[:1].isdigit() else title, [line]
+        else:
+            lines.append(line)
+    chunks.append((key, "\n".join(lines)))
+    return chunks
+
+
+def merge_sections(old_text, new_text, provenance):
+    """A partial report (`--only=...`) merged into the full one it updates: each numbered section of
+    `new_text` replaces the section of the same number in `old_text`, or is inserted in number order
+    among the numbered sections, with `provenance` (when, where, which commit it was measured) as its
+    first paragraph; the old header, machine table, run log and every other section are kept.
+    Without an old report, `new_text`."""
+    if not old_text.strip():
+        return new_text
+    number = lambda key: float(key.rstrip("."))  # noqa: E731
+    numbered = lambda key: bool(key) and key[:1].isdigit()  # noqa: E731
+    new = {k: c for k, c in _split_sections(new_text) if numbered(k)}
+
+    def stamped(chunk):
+        heading, _, body = chunk.partition("\n")
+        return heading + "\n\n" + provenance.rstrip("\n") + "\n\n" + body.lstrip("\n")
+
+    out = [(k, stamped(new[k]) if k in new else c) for k, c in _split_sections(old_text)]
+    for k in sorted((k for k in new if k not in {key for key, _ in out}), key=number):
+        positions = [i for i, (key, _) in enumerate(out) if numbered(key)]
+        later = [i for i in positions if number(out[i][0]) > number(k)]
+        at = later[0] if later else (positions[-1] + 1 if positions else len(out))
+        out.insert(at, (k, stamped(new[k])))
+    return "\n".join(c for _, c in out)

@@ -358,5 +358,29 @@ class GptShapesTest(unittest.TestCase):
                                                                     + 2 * 64 ** 3) * 3)
 
 
+class MergeSectionsTest(unittest.TestCase):
+    OLD = ("# orthoshard benchmarks\n\nheader\n\n## Machine\n\nold machine\n\n"
+           "## 1. Layout\n\nold one\n\n## 7. Peer\n\nold seven\n\n## Run log\n\nold log\n")
+    NEW = ("# orthoshard benchmarks\n\nnew header\n\n## Machine\n\nnew machine\n\n"
+           "## 7. Peer\n\nnew seven\n\n## 3. Distributed\n\nnew three\n\n"
+           "## 9. Later\n\nnew nine\n\n## Run log\n\nnew log\n")
+
+    def test_replaces_inserts_and_keeps_the_rest(self):
+        merged = rl.merge_sections(self.OLD, self.NEW, "(measured separately)")
+        self.assertIn("header\n\n## Machine\n\nold machine", merged)
+        self.assertNotIn("new header", merged)
+        self.assertNotIn("new machine", merged)
+        self.assertNotIn("old seven", merged)
+        self.assertIn("## 7. Peer\n\n(measured separately)\n\nnew seven", merged)
+        self.assertIn("old log", merged)
+        self.assertNotIn("new log", merged)
+        order = [merged.index(s) for s in ("## 1.", "## 3.", "## 7.", "## 9.", "## Run log")]
+        self.assertEqual(order, sorted(order))
+        self.assertIn("## 1. Layout\n\nold one", merged)  # untouched: no provenance line
+
+    def test_without_an_old_report_the_new_one(self):
+        self.assertEqual(rl.merge_sections("", self.NEW, "x"), self.NEW)
+
+
 if __name__ == "__main__":
     unittest.main()
