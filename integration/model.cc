@@ -35,10 +35,7 @@ std::string ShapeString(const at::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
 }
 
-// A target that is not counted (the loader's kIgnoreTarget, cross entropy's default ignore_index).
-constexpr int64_t kIgnoredTargetId = -100;
-
-// Checks ids [B, T] are int64 and in [0, vocab) (or kIgnoredTargetId when allowed).
+// Checks ids [B, T] are int64 and in [0, vocab) (or kIgnoredTarget when allowed).
 absl::Status CheckIds(absl::string_view what, const at::Tensor& ids, int64_t vocab,
                       int64_t max_seq_len, bool allow_ignored = false) {
   if (!ids.defined() || ids.dim() != 2 || ids.scalar_type() != at::kLong) {
@@ -53,7 +50,7 @@ absl::Status CheckIds(absl::string_view what, const at::Tensor& ids, int64_t voc
                                                    max_seq_len));
   }
   const int64_t lo =
-      allow_ignored ? ids.masked_fill(ids.eq(kIgnoredTargetId), 0).min().item<int64_t>()
+      allow_ignored ? ids.masked_fill(ids.eq(kIgnoredTarget), 0).min().item<int64_t>()
                     : ids.min().item<int64_t>();
   const int64_t hi = ids.max().item<int64_t>();
   if (lo < 0 || hi >= vocab) {
@@ -353,7 +350,7 @@ absl::StatusOr<at::Tensor> Gpt::Loss(const at::Tensor& tokens, const at::Tensor&
     return at::cross_entropy_loss(
         logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
         reduction == LossReduction::kSum ? at::Reduction::Sum : at::Reduction::Mean,
-        /*ignore_index=*/kIgnoredTargetId);
+        /*ignore_index=*/kIgnoredTarget);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
   }

@@ -98,6 +98,9 @@ struct Documents {
 
 enum class LossReduction { kMean, kSum };
 
+// A target Loss does not count (cross entropy's ignore_index; the loader's kIgnoreTarget).
+inline constexpr int64_t kIgnoredTarget = -100;
+
 // cos/sin tables [max_seq_len, head_dim / 2] in `dtype` (computed in double).
 void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::ScalarType dtype,
                   at::Tensor* cos, at::Tensor* sin);
@@ -148,7 +151,7 @@ class Gpt {
                                      const Documents* documents = nullptr) const;
 
   // Next-token cross-entropy (nats) of Forward(tokens, documents) against targets [B, T] (int64
-  // ids, or kIgnoreTarget = -100 for a position that is not counted): the mean over the counted
+  // ids, or kIgnoredTarget for a position that is not counted): the mean over the counted
   // targets, or their sum.
   // Errors: as Forward, and kInvalidArgument when targets' shape differs or an id is out of range.
   absl::StatusOr<at::Tensor> Loss(const at::Tensor& tokens, const at::Tensor& targets,

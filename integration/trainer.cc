@@ -367,6 +367,8 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
 }
 
 
+static_assert(kIgnoreTarget == kIgnoredTarget, "the loader's ignored target is the model's");
+
 // A micro-batch's loss (mean over its counted targets, or their sum), within each row's documents
 // when the run has them.
 absl::StatusOr<at::Tensor> MicroBatchLoss(const Setup& s, const MicroBatch& b, at::Device device,
