@@ -167,6 +167,8 @@ def fsdp_args(quick):
 PEER_SCRIPT = "bench/torch_peer.py"
 PEER_ORTHOSHARD_FLAGS = {"orthoshard_muon_layerwise": ["--optimizer=muon", "--dist=layerwise"],
                          "orthoshard_adamw_distopt": ["--optimizer=adamw", "--dist=distopt"],
+                         "orthoshard_adamw_distopt_fused": ["--optimizer=adamw", "--dist=distopt",
+                                                            "--adamw_fused"],
                          "orthoshard_muon_layerwise_no_overlap": [
                              "--optimizer=muon", "--dist=layerwise", "--overlap_grad_reduce=false",
                              "--overlap_param_gather=false"]}
@@ -247,7 +249,8 @@ def run_peer(runner, quick, repeat):
     """One repeat of the peer section: {model: peer_rows}. The runs of each ratio go back to back,
     in reverse order on odd repeats, so that a load drift does not always favour one side."""
     order = ["orthoshard_muon_layerwise", "torch_muon", "orthoshard_adamw_distopt",
-             "torch_adamw_fused", "torch_adamw", "orthoshard_muon_layerwise_no_overlap"]
+             "torch_adamw_fused", "orthoshard_adamw_distopt_fused", "torch_adamw",
+             "orthoshard_muon_layerwise_no_overlap"]
     out = {}
     for model, (ours, theirs, batch, seq) in peer_args(quick).items():
         docs = {}
@@ -674,7 +677,9 @@ def main():
                "`DistributedDataParallel` over Gloo (default buckets, every rank steps every "
                "param), `torch.optim.Muon` for the hidden matrices + `torch.optim.AdamW` for the "
                "rest (or AdamW for all; torch's default implementation, on CPU its for-loop, or "
-               "`fused=True`), `clip_grad_norm_`, pretrain's hyperparameters. Both on 2 "
+               "`fused=True`), `clip_grad_norm_`, pretrain's hyperparameters; orthoshard's "
+               "ZeRO-1 AdamW runs in its default slice-invariant order and with `--adamw_fused` "
+               "(the same ATen kernel as `fused=True`). Both on 2 "
                "local ranks of 1 thread, fp32 Newton–Schulz (torch.optim.Muon's bf16 iteration "
                "swapped for the same one in fp32, as `--muon_ns_dtype=fp32` does in pretrain), "
                "synthetic byte-level text of the same grammar; the two runs of each ratio go back "

@@ -301,12 +301,16 @@ def fsdp_memory_rows(summaries):
 # Row names; each ratio is (name, orthoshard mode, peer mode) of tokens/s within one repeat.
 # The last runs orthoshard's layerwise Muon with --overlap_grad_reduce=false and
 # --overlap_param_gather=false: what the overlap hides.
+# orthoshard_adamw_distopt_fused is distopt with --adamw_fused (ATen's fused kernel, as
+# torch.optim.AdamW(fused=True)): the like-for-like comparison with the fused peer, where the default
+# keeps the slice-invariant foreach=False order.
 PEER_ORTHOSHARD_MODES = ["orthoshard_muon_layerwise", "orthoshard_adamw_distopt",
-                         "orthoshard_muon_layerwise_no_overlap"]
+                         "orthoshard_muon_layerwise_no_overlap", "orthoshard_adamw_distopt_fused"]
 PEER_TORCH_MODES = ["torch_muon", "torch_adamw", "torch_adamw_fused"]
 PEER_RATIOS = [("muon", "orthoshard_muon_layerwise", "torch_muon"),
                ("adamw_vs_fused", "orthoshard_adamw_distopt", "torch_adamw_fused"),
-               ("adamw_vs_default", "orthoshard_adamw_distopt", "torch_adamw")]
+               ("adamw_vs_default", "orthoshard_adamw_distopt", "torch_adamw"),
+               ("adamw_fused_vs_fused", "orthoshard_adamw_distopt_fused", "torch_adamw_fused")]
 
 
 def _number(doc, key):
@@ -575,11 +579,15 @@ def peer_ratio_table(summary):
          stat_cell(st, "adamw_vs_fused", 3)],
         ["tokens/s, orthoshard ZeRO-1 AdamW / torch AdamW (default: its for-loop on CPU)",
          stat_cell(st, "adamw_vs_default", 3)],
+        ["tokens/s, orthoshard ZeRO-1 AdamW --adamw_fused / torch AdamW(fused=True) (the same "
+         "ATen kernel on both sides)", stat_cell(st, "adamw_fused_vs_fused", 3)],
         ["CPU s per step, orthoshard layerwise Muon / torch Muon", stat_cell(st, "cpu_muon", 3)],
         ["CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW(fused=True)",
          stat_cell(st, "cpu_adamw_vs_fused", 3)],
         ["CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW (default: for-loop)",
          stat_cell(st, "cpu_adamw_vs_default", 3)],
+        ["CPU s per step, orthoshard ZeRO-1 AdamW --adamw_fused / torch AdamW(fused=True)",
+         stat_cell(st, "cpu_adamw_fused_vs_fused", 3)],
         ["exposed communication of orthoshard layerwise Muon (grad sync + param sync waits), "
          "overlap on / off", stat_cell(st, "exposed_comm_overlap", 3)],
         ["torch.mm over the model's GEMM shapes, all ranks at once, GFLOP/s (the MFU "

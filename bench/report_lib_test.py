@@ -284,6 +284,7 @@ class RenderTest(unittest.TestCase):
         run = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=0.5),
                             "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
                             "orthoshard_muon_layerwise_no_overlap": ours(0.6, waits=(0.1, 0.05)),
+                            "orthoshard_adamw_distopt_fused": ours(step_s=0.4),
                             "torch_muon": theirs(1.0, 4e9), "torch_adamw": theirs(0.8, 1e9),
                             "torch_adamw_fused": theirs(0.64, 2e9)},
                            tokens_per_step=1024, model_flops_per_step=1e9)
@@ -299,7 +300,9 @@ class RenderTest(unittest.TestCase):
         self.assertAlmostEqual(exposed, 0.2)  # (0.02 + 0.01) / (0.1 + 0.05)
         self.assertEqual(run["ratios"], {"muon": 2.0, "cpu_muon": 0.5, "adamw_vs_fused": 0.8,
                                          "cpu_adamw_vs_fused": None, "adamw_vs_default": 1.0,
-                                         "cpu_adamw_vs_default": None})
+                                         "cpu_adamw_vs_default": None,
+                                         "adamw_fused_vs_fused": 1.6,  # 0.64 s / 0.4 s
+                                         "cpu_adamw_fused_vs_fused": 0.5})
         run["ratios"]["exposed_comm_overlap"] = exposed
         summary = rl.summarize([run])
         self.assertEqual(rl.peer_table(summary).splitlines()[2:4], [
@@ -318,6 +321,7 @@ class RenderTest(unittest.TestCase):
         slower = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=1.0),
                                "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
                                "orthoshard_muon_layerwise_no_overlap": ours(step_s=1.0),
+                               "orthoshard_adamw_distopt_fused": ours(step_s=1.0),
                                "torch_muon": theirs(1.0, 2e9), "torch_adamw": theirs(0.8, 2e9),
                                "torch_adamw_fused": theirs(0.64, 2e9)}, 1024, 1e9)
         two = rl.summarize([run, slower])
