@@ -172,9 +172,23 @@ TokenStream::TokenStream(std::vector<int32_t> tokens) {
 absl::StatusOr<TokenStream> TokenStream::MapFile(const std::string& path, int64_t offset,
                                                  int64_t count, Type type,
                                                  absl::string_view what) {
-  ASSIGN_OR_RETURN(const int64_t file_bytes, RegularFileSize(path, what));
+  RETURN_IF_ERROR(RegularFileSize(path, what).status());  // the messages for a missing file etc.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "': cannot open: ", std::strerror(errno)));
+  }
+  // The size of what was opened (not of the path a moment before), so the mapping never reaches
+  // past the end of the file.
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': not a regular file"));
+  }
+  const int64_t file_bytes = static_cast<int64_t>(st.st_size);
   const int element = ElementSize(type);
   if (offset < 0 || count < 0 || offset > file_bytes || count > (file_bytes - offset) / element) {
+    ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat(what, " '", path, "': ", file_bytes, " bytes, expected at least ", offset,
                      " + ", count, " tokens of ", element, " bytes"));
@@ -184,11 +198,9 @@ absl::StatusOr<TokenStream> TokenStream::MapFile(const std::string& path, int64_
   stream.element_size_ = element;
   stream.size_ = count;
   stream.mapped_ = true;
-  if (file_bytes == 0) return stream;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", path, "': cannot open: ", std::strerror(errno)));
+  if (file_bytes == 0) {
+    ::close(fd);
+    return stream;
   }
   void* base = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;

@@ -5,7 +5,9 @@
 // marks the ends of its documents, the end-of-document (EOD) token. Files are memory-mapped read-only
 // and read in their own integer type, never copied: the ranks of one machine share one copy in the
 // page cache instead of each holding the corpus (every token is read once at load, to check its
-// range; those pages are then dropped from the process).
+// range; those pages are then dropped from the process). A data file replaced by a rename (as
+// tools/prepare_data.py --overwrite does) is safe while a run maps the old one; one truncated in
+// place under a running job ends it with SIGBUS, as for any memory-mapped reader.
 //
 // Formats:
 //   raw text        any bytes; token = byte value, vocab 256.
