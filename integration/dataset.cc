@@ -40,15 +40,28 @@ std::string RandomWord(std::mt19937_64& rng, int64_t min_len, int64_t max_len) {
   return w;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
-  // A directory opens as a stream that throws on read, and /dev/zero never ends: regular files only.
+// A regular file's size, or the error LoadTextFile & co. report for it.
+absl::StatusOr<int64_t> RegularFileSize(const std::string& path, absl::string_view what) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string message =
+        absl::StrCat(what, " '", path, "': cannot open: ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
+  }
+  if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " '", path, "': ",
                      S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file",
                      ", expected a file"));
   }
+  return static_cast<int64_t>(st.st_size);
+}
+
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  // A directory opens as a stream that throws on read, and /dev/zero never ends: regular files only.
+  RETURN_IF_ERROR(RegularFileSize(path, what).status());
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
@@ -138,24 +151,6 @@ absl::Status ScanTokens(TokenDataset* data, absl::string_view where) {
   data->max_token = max_token;
   tokens.Advise(TokenStream::Access::kRandom);  // training reads windows in shuffled order
   return absl::OkStatus();
-}
-
-// A regular file's size, or the error LoadTextFile & co. report for it.
-absl::StatusOr<int64_t> RegularFileSize(const std::string& path, absl::string_view what) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    const int err = errno;
-    const std::string message =
-        absl::StrCat(what, " '", path, "': cannot open: ", std::strerror(err));
-    return err == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", path, "': ",
-                     S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file",
-                     ", expected a file"));
-  }
-  return static_cast<int64_t>(st.st_size);
 }
 
 }  // namespace

@@ -2,26 +2,25 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/file_util.h"
 #include "common/status_macros.h"
 #include "integration/dataset.h"
 
 namespace orthoshard::integration {
 namespace {
 
+// checkpoint/'s whole-file read, its failure reported as bad input naming the file.
 absl::StatusOr<std::string> ReadWhole(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': cannot be read"));
+  absl::StatusOr<std::string> contents = checkpoint::ReadFileToString(path);
+  if (!contents.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "' cannot be read: ",
+                                                   contents.status().message()));
   }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
+  return contents;
 }
 
 // %.17g: every double written as JSON reads back as the same double.
