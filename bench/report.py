@@ -693,14 +693,18 @@ def main():
                "shapes with every rank running at once (the highest that the peer runs of the "
                "same repeat measured). Each ratio is taken within one repeat, then summarised.",
                "",
-               "Step breakdown, per step: *forward*, *backward* (compute), *exposed grad comm* "
-               "(orthoshard: time blocked in the grad syncs' waits after backward, "
-               "`grad_sync_wait_s`; the peer: its backward under DDP minus the same backward "
-               "under `ddp.no_sync()`, the all-reduce time that backward did not hide), "
-               "*optimizer* (clip + step), *exposed param sync* (orthoshard: its pre-forward "
-               "hooks' waits on the param all-gathers, which its *forward* includes; the "
-               "replicated peer has none). Means over the steady steps, rank 0's for pretrain "
-               "(its waits: over every step), the max over ranks for the peer.", ""]
+               "Step breakdown, per step: *forward* (orthoshard: with its pre-forward hooks' "
+               "waits on the param all-gathers), *backward* (compute), *optimizer* (clip + "
+               "step), *exposed comm*: communication on the step's critical path, the least "
+               "time any rank waited on it (orthoshard: per step, grad syncs after backward + "
+               "param gathers, `exposed_comm_s`; the peer: its backward under DDP minus the "
+               "same backward under `ddp.no_sync()`, least over ranks), *rank skew*: the most "
+               "any rank waited minus the least, time the faster ranks spent waiting for the "
+               "slowest (uneven work or a noisy machine: no overlap hides it), *rank 0 waits*: "
+               "what rank 0 waited on grad syncs + param gathers (`grad_sync_wait_s` + "
+               "`param_gather_wait_s`, over every step), skew included. Means over the steady "
+               "steps; forward, backward, optimizer: rank 0's for pretrain, the max over ranks "
+               "for the peer.", ""]
         for model, (ours, theirs, batch, seq) in peer_args(a.quick).items():
             cfg = gpt_shapes.preset(model)
             md += [f"### {model}", "",

@@ -269,9 +269,10 @@ class RenderTest(unittest.TestCase):
             rl.fsdp_memory_rows({("fsdp", 1): mem(1, 1)})
 
     def test_peer_rows_and_tables(self):
-        def ours(step_s=None, tokens_per_s=2000.0, waits=(0.02, 0.01)):
+        def ours(step_s=None, tokens_per_s=2000.0, waits=(0.02, 0.01), critical=(0.005, 0.04)):
             doc = {"tokens_per_s": tokens_per_s, "final_loss": 3.5, "grad_sync_wait_s": waits[0],
-                   "param_gather_wait_s": waits[1]}
+                   "param_gather_wait_s": waits[1], "exposed_comm_s": critical[0],
+                   "rank_skew_s": critical[1]}
             if step_s is not None:
                 doc.update(step_s=step_s, cpu_s_per_step=1.0, forward_s=0.2, backward_s=0.4,
                            optimizer_s=0.3)
@@ -279,31 +280,37 @@ class RenderTest(unittest.TestCase):
 
         def theirs(step_s, gemm):
             return {"step_s": step_s, "tokens_per_s": 1024 / step_s, "cpu_s_per_step": 2.0,
-                    "forward_s": 0.25, "backward_s": 0.5, "exposed_comm_s": 0.1,
+                    "forward_s": 0.25, "backward_s": 0.5, "exposed_comm_s": 0.1, "rank_skew_s": 0.05,
                     "optimizer_s": 0.4, "final_loss": 3.75, "gemm_flops_per_s": gemm}
         run = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=0.5),
                             "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
-                            "orthoshard_muon_layerwise_no_overlap": ours(0.6, waits=(0.1, 0.05)),
+                            "orthoshard_muon_layerwise_no_overlap": ours(0.6, waits=(0.1, 0.05),
+                                                                          critical=(0.025, 0.03)),
                             "orthoshard_adamw_distopt_fused": ours(step_s=0.4),
                             "torch_muon": theirs(1.0, 4e9), "torch_adamw": theirs(0.8, 1e9),
                             "torch_adamw_fused": theirs(0.64, 2e9)},
                            tokens_per_step=1024, model_flops_per_step=1e9)
         muon = run["orthoshard_muon_layerwise"]
         self.assertEqual((muon["tokens_per_s"], muon["steady"], muon["exposed_comm_s"],
-                          muon["param_sync_s"]), (2048.0, 1.0, 0.02, 0.01))
+                          muon["rank_skew_s"]), (2048.0, 1.0, 0.005, 0.04))
+        self.assertAlmostEqual(muon["rank0_wait_s"], 0.03)  # grad sync 0.02 + param gather 0.01
         self.assertAlmostEqual(muon["mfu"], 0.5)  # 1e9 FLOP / 0.5 s / 4e9 FLOP/s (the highest)
         # No step_s: the whole run's tokens/s, and no breakdown.
         adamw = run["orthoshard_adamw_distopt"]
         self.assertEqual((adamw["step_s"], adamw["steady"], adamw["forward_s"]), (0.8, 0.0, None))
-        self.assertEqual(run["torch_adamw"]["param_sync_s"], 0.0)
+        self.assertEqual((run["torch_adamw"]["rank0_wait_s"], run["torch_adamw"]["rank_skew_s"]),
+                         (None, 0.05))
         exposed = run["ratios"].pop("exposed_comm_overlap")
-        self.assertAlmostEqual(exposed, 0.2)  # (0.02 + 0.01) / (0.1 + 0.05)
+        self.assertAlmostEqual(exposed, 0.2)  # critical path: 0.005 / 0.025
+        rank0 = run["ratios"].pop("rank0_wait_overlap")
+        self.assertAlmostEqual(rank0, 0.2)  # rank 0: (0.02 + 0.01) / (0.1 + 0.05)
         self.assertEqual(run["ratios"], {"muon": 2.0, "cpu_muon": 0.5, "adamw_vs_fused": 0.8,
                                          "cpu_adamw_vs_fused": None, "adamw_vs_default": 1.0,
                                          "cpu_adamw_vs_default": None,
                                          "adamw_fused_vs_fused": 1.6,  # 0.64 s / 0.4 s
                                          "cpu_adamw_fused_vs_fused": 0.5})
         run["ratios"]["exposed_comm_overlap"] = exposed
+        run["ratios"]["rank0_wait_overlap"] = rank0
         summary = rl.summarize([run])
         self.assertEqual(rl.peer_table(summary).splitlines()[2:4], [
             "| orthoshard_muon_layerwise | 2048 | 0.500 | 1.000 | 50.0% | 3.500 | steady median |",
@@ -314,9 +321,11 @@ class RenderTest(unittest.TestCase):
                       ratios)
         self.assertIn("GFLOP/s (the MFU denominator) | 4.0 |", ratios[-1])
         self.assertEqual(rl.peer_breakdown_table(summary).splitlines()[2:5], [
-            "| orthoshard_muon_layerwise | 200 | 400 | 20 | 300 | 10 | 500 |",
-            "| orthoshard_adamw_distopt | – | – | 20 | – | 10 | 800 |",
-            "| orthoshard_muon_layerwise_no_overlap | 200 | 400 | 100 | 300 | 50 | 600 |"])
+            "| orthoshard_muon_layerwise | 200 | 400 | 300 | 5 | 40 | 30 | 500 |",
+            "| orthoshard_adamw_distopt | – | – | – | 5 | 40 | 30 | 800 |",
+            "| orthoshard_muon_layerwise_no_overlap | 200 | 400 | 300 | 25 | 30 | 150 | 600 |"])
+        self.assertIn("| torch_muon | 250 | 500 | 400 | 100 | 50 | – | 1000 |",
+                      rl.peer_breakdown_table(summary).splitlines())
         # A ratio is taken within each repeat, then summarised.
         slower = rl.peer_rows({"orthoshard_muon_layerwise": ours(step_s=1.0),
                                "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),

@@ -25,10 +25,13 @@ costs) are steady. step_s: rank 0's median steady
 step (forward, backward with DDP's all-reduce, clip, optimizer step, the loss all-reduce);
 cpu_s_per_step: user + sys CPU seconds per steady step of every rank's process, summed over ranks;
 forward_s, backward_s, optimizer_s (clip + step + zero_grad): means per steady step, max over
-ranks. backward_s is compute only: the backward with DDP's sync minus exposed_comm_s, which is
-that backward's mean minus the mean of as many backwards under ddp.no_sync() run after training
+ranks. backward_s is compute only: the backward with DDP's sync minus the rank's sync time, which
+is that backward's mean minus the mean of as many backwards under ddp.no_sync() run after training
 (DDP waits for its last all-reduce inside backward, so what the no-sync backward lacks is the
-communication that compute did not hide). gemm_flops_per_s: torch.mm over the forward GEMM shapes
+communication that compute did not hide, plus, on a rank that finished its compute early, the wait
+for the slowest rank). exposed_comm_s is the least sync time over the ranks (the slowest rank
+waits only for communication: the critical path, as pretrain's exposed_comm_s), rank_skew_s the
+most minus the least. gemm_flops_per_s: torch.mm over the forward GEMM shapes
 of one step (bench/gpt_shapes.py), every rank at once with the same threads, summed over ranks;
 mfu = model_flops_per_step / step_s / gemm_flops_per_s. One JSON line on stdout from rank 0.
 """
@@ -273,6 +276,8 @@ def worker(rank, a, init_file):
                             mean(4), gemm_flops_per_s(cfg, B * T)], dtype=torch.float64)
     worst = figures.clone()
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    least = figures.clone()
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
     dist.all_reduce(figures)
     if rank == 0:
         step_s = statistics.median(t[0] for t in steady)
@@ -285,7 +290,8 @@ def worker(rank, a, init_file):
             "timing_warmup": len(times) - len(steady), "step_s": step_s,
             "tokens_per_s": tokens / step_s, "cpu_s_per_step": figures[5].item(),
             "forward_s": worst[0].item(), "backward_s": worst[1].item(),
-            "backward_with_sync_s": worst[2].item(), "exposed_comm_s": worst[3].item(),
+            "backward_with_sync_s": worst[2].item(), "exposed_comm_s": least[3].item(),
+            "rank_skew_s": worst[3].item() - least[3].item(),
             "optimizer_s": worst[4].item(), "initial_loss": losses[0], "final_loss": losses[-1],
             "gemm_flops_per_s": figures[6].item(), "model_flops_per_step": flops,
             "mfu": flops / step_s / figures[6].item()}), flush=True)

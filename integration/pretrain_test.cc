@@ -102,8 +102,23 @@ TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
   EXPECT_EQ(scalars["eval/loss"][2].first, 30);
   EXPECT_NEAR(scalars["eval/loss"][2].second, eval, tb_vs_json(eval));
   for (const char* tag : {"comm/param_gather_wait_s", "comm/grad_sync_wait_s", "time/forward_s",
-                          "time/backward_s", "time/optimizer_s", "time/cpu_s"}) {
+                          "time/backward_s", "time/optimizer_s", "time/cpu_s", "comm/exposed_s",
+                          "comm/rank_skew_s"}) {
     EXPECT_EQ(scalars[tag].size(), 30u) << tag;
+  }
+  // The cross-rank waits (least wait, most minus least) are durations, and the summary's figures
+  // are their means over the steady steps 2..30: 29 floats of at most ~1 s summed in double, each
+  // within 2^-24 of its double, so the mean is within 2^-24 x its largest term of the doubles'.
+  for (const auto& [tag, field] : {std::pair<const char*, const char*>{"comm/exposed_s",
+                                                                      "exposed_comm_s"},
+                                   {"comm/rank_skew_s", "rank_skew_s"}}) {
+    double sum = 0, largest = 0;
+    for (size_t i = 0; i < scalars[tag].size(); ++i) {
+      EXPECT_GE(scalars[tag][i].second, 0) << tag << " at step " << scalars[tag][i].first;
+      if (i > 0) sum += scalars[tag][i].second;
+      largest = std::max<double>(largest, scalars[tag][i].second);
+    }
+    EXPECT_NEAR(JsonNumber(json, field), sum / 29, 5e-7 + 0x1p-24 * largest) << field;
   }
   // Each rank's memory at the last step, as in the JSON (byte counts below 2^24 are exact floats).
   for (int rank = 0; rank < 2; ++rank) {

@@ -91,6 +91,8 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
     steady_totals_.forward_s += cost.forward_s;
     steady_totals_.backward_s += cost.backward_s;
     steady_totals_.optimizer_s += cost.optimizer_s;
+    steady_totals_.exposed_comm_s += cost.exposed_comm_s;
+    steady_totals_.rank_skew_s += cost.rank_skew_s;
     steady_totals_.cpu_s += cost.cpu_s;
   }
   summary_.final_loss = loss;
@@ -125,6 +127,8 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   RETURN_IF_ERROR(Scalar("time/cpu_s", step, cost.cpu_s));
   RETURN_IF_ERROR(Scalar("comm/param_gather_wait_s", step, cost.param_gather_wait_s));
   RETURN_IF_ERROR(Scalar("comm/grad_sync_wait_s", step, cost.grad_sync_wait_s));
+  RETURN_IF_ERROR(Scalar("comm/exposed_s", step, cost.exposed_comm_s));
+  RETURN_IF_ERROR(Scalar("comm/rank_skew_s", step, cost.rank_skew_s));
   return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
 }
 
@@ -172,6 +176,8 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
     summary_.forward_s = steady_totals_.forward_s / n;
     summary_.backward_s = steady_totals_.backward_s / n;
     summary_.optimizer_s = steady_totals_.optimizer_s / n;
+    summary_.exposed_comm_s = steady_totals_.exposed_comm_s / n;
+    summary_.rank_skew_s = steady_totals_.rank_skew_s / n;
     steady_cpu_s_per_step_ = steady_totals_.cpu_s / n;
   }
   for (size_t r = 0; r < summary_.memory.size(); ++r) {

@@ -39,6 +39,11 @@ struct StepCost {
   int64_t wire_bytes = 0;
   double param_gather_wait_s = 0;
   double grad_sync_wait_s = 0;
+  // Over every rank (StepAgreement): the least time any rank waited on communication in this
+  // step, the communication on the step's critical path; and the most minus the least, the skew
+  // between the ranks that the faster ones spent waiting for the slowest.
+  double exposed_comm_s = 0;
+  double rank_skew_s = 0;
   double forward_s = 0;
   double backward_s = 0;
   double optimizer_s = 0;

@@ -46,6 +46,7 @@
 #include "integration/progress.h"
 #include "integration/run_metrics.h"
 #include "integration/run_policy.h"
+#include "integration/step_agreement.h"
 #include "integration/step_profiler.h"
 #include "integration/training_data.h"
 #include "layout/layout.h"
@@ -90,51 +91,6 @@ std::string SignalName(int signal_number) {
       return absl::StrCat("signal ", signal_number);
   }
 }
-
-// What the ranks must agree on after each step, carried by the all-reduce (AVG) that the step runs
-// anyway for its loss, so agreeing costs no extra collective: the mean loss; whether any rank was
-// asked to stop, and by which signal; whether every rank's part of the background save is written.
-class StepAgreement {
- public:
-  struct Agreed {
-    double loss = 0;
-    int stop_signal = 0;               // 0: no rank was asked to stop
-    bool save_written_everywhere = false;
-  };
-
-  explicit StepAgreement(const Communicator& comm)
-      : world_(comm.size()),
-        values_(at::zeros({4}, at::TensorOptions().dtype(at::kDouble).device(comm.device()))) {}
-
-  // This rank's values, before the all-reduce of tensor().
-  void Set(double loss, int stop_signal, bool save_written) {
-    values_.select(0, 0).fill_(loss);
-    values_.select(0, 1).fill_(stop_signal != 0 ? 1.0 : 0.0);
-    values_.select(0, 2).fill_(static_cast<double>(stop_signal));
-    values_.select(0, 3).fill_(save_written ? 1.0 : 0.0);
-  }
-
-  // Averaged over ranks in place by the step's all-reduce.
-  const at::Tensor& tensor() const { return values_; }
-
-  // After the all-reduce: the same on every rank (one device-to-host copy).
-  Agreed Read() const {
-    const at::Tensor host = values_.cpu();
-    const double* mean = host.data_ptr<double>();
-    Agreed agreed;
-    agreed.loss = mean[0];
-    // Counts come back as count / world; the signal as the signalled ranks' mean signal number.
-    if (const int64_t signalled = std::llround(mean[1] * world_); signalled > 0) {
-      agreed.stop_signal = static_cast<int>(std::llround(mean[2] * world_ / signalled));
-    }
-    agreed.save_written_everywhere = std::llround(mean[3] * world_) == world_;
-    return agreed;
-  }
-
- private:
-  int world_;
-  at::Tensor values_;  // [loss, stop requested, signal number, save written], per rank then mean
-};
 
 // Launches `ops` as one group and waits for it.
 absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp> ops) {
@@ -695,10 +651,12 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     out.cost.forward_s += absl::ToDoubleSeconds(backward_start - forward_start);
     out.cost.backward_s += absl::ToDoubleSeconds(absl::Now() - backward_start);
   }
-  agreement.Set(loss_sum / static_cast<double>(batches.size()), stop_signal, save_written);
   {
     RECORD_USER_SCOPE("step/grad_sync_wait");
     RETURN_IF_ERROR(s.ddp->FinishGradSync());
+    const ddp::DdpWaits waited = s.ddp->waits();
+    agreement.Set(loss_sum / static_cast<double>(batches.size()), stop_signal, save_written,
+                  waited.param_gather_s + waited.grad_sync_s);
     RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
   }
   {
@@ -718,6 +676,8 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   out.cost.param_gather_wait_s = s.ddp->waits().param_gather_s - waits_before.param_gather_s;
   out.cost.grad_sync_wait_s = s.ddp->waits().grad_sync_s - waits_before.grad_sync_s;
   out.agreed = agreement.Read();
+  out.cost.exposed_comm_s = out.agreed.min_comm_wait_s;
+  out.cost.rank_skew_s = out.agreed.max_comm_wait_s - out.agreed.min_comm_wait_s;
   return out;
 }
 

@@ -316,14 +316,15 @@ std::string TrainSummary::ToJson() const {
       "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
       "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
       "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,"
-      "\"comm_bytes_per_step\":%d,\"wire_bytes_per_step\":%d,\"param_gather_wait_s\":%.6f,\"grad_sync_wait_s\":%.6f,"
+      "\"comm_bytes_per_step\":%d,\"wire_bytes_per_step\":%d,\"param_gather_wait_s\":%.6f,"
+      "\"grad_sync_wait_s\":%.6f,\"exposed_comm_s\":%.6f,\"rank_skew_s\":%.6f,"
       "\"step_s\":%.6f,\"forward_s\":%.6f,\"backward_s\":%.6f,\"optimizer_s\":%.6f,"
       "\"cpu_s_per_step\":%.6f,\"param_buffer_bytes\":%d,%s%s}",
       steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
       elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
       checksum_checks, failed_saves, stop_signal, param_checksum, comm_bytes_per_step,
       wire_bytes_per_step,
-      param_gather_wait_s, grad_sync_wait_s, step_s, forward_s, backward_s, optimizer_s,
+      param_gather_wait_s, grad_sync_wait_s, exposed_comm_s, rank_skew_s, step_s, forward_s, backward_s, optimizer_s,
       cpu_s_per_step, param_buffer_bytes,
       (params_norm >= 0 ? absl::StrFormat("\"params_norm\":%.9g,", params_norm) : "") +
           (num_zeros_in_grad >= 0

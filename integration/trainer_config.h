@@ -97,6 +97,12 @@ struct TrainSummary {
   double forward_s = 0;
   double backward_s = 0;
   double optimizer_s = 0;
+  // Over the steady steps, the mean of StepCost's cross-rank figures (run_metrics.h, the same on
+  // every rank): the least time any rank waited on communication per step (grad syncs and param
+  // gathers on the step's critical path: what overlap left exposed) and the most minus the least
+  // (skew between the ranks, waited out by the faster ones; no overlap can hide it).
+  double exposed_comm_s = 0;
+  double rank_skew_s = 0;
   double cpu_s_per_step = 0;
   int64_t param_buffer_bytes = 0;  // the model's params as laid out in buffers (padding included)
   int64_t checksum_checks = 0;    // cross-rank param checksum comparisons that passed
