@@ -94,7 +94,9 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
         c.bucket_elems >= 1 && c.log_every >= 1 && c.distributed_timeout_s >= 1);
   Check(c.seq_len >= 0 && c.seq_len <= preset->max_seq_len);
   Check(c.warmup_steps >= 0 && c.decay_steps >= 0 && c.eval_every >= 0 && c.check_every >= 0 &&
-        c.num_threads >= 0);
+        c.num_threads >= 0 && c.min_buckets >= 0);
+  Check(c.bucket_padding >= 0 && c.bucket_padding <= 1 && c.max_bucket_padding >= 0 &&
+        c.max_bucket_padding <= 1);
   Check(c.save_every >= 0 && c.stop_after >= 0 && c.stop_after <= c.steps &&
         c.keep_checkpoints >= 0 && c.max_consecutive_skips >= 0);
   Check((c.on_save_failure == "stop" || c.on_save_failure == "continue") &&

@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -184,6 +185,10 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   layout_options.dp = comm.size();
   layout_options.bucket_size = c.bucket_elems;
   layout_options.padding_tolerance = c.bucket_padding;
+  // More buckets than ints would hold is "as many as the layout can make".
+  layout_options.min_buckets =
+      static_cast<int>(std::min<int64_t>(c.min_buckets, std::numeric_limits<int>::max()));
+  layout_options.max_padding_tolerance = c.max_bucket_padding;
   // fp32 grads for bf16 params: `.grad` is an fp32 view and AccumulateGrad's in-place add promotes
   // each bf16 gradient (buffers/param_and_grad_buffer.h). grad_reduce_in_fp32=false: bf16 grads.
   layout_options.grad_dtype = c.grad_reduce_in_fp32 ? DType::kFloat32 : std::optional<DType>{};

@@ -204,7 +204,8 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
                               {"decay_steps", c.decay_steps},
                               {"eval_every", c.eval_every},
                               {"check_every", c.check_every},
-                              {"num_threads", c.num_threads}}) {
+                              {"num_threads", c.num_threads},
+                              {"min_buckets", c.min_buckets}}) {
     if (absl::Status s = NonNegative(field, value); !s.ok()) return s;
   }
   if (c.profile_step_start < 0 || c.profile_step_end < 0) {
@@ -233,6 +234,10 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   }
   if (!(c.bucket_padding >= 0.0 && c.bucket_padding <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("--bucket_padding ", c.bucket_padding,
+                                                   ": expected a fraction in [0, 1]"));
+  }
+  if (!(c.max_bucket_padding >= 0.0 && c.max_bucket_padding <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_bucket_padding ", c.max_bucket_padding,
                                                    ": expected a fraction in [0, 1]"));
   }
   if (c.seq_len > preset->max_seq_len) {

@@ -118,6 +118,13 @@
   X(double, bucket_padding, 0.001, \
     "layerwise: padding (fraction of a bucket) at which the layout closes a bucket; higher " \
     "gives more, smaller buckets (more overlap) for models whose matrices pack unevenly") \
+  X(int64_t, min_buckets, 4, \
+    "layerwise: the fewest buckets a Muon buffer should get, so that its reduce-scatters and " \
+    "all-gathers overlap compute even in a small model: below it, the padding tolerance is " \
+    "doubled from --bucket_padding up to --max_bucket_padding until the layout has this many " \
+    "(else the most it found); 0 = off") \
+  X(double, max_bucket_padding, 0.05, \
+    "layerwise: the highest padding tolerance --min_buckets may raise to") \
   X(bool, muon_batched_ns, false, \
     "orthogonalise a rank's same-shape Muon matrices as one batched Newton-Schulz (bmm): " \
     "several times faster on a GPU, about even on a CPU; equal to the per-matrix iteration " \

@@ -76,6 +76,15 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected muon or adamw")));
   config = TrainerConfig();
+  config.min_buckets = -1;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--min_buckets")));
+  config = TrainerConfig();
+  config.max_bucket_padding = 1.5;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_bucket_padding 1.5: expected a fraction in [0, 1]")));
+  config = TrainerConfig();
   config.model = "huge";
   EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
 }
@@ -174,7 +183,7 @@ TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
   EXPECT_THAT(json, HasSubstr("\"stop_signal\":0,"));
   s.stop_signal = 15;
   EXPECT_THAT(s.ToJson(), HasSubstr("\"stop_signal\":15,"));
-  for (const char* key : {"eval_loss", "tokens_per_s"}) {
+  for (const char* key : {"eval_loss", "tokens_per_s", "exposed_comm_s", "rank_skew_s"}) {
     EXPECT_THAT(json, HasSubstr(std::string("\"") + key + "\":"));
   }
   EXPECT_EQ(json.front(), '{');

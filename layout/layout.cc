@@ -232,7 +232,49 @@ absl::Status ValidateOptions(const LayoutOptions& options) {
                                                    options.padding_tolerance,
                                                    "; expected a fraction in [0, 1]"));
   }
+  if (!(options.max_padding_tolerance >= 0.0 && options.max_padding_tolerance <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_padding_tolerance is ",
+                                                   options.max_padding_tolerance,
+                                                   "; expected a fraction in [0, 1]"));
+  }
+  if (options.min_buckets < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_buckets is ", options.min_buckets, "; expected >= 0 (0: no minimum)"));
+  }
   return absl::OkStatus();
+}
+
+// Strategy::kLayerwise with LayoutOptions::min_buckets: the plan at the given bucket size and
+// tolerance, or, when it has too few buckets, the first plan with enough among: the bucket size
+// lowered to the buffer's elements / min_buckets (a soft minimum above that leaves no room for
+// min_buckets buckets), then also the tolerance doubled up to max_padding_tolerance; else the one
+// with the most buckets (the earliest among equals).
+void PlanLayerwiseWithMinBuckets(internal_layout::BufferInput input, const LayoutOptions& options,
+                                 PerBufferParamLayout* out) {
+  const PerBufferParamLayout empty = *out;
+  internal_layout::PlanLayerwise(input, out);
+  if (static_cast<int>(out->buckets.size()) >= options.min_buckets) return;
+  auto try_plan = [&](const internal_layout::BufferInput& candidate_input) {
+    PerBufferParamLayout candidate = empty;
+    internal_layout::PlanLayerwise(candidate_input, &candidate);
+    if (candidate.buckets.size() > out->buckets.size()) *out = std::move(candidate);
+    return static_cast<int>(out->buckets.size()) >= options.min_buckets;
+  };
+  int64_t numel = 0;
+  for (int i : input.indices) numel += (*input.specs)[i].numel();
+  const int64_t share = std::max<int64_t>(1, numel / options.min_buckets);
+  if (input.bucket_size.has_value() && *input.bucket_size > share) {
+    input.bucket_size = share;
+    if (try_plan(input)) return;
+  }
+  // The smallest step: doubling from 0 would never move.
+  constexpr double kFirstRaise = 0.001;
+  double tolerance = input.padding_tolerance;
+  while (tolerance < options.max_padding_tolerance) {
+    tolerance = std::min(std::max(2 * tolerance, kFirstRaise), options.max_padding_tolerance);
+    input.padding_tolerance = tolerance;
+    if (try_plan(input)) return;
+  }
 }
 
 }  // namespace
@@ -280,7 +322,7 @@ absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSp
         internal_layout::PlanMegatronLpt(input, &buffer);
         break;
       case Strategy::kLayerwise:
-        internal_layout::PlanLayerwise(input, &buffer);
+        PlanLayerwiseWithMinBuckets(input, options, &buffer);
         break;
     }
     std::sort(buffer.params.begin(), buffer.params.end(),

@@ -134,6 +134,16 @@ struct LayoutOptions {
   // 0.001, one per layer at 0.05, 2.3% padding); higher gives more bucket groups to overlap
   // communication with. In [0, 1].
   double padding_tolerance = 0.001;
+  // Strategy::kLayerwise: the fewest buckets a layer-wise buffer should get, so that its grad
+  // reduce-scatters and param all-gathers have something to overlap with (a small model packs
+  // exactly only every few layers and would otherwise get one or two buckets). When the plan has
+  // fewer, the bucket size is lowered to the buffer's elements / min_buckets (if it was above),
+  // then the padding tolerance doubled, up to max_padding_tolerance, until a plan has at least
+  // min_buckets; if none does, the plan with the most buckets wins (the earliest among equals).
+  // 0 turns the rule off. A buffer that cannot make that many buckets within the cap (fewer than
+  // dp params per bucket, matrices that do not pack) keeps the most it can get.
+  int min_buckets = 0;
+  double max_padding_tolerance = 0.05;  // in [0, 1]; at or below padding_tolerance: no retries
   // Gradient dtype of every buffer; std::nullopt means the param dtype.
   std::optional<DType> grad_dtype = DType::kFloat32;
 };
@@ -146,7 +156,7 @@ struct LayoutOptions {
 // dimension, a non-2-D Muon param, or more than 2^50 elements (in the param, or in all params up to
 // it); kInvalidArgument for dp outside 1..2^20, expert_dp outside 0..2^20, bucket_size < 1, or
 // max(dp, expert_dp) times the elements of all params above 2^60 (padded offsets would overflow
-// int64_t).
+// int64_t), padding_tolerance or max_padding_tolerance outside [0, 1], min_buckets < 0.
 absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSpec>& params,
                                                         const LayoutOptions& options);
 

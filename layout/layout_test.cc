@@ -321,6 +321,18 @@ TEST(LayoutTest, RejectsBadOptions) {
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("expected a fraction in [0, 1]")));
   }
+  options.padding_tolerance = 0.001;
+  for (double bad : {-0.01, 1.5, std::nan("")}) {
+    options.max_padding_tolerance = bad;
+    EXPECT_THAT(ComputeFullParamLayout(params, options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("max_padding_tolerance is")));
+  }
+  options.max_padding_tolerance = 0.05;
+  options.min_buckets = -1;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("min_buckets is -1; expected >= 0")));
 }
 
 // The `small` GPT's Muon matrices at dp 2 (per layer fc1 [1408, 256] against fc2 + qkv + proj,
@@ -348,6 +360,63 @@ TEST(LayerwiseTest, PaddingToleranceTradesPaddingForBuckets) {
     EXPECT_EQ(numel, 2 * 360448);  // a shard of one fc1 and one of the layer's other three
   }
   EXPECT_EQ(loose.unpadded_numel, tight.unpadded_numel);
+}
+
+// min_buckets raises the tolerance for the `small` GPT above (2 buckets at 0.1%) by doubling:
+// 0.2%, 0.4%, 0.8%, 1.6% still give 2 buckets, 3.2% (>= the 2.3% of one bucket per layer) gives 4.
+// The cap stops the search below that, a minimum already met or beyond reach changes nothing
+// that it need not, and an unreachable minimum keeps the plan with the most buckets.
+TEST(LayerwiseTest, MinBucketsRaisesThePaddingToleranceUpToTheCap) {
+  std::vector<ParamSpec> params;
+  for (int i = 0; i < 4; ++i) {
+    params.push_back(Muon(absl::StrCat("l", i, ".qkv"), 384, 256));
+    params.push_back(Muon(absl::StrCat("l", i, ".proj"), 256, 256));
+    params.push_back(Muon(absl::StrCat("l", i, ".fc1"), 1408, 256));
+    params.push_back(Muon(absl::StrCat("l", i, ".fc2"), 256, 704));
+  }
+  LayoutOptions options;
+  options.dp = 2;
+  options.bucket_size = 1 << 16;
+  const PerBufferParamLayout tight = PlanOne(params, options);
+  ASSERT_EQ(tight.buckets.size(), 2u);
+  options.padding_tolerance = 0.05;
+  const PerBufferParamLayout loose = PlanOne(params, options);
+  ASSERT_EQ(loose.buckets.size(), 4u);
+  options.padding_tolerance = 0.001;
+
+  options.min_buckets = 4;
+  const PerBufferParamLayout raised = PlanOne(params, options);
+  EXPECT_EQ(raised.buckets.size(), 4u);
+  EXPECT_EQ(raised.numel(), loose.numel());  // the same one-bucket-per-layer plan as at 5%
+  for (size_t i = 0; i < raised.params.size(); ++i) {
+    EXPECT_EQ(raised.params[i].start, loose.params[i].start) << raised.params[i].name;
+  }
+  options.min_buckets = 3;  // 4 is the first count at or above 3
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 4u);
+
+  options.max_padding_tolerance = 0.02;  // one bucket per layer needs 2.3%
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 2u);
+  options.max_padding_tolerance = 0.05;
+
+  options.min_buckets = 2;  // met at the given tolerance: the tight plan, no padding
+  const PerBufferParamLayout met = PlanOne(params, options);
+  EXPECT_EQ(met.buckets.size(), 2u);
+  EXPECT_EQ(met.numel(), met.unpadded_numel);
+
+  options.min_buckets = 100;  // beyond reach (16 matrices, 2 per bucket at least)
+  const PerBufferParamLayout most = PlanOne(params, options);
+  EXPECT_EQ(most.buckets.size(), 4u);
+  EXPECT_EQ(most.numel(), loose.numel());
+
+  // A soft minimum above the whole buffer makes one bucket; the rule lowers it to a quarter of
+  // the buffer first, then raises the tolerance as above. One bucket stays one bucket.
+  options.bucket_size = 1 << 22;
+  options.min_buckets = 0;
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 1u);
+  options.min_buckets = 4;
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 4u);
+  options.bucket_size = std::nullopt;
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 1u);
 }
 
 // dp x model size beyond int64_t offsets is an error, not an overflow, for every strategy.

@@ -64,7 +64,9 @@ std::string LayoutToJson(const FullParamLayout& layout, const std::vector<ParamS
       ", \"expert_dp\": ", options.expert_dp > 0 ? options.expert_dp : options.dp,
       ", \"bucket_size\": ",
       options.bucket_size.has_value() ? absl::StrCat(*options.bucket_size) : "null",
-      ", \"buffers\": [");
+      ", \"padding_tolerance\": ", JsonNumber(options.padding_tolerance), ", \"min_buckets\": ",
+      options.min_buckets, ", \"max_padding_tolerance\": ",
+      JsonNumber(options.max_padding_tolerance), ", \"buffers\": [");
   for (size_t b = 0; b < layout.buffers.size(); ++b) {
     const PerBufferParamLayout& buffer = layout.buffers[b];
     const BufferKey& k = buffer.key;
@@ -110,6 +112,9 @@ absl::StatusOr<std::string> RunPlan(const PlanRequest& request) {
   options.expert_dp = request.expert_dp;
   ASSIGN_OR_RETURN(options.muon_strategy, ParseStrategy(request.strategy));
   ASSIGN_OR_RETURN(options.bucket_size, ParseBucketSize(request.bucket_size, request.dp));
+  options.padding_tolerance = request.padding_tolerance;
+  options.min_buckets = request.min_buckets;
+  options.max_padding_tolerance = request.max_padding_tolerance;
   std::vector<ParamSpec> params;
   if (!request.model.empty()) {
     ASSIGN_OR_RETURN(params, ReadModelSpecFile(request.model));

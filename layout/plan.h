@@ -23,10 +23,14 @@ struct PlanRequest {
   // Elements per bucket: a positive integer, "none" (one bucket per buffer), or empty for
   // Megatron's default max(40,000,000, 1,000,000 * dp).
   std::string bucket_size;
+  // LayoutOptions::padding_tolerance, min_buckets and max_padding_tolerance (layerwise buffers).
+  double padding_tolerance = 0.001;
+  int min_buckets = 0;
+  double max_padding_tolerance = 0.05;
 };
 
 // Renders `layout` (planned from `params` with `options`) as JSON: {"strategy", "dp", "expert_dp",
-// "bucket_size", "buffers": [{"key", "strategy", "dp", "buckets": [{"start", "end",
+// "bucket_size", "padding_tolerance", "min_buckets", "max_padding_tolerance", "buffers": [{"key", "strategy", "dp", "buckets": [{"start", "end",
 // "shard_size"}], "params": [{"name", "start", "end", "bucket", "owner"}], "metrics": {...}}]}.
 std::string LayoutToJson(const FullParamLayout& layout, const std::vector<ParamSpec>& params,
                          const LayoutOptions& options);

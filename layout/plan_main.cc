@@ -1,5 +1,6 @@
 // `bazel run //layout:plan -- --model=SPEC.json|--preset=NAME --dp=N [--expert_dp=N]
-//   [--strategy=layerwise|megatron_lpt|distopt] [--bucket_size=N|none]`
+//   [--strategy=layerwise|megatron_lpt|distopt] [--bucket_size=N|none] [--padding_tolerance=F]
+//   [--min_buckets=N] [--max_padding_tolerance=F]`
 // prints the parameter layout and its metrics as one JSON document. Bad input: a message on
 // stderr and exit code 2.
 #include <cstdio>
@@ -17,6 +18,12 @@ ABSL_FLAG(std::string, strategy, "layerwise",
           "Layout of Muon-managed buffers: layerwise, megatron_lpt or distopt");
 ABSL_FLAG(std::string, bucket_size, "",
           "Elements per bucket, or none for one bucket; default max(40M, 1M * dp)");
+ABSL_FLAG(double, padding_tolerance, 0.001,
+          "Layerwise: padding (fraction of a bucket) at which a bucket boundary is accepted");
+ABSL_FLAG(int, min_buckets, 0,
+          "Layerwise: raise the padding tolerance (doubling, up to --max_padding_tolerance) "
+          "until a buffer has this many buckets; 0: off");
+ABSL_FLAG(double, max_padding_tolerance, 0.05, "Layerwise: the cap for --min_buckets");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -27,6 +34,9 @@ int main(int argc, char** argv) {
   request.expert_dp = absl::GetFlag(FLAGS_expert_dp);
   request.strategy = absl::GetFlag(FLAGS_strategy);
   request.bucket_size = absl::GetFlag(FLAGS_bucket_size);
+  request.padding_tolerance = absl::GetFlag(FLAGS_padding_tolerance);
+  request.min_buckets = absl::GetFlag(FLAGS_min_buckets);
+  request.max_padding_tolerance = absl::GetFlag(FLAGS_max_padding_tolerance);
   absl::StatusOr<std::string> json = orthoshard::layout::RunPlan(request);
   if (!json.ok()) {
     std::fprintf(stderr, "plan: %s\n", std::string(json.status().message()).c_str());

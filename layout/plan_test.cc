@@ -120,6 +120,40 @@ TEST(PlanTest, PlansSpecFileAsJson) {
   EXPECT_THAT(json, HasSubstr("\"name\": \"bf16/fp32/expert/layerwise\""));
 }
 
+// The `small` GPT's Muon matrices at dp 2: 2 buckets at the default tolerance, one per layer with
+// --min_buckets=4 (the tolerance doubled to 3.2%), and the options echoed in the JSON.
+TEST(PlanTest, MinBucketsFlagReachesTheLayout) {
+  std::string spec = R"({"params": [)";
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&spec, i ? "," : "", R"({"name": "l)", i, R"(.qkv", "shape": [384, 256], "role": "muon"},)",
+                    R"({"name": "l)", i, R"(.proj", "shape": [256, 256], "role": "muon"},)",
+                    R"({"name": "l)", i, R"(.fc1", "shape": [1408, 256], "role": "muon"},)",
+                    R"({"name": "l)", i, R"(.fc2", "shape": [256, 704], "role": "muon"})");
+  }
+  spec += "]}";
+  PlanRequest request;
+  request.model = WriteTemp("small.json", spec);
+  request.dp = 2;
+  request.bucket_size = "65536";
+  auto buckets = [](const std::string& json) {
+    const google::protobuf::Struct doc = ParseJson(json);
+    return doc.fields().at("buffers").list_value().values(0).struct_value().fields().at(
+        "buckets").list_value().values_size();
+  };
+  ASSERT_OK_AND_ASSIGN(std::string tight, RunPlan(request));
+  EXPECT_EQ(buckets(tight), 2);
+  request.min_buckets = 4;
+  ASSERT_OK_AND_ASSIGN(std::string raised, RunPlan(request));
+  EXPECT_EQ(buckets(raised), 4);
+  const google::protobuf::Struct doc = ParseJson(raised);
+  EXPECT_EQ(doc.fields().at("min_buckets").number_value(), 4);
+  EXPECT_EQ(doc.fields().at("padding_tolerance").number_value(), 0.001);
+  EXPECT_EQ(doc.fields().at("max_padding_tolerance").number_value(), 0.05);
+  request.min_buckets = -2;
+  EXPECT_THAT(RunPlan(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("min_buckets is -2")));
+}
+
 TEST(PlanTest, PresetGpt8bMegatronNumbers) {
   PlanRequest request;
   request.preset = "gpt8b";

@@ -51,10 +51,21 @@ TEST_P(PropertyTest, RandomModelsSatisfyEveryInvariant) {
         options.bucket_size = 1 + std::uniform_int_distribution<int64_t>(0, total)(rng);
     }
     if (pick(5) == 0) options.grad_dtype = std::nullopt;
+    if (pick(3) == 0) options.min_buckets = 1 + pick(8);
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " dp " << options.dp << " expert_dp "
-                                      << options.expert_dp);
+                                      << options.expert_dp << " min_buckets "
+                                      << options.min_buckets);
     absl::StatusOr<FullParamLayout> layout = ComputeFullParamLayout(params, options);
     ASSERT_THAT(layout, IsOk());
+    if (options.min_buckets > 0) {  // the rule only ever adds buckets
+      LayoutOptions without = options;
+      without.min_buckets = 0;
+      ASSERT_OK_AND_ASSIGN(const FullParamLayout plain, ComputeFullParamLayout(params, without));
+      ASSERT_EQ(plain.buffers.size(), layout->buffers.size());
+      for (size_t i = 0; i < plain.buffers.size(); ++i) {
+        ASSERT_GE(layout->buffers[i].buckets.size(), plain.buffers[i].buckets.size());
+      }
+    }
     ASSERT_THAT(testing::CheckLayoutInvariants(*layout, params, options), IsOk());
     for (const PerBufferParamLayout& buffer : layout->buffers) {
       const BufferMetrics m = ComputeBufferMetrics(buffer, params);
