@@ -178,6 +178,12 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--muon_ns_dtype '", c.muon_ns_dtype, "': expected bf16 or fp32"));
   }
+  if (c.muon_ns_gram && c.muon_ns_dtype != "fp32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--muon_ns_gram needs --muon_ns_dtype=fp32 (got ", c.muon_ns_dtype,
+        "): the Gram form carries its Gram matrix between steps, so low-precision rounding is "
+        "never corrected"));
+  }
   if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "linear" &&
       c.schedule != "wsd") {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -58,6 +58,12 @@ absl::Status ValidateMuonHyper(const MuonHyper& hp) {
     return absl::InvalidArgumentError(
         absl::StrCat("Muon: norm_scale must be > 0 and finite, got ", hp.ns.norm_scale));
   }
+  if (hp.ns.gram && hp.ns.dtype != NsDType::kFloat32) {
+    return absl::InvalidArgumentError(
+        "Muon: the Gram form of Newton-Schulz carries its Gram matrix from step to step instead of "
+        "recomputing it, so low-precision rounding is never corrected: it needs the fp32 "
+        "iteration (ns dtype fp32)");
+  }
   if (hp.scale_rule == MuonScaleRule::kSpectral && !(hp.extra_scale > 0.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("Muon: extra_scale must be > 0 for the spectral rule, got ", hp.extra_scale));
@@ -89,12 +95,26 @@ at::ScalarType NsScalarType(const NewtonSchulzOptions& options) {
   return options.dtype == NsDType::kBFloat16 ? at::kBFloat16 : at::kFloat;
 }
 
+// Matrix products of 2-D matrices or 3-D stacks.
+at::Tensor MatMul(const at::Tensor& a, const at::Tensor& b) {
+  return a.dim() == 3 ? at::bmm(a, b) : at::mm(a, b);
+}
+at::Tensor AddMatMul(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, double beta,
+                     double alpha) {
+  return a.dim() == 3 ? at::baddbmm(self, a, b, beta, alpha) : at::addmm(self, a, b, beta, alpha);
+}
+at::Tensor Transposed(const at::Tensor& x) { return x.transpose(-2, -1); }
+
 // NewtonSchulz on `x`, already in the NS dtype and owned by the caller (normalised in place).
 at::Tensor NewtonSchulzInPlace(at::Tensor x, const NewtonSchulzOptions& options) {
   // Op for op torch/optim/_muon.py `_zeropower_via_newtonschulz` (with one triple, norm_scale 1).
   const bool transpose = x.size(0) > x.size(1);
   if (transpose) x = x.t();
   x.div_(NsDivisor(at::linalg_vector_norm(x, 2), options));
+  if (options.gram && GramNewtonSchulzSavesWork(x.size(0), x.size(1), options.ns_steps)) {
+    x = NsIterateGram(x, options);
+    return transpose ? x.t() : x;
+  }
   // The _out forms run the same kernels as at::mm / at::addmm (so the same bits) into buffers
   // allocated once: A and bA + cA^2 reuse theirs, X ping-pongs between two row-major [m, n]
   // buffers, as at::addmm's fresh outputs are. The input is one of them only when its strides are
@@ -118,6 +138,43 @@ at::Tensor NewtonSchulzInPlace(at::Tensor x, const NewtonSchulzOptions& options)
 }
 
 }  // namespace
+
+bool GramNewtonSchulzSavesWork(int64_t rows, int64_t cols, int steps) {
+  // 4 m^2 n + 2 m^3 (4s - 3) < s (4 m^2 n + 2 m^3)  <=>  n > 1.5 m (for s >= 2); asking for
+  // n >= 2 m keeps a margin (16% fewer FLOPs at 2 m, 5 steps) for the [m, m] GEMMs' other speed.
+  return steps >= 2 && std::max(rows, cols) >= 2 * std::min(rows, cols);
+}
+
+at::Tensor NsIterateDirect(at::Tensor x, const NewtonSchulzOptions& options) {
+  for (int i = 0; i < options.ns_steps; ++i) {
+    const auto [a, b, c] = NsCoefficientsAt(options, i);
+    const at::Tensor gram = MatMul(x, Transposed(x));             // A = X X^T
+    const at::Tensor gram_update = AddMatMul(gram, gram, gram, b, c);  // b A + c A^2
+    x = AddMatMul(x, gram_update, x, a, 1.0);                     // a X + (b A + c A^2) X
+  }
+  return x;
+}
+
+at::Tensor NsIterateGram(at::Tensor x, const NewtonSchulzOptions& options) {
+  at::Tensor gram = MatMul(x, Transposed(x));  // A_0
+  at::Tensor q;                                // Q (undefined: the identity)
+  for (int i = 0; i < options.ns_steps; ++i) {
+    if (i > 0 && i % kGramRestart == 0) {  // restart from the iterate X = Q X_0
+      x = MatMul(q, x);
+      q = at::Tensor();
+      gram = MatMul(x, Transposed(x));
+    }
+    const auto [a, b, c] = NsCoefficientsAt(options, i);
+    at::Tensor poly = AddMatMul(gram, gram, gram, b, c);  // b A + c A^2
+    poly.diagonal(0, -2, -1).add_(a);                     // p(A) = a I + b A + c A^2
+    q = q.defined() ? MatMul(poly, q) : poly;
+    // A_{k+1} = p(A) (p(A) A), unless no step reads it (the last, or a restart next).
+    if (i + 1 < options.ns_steps && (i + 1) % kGramRestart != 0) {
+      gram = MatMul(poly, MatMul(poly, gram));
+    }
+  }
+  return MatMul(q, x);
+}
 
 at::Tensor NewtonSchulz(const at::Tensor& g, const NewtonSchulzOptions& options) {
   // The copy is explicit so that an fp32 iteration on an fp32 input never writes through to the
@@ -209,12 +266,9 @@ at::Tensor NewtonSchulzBatched(const at::Tensor& g, const NewtonSchulzOptions& o
   const bool transpose = x.size(1) > x.size(2);
   if (transpose) x = x.transpose(1, 2);
   x.div_(NsDivisor(at::linalg_vector_norm(x, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true), options));
-  for (int i = 0; i < options.ns_steps; ++i) {
-    const auto [a, b, c] = NsCoefficientsAt(options, i);
-    const at::Tensor gram = at::bmm(x, x.transpose(1, 2));        // A = X X^T
-    const at::Tensor gram_update = at::baddbmm(gram, gram, gram, b, c);  // b A + c A^2
-    x = at::baddbmm(x, gram_update, x, a);                        // a X + (b A + c A^2) X
-  }
+  x = options.gram && GramNewtonSchulzSavesWork(x.size(1), x.size(2), options.ns_steps)
+          ? NsIterateGram(x, options)
+          : NsIterateDirect(x, options);
   return transpose ? x.transpose(1, 2) : x;
 }
 
@@ -281,13 +335,13 @@ void Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& con
   }
   // 2. Matrices of one shape and the same options, orthogonalised together (in slot order).
   using Key = std::tuple<int64_t, int64_t, std::vector<NsCoefficients>, int, double, double,
-                         NsDType, bool>;
+                         NsDType, bool, bool>;
   std::map<Key, std::vector<std::pair<size_t, size_t>>> same;
   for (size_t k = 0; k < blocks.size(); ++k) {
     const NewtonSchulzOptions& ns = hps_[indices[k]].ns;
     for (size_t j = 0; j < blocks[k].size(); ++j) {
       same[Key{blocks[k][j].size(0), blocks[k][j].size(1), ns.coefficients, ns.ns_steps, ns.eps,
-               ns.norm_scale, ns.dtype, ns.batched}]
+               ns.norm_scale, ns.dtype, ns.batched, ns.gram}]
           .push_back({k, j});
     }
   }

@@ -209,6 +209,107 @@ TEST_F(OptimizersTest, BatchedNewtonSchulzMatchesPerMatrix) {
   }
 }
 
+// Bound on max |X_gram - X_exact| (elementwise) for the Gram form (NsIterateGram) of `steps` steps
+// of the default coefficients on a normalised [m, n] X_0 (m <= n, ||X_0||_F = 1), rounding unit u,
+// no restart (steps <= kGramRestart). Frobenius norms throughout; |δ(AB)_ij| <= γ_k σmax(A) σmax(B)
+// (inner dimension k, Higham §3.5), so an [r, c] product errs by <= sqrt(r c) γ_k σmax(A) σmax(B).
+//  - σmax(X_k) <= sx = 1.21 (BatchedNsBound), so σmax(A_k) <= S = sx^2, σmax(p(A_k)) <= Pmax =
+//    max |p| on [0, S], σmax(Q_k) <= Pmax^k.
+//  - A_{k+1} = f(A_k), f(s) = p(s)^2 s: for symmetric A and symmetric E, the Fréchet derivative of
+//    f is E's eigenbasis entries times divided differences of f (Daleckii–Krein), so it grows
+//    ||E||_F by at most Lf = max |f'| on [0, S]. Each step's own roundings (A^2; b A + c A^2 and the
+//    diagonal add; p A; p (p A)) add at most eA, and δA_0 <= m γ_n.
+//  - p(A_k) errs by <= D δA_k + eP (D = max |p'| on [0, S]; eP: its own roundings), Q_{k+1} =
+//    p(A_k) Q_k by <= Pmax δQ_k + Pmax^k δP_k + m γ_m Pmax^{k+1}, and X_s = Q_s X_0 by
+//    <= δQ_s + sqrt(m n) γ_m Pmax^s.
+double GramNsBound(int64_t m, int64_t n, int steps, double u) {
+  auto gamma = [u](double k) { return k * u / (1 - k * u); };
+  const double a = 3.4445, b = -4.7750, c = 2.0315, sx = 1.21, big_s = sx * sx;
+  double pmax = 0, dmax = 0, lf = 0;
+  for (int i = 0; i <= 1000; ++i) {
+    const double t = big_s * i / 1000.0;
+    const double p = a + b * t + c * t * t, dp = b + 2 * c * t;
+    pmax = std::max(pmax, std::abs(p));
+    dmax = std::max(dmax, std::abs(dp));
+    lf = std::max(lf, std::abs(p * p + 2 * t * p * dp));  // f'(s) for f(s) = p(s)^2 s
+  }
+  // The grid's step is S / 1000; f'' and p'' are bounded by 80 on [0, S], p' by 5: 1% covers it.
+  pmax *= 1.01;
+  dmax *= 1.01;
+  lf *= 1.01;
+  const double dm = static_cast<double>(m), gm = gamma(dm);
+  const double e_p = dm * (gm * std::abs(c) * big_s * big_s +
+                           2 * u * (std::abs(b) * big_s + std::abs(c) * big_s * big_s + a));
+  const double e_a = e_p + dm * gm * (pmax * big_s + pmax * pmax * big_s);
+  double d_a = dm * gamma(static_cast<double>(n));  // A_0 = X_0 X_0^T
+  double d_q = 0, q_norm = 1;
+  for (int k = 0; k < steps; ++k) {
+    const double d_p = dmax * d_a + e_p;
+    d_q = pmax * d_q + q_norm * d_p + dm * gm * pmax * q_norm;
+    q_norm *= pmax;
+    d_a = lf * d_a + e_a;
+  }
+  return d_q + std::sqrt(dm * static_cast<double>(n)) * gm * q_norm;
+}
+
+// The Gram form is the direct iteration rearranged: in fp64 both agree within the sum of their
+// derived rounding bounds (a wrong rearrangement is off by O(0.1)); a restart is exactly a fresh
+// Gram run on the iterate (bitwise); NewtonSchulz uses it only where it saves FLOPs and otherwise
+// runs the direct form bit for bit; it is refused for the bf16 iteration.
+TEST_F(OptimizersTest, GramNewtonSchulzIsTheDirectIterationRearranged) {
+  NewtonSchulzOptions options;
+  options.dtype = NsDType::kFloat32;
+  const double u64 = std::ldexp(1.0, -53);
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{24, 64}, {16, 80}, {20, 48}}) {
+    at::Tensor x = Det({m, n}, 0.3 + m).to(at::kDouble);
+    x = x.div(at::linalg_vector_norm(x, 2));
+    const double diff = NsIterateGram(x, options).sub(NsIterateDirect(x, options)).abs().max()
+                            .item<double>();
+    // BatchedNsBound is for two roundings of the direct form (2 γ): half of it for one.
+    const double bound = GramNsBound(m, n, options.ns_steps, u64) +
+                         0.5 * BatchedNsBound(m, n, options.ns_steps) * (u64 / std::ldexp(1.0, -24));
+    EXPECT_LE(diff, bound) << m << "x" << n;
+    // Worst-case bounds are loose (a few 1e-6 here, the diff ~1e-15), but far below what a wrong
+    // rearrangement gives (A_{k+1} = p(A) A instead of p(A)^2 A: 1.96 for the 24 x 64 matrix).
+    EXPECT_LT(bound, 1e-4) << "the bound must stay meaningful";
+    // A stack: the same per matrix.
+    const at::Tensor stack = at::stack({x, x.mul(0.5)});
+    const at::Tensor stacked = NsIterateGram(stack, options);
+    EXPECT_LE(stacked.select(0, 0).sub(NsIterateDirect(x, options)).abs().max().item<double>(),
+              bound);
+  }
+  // Restarts: 12 steps are 5 + 5 + 2 Gram runs, each starting from the last one's iterate.
+  {
+    at::Tensor x = Det({16, 64}, 0.7);
+    x = x.div(at::linalg_vector_norm(x, 2));
+    NewtonSchulzOptions twelve = options, five = options, two = options;
+    twelve.ns_steps = 12;
+    five.ns_steps = 5;
+    two.ns_steps = 2;
+    EXPECT_TRUE(at::equal(NsIterateGram(x, twelve),
+                          NsIterateGram(NsIterateGram(NsIterateGram(x, five), five), two)));
+  }
+  // Where it applies: the long side at least twice the short one, two steps or more.
+  EXPECT_TRUE(GramNewtonSchulzSavesWork(704, 256, 5));
+  EXPECT_TRUE(GramNewtonSchulzSavesWork(64, 128, 2));
+  EXPECT_FALSE(GramNewtonSchulzSavesWork(384, 256, 5));
+  EXPECT_FALSE(GramNewtonSchulzSavesWork(64, 256, 1));
+  NewtonSchulzOptions gram = options;
+  gram.gram = true;
+  const at::Tensor wide = Det({24, 64}, 0.9);
+  const at::Tensor normalised = wide.div(at::linalg_vector_norm(wide, 2));
+  EXPECT_TRUE(at::equal(NewtonSchulz(wide, gram), NsIterateGram(normalised, options)));
+  EXPECT_TRUE(at::equal(NewtonSchulz(wide.t(), gram), NsIterateGram(normalised, options).t()));
+  const at::Tensor near_square = Det({48, 80}, 0.2);
+  EXPECT_TRUE(at::equal(NewtonSchulz(near_square, gram), NewtonSchulz(near_square, options)));
+  MuonHyper hp;
+  hp.ns.gram = true;  // with the default bf16 iteration
+  EXPECT_THAT(ValidateMuonHyper(hp), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("needs the fp32 iteration")));
+  hp.ns.dtype = NsDType::kFloat32;
+  EXPECT_OK(ValidateMuonHyper(hp));
+}
+
 // A Muon step with batched Newton–Schulz: same-shape matrices across slots and fused blocks are
 // orthogonalised together; the params stay within the NS bound (times each step's lr scale) of
 // the per-matrix step. Gradients are fixed handles, so differences do not feed back into them.
