@@ -13,13 +13,13 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <limits>
 #include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>

@@ -335,10 +335,9 @@ TEST(LayoutTest, RejectsBadOptions) {
                        HasSubstr("min_buckets is -1; expected >= 0")));
 }
 
-// The `small` GPT's Muon matrices at dp 2 (per layer fc1 [1408, 256] against fc2 + qkv + proj,
-// 360448 vs 344064 elements) pack exactly only two layers at a time: at the default tolerance the
-// buffer has 2 buckets, at 5% one bucket per layer with the fc1 alone in a shard (2.3% padding).
-TEST(LayerwiseTest, PaddingToleranceTradesPaddingForBuckets) {
+// The `small` GPT's Muon matrices, 4 layers of qkv [384, 256], proj [256, 256], fc1 [1408, 256] and
+// fc2 [256, 704].
+std::vector<ParamSpec> SmallGptMuonMatrices() {
   std::vector<ParamSpec> params;
   for (int i = 0; i < 4; ++i) {
     params.push_back(Muon(absl::StrCat("l", i, ".qkv"), 384, 256));
@@ -346,6 +345,14 @@ TEST(LayerwiseTest, PaddingToleranceTradesPaddingForBuckets) {
     params.push_back(Muon(absl::StrCat("l", i, ".fc1"), 1408, 256));
     params.push_back(Muon(absl::StrCat("l", i, ".fc2"), 256, 704));
   }
+  return params;
+}
+
+// The `small` GPT's Muon matrices at dp 2 (per layer fc1 [1408, 256] against fc2 + qkv + proj,
+// 360448 vs 344064 elements) pack exactly only two layers at a time: at the default tolerance the
+// buffer has 2 buckets, at 5% one bucket per layer with the fc1 alone in a shard (2.3% padding).
+TEST(LayerwiseTest, PaddingToleranceTradesPaddingForBuckets) {
+  const std::vector<ParamSpec> params = SmallGptMuonMatrices();
   LayoutOptions options;
   options.dp = 2;
   options.bucket_size = 1 << 16;
@@ -367,13 +374,7 @@ TEST(LayerwiseTest, PaddingToleranceTradesPaddingForBuckets) {
 // The cap stops the search below that, a minimum already met or beyond reach changes nothing
 // that it need not, and an unreachable minimum keeps the plan with the most buckets.
 TEST(LayerwiseTest, MinBucketsRaisesThePaddingToleranceUpToTheCap) {
-  std::vector<ParamSpec> params;
-  for (int i = 0; i < 4; ++i) {
-    params.push_back(Muon(absl::StrCat("l", i, ".qkv"), 384, 256));
-    params.push_back(Muon(absl::StrCat("l", i, ".proj"), 256, 256));
-    params.push_back(Muon(absl::StrCat("l", i, ".fc1"), 1408, 256));
-    params.push_back(Muon(absl::StrCat("l", i, ".fc2"), 256, 704));
-  }
+  const std::vector<ParamSpec> params = SmallGptMuonMatrices();
   LayoutOptions options;
   options.dp = 2;
   options.bucket_size = 1 << 16;
