@@ -238,6 +238,9 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--save_dir=" + dir + "/held",
        "already holds checkpoints (a `latest` pointer): pass --resume"},
       {"--model=huge", "huge"},
+      {"--muon_ns_gram", "--muon_ns_gram needs --muon_ns_dtype=fp32 (got bf16)"},
+      {"--min_buckets=-1", "--min_buckets"},
+      {"--max_bucket_padding=2", "--max_bucket_padding 2: expected a fraction in [0, 1]"},
       {"--profile_step_end=3", "--profile_step_end 3 without --profile_step_start"},
       {"--muon_scale_rule=rms", "--muon_scale_rule 'rms': expected original"},
       {"--clip_mode=none", "--clip_mode 'none': expected all or exclude_muon"},
@@ -323,6 +326,17 @@ TEST(Pretrain, EveryOptimizerFlagReachesTheOptimizer) {
     ASSERT_EQ(run.exit_code, 0) << flag << ": " << run.err;
     EXPECT_NE(JsonField(LastLine(run.out), "param_checksum"), want) << flag;
   }
+  // The Gram form of Newton-Schulz (fp32 only): tiny's gate/up blocks [192, 64] and fc2 [64, 192]
+  // qualify, so it changes the params' last bits against the direct fp32 iteration.
+  std::vector<std::string> fp32 = base;
+  fp32.push_back("--muon_ns_dtype=fp32");
+  const RunResult direct = RunPretrain(fp32);
+  ASSERT_EQ(direct.exit_code, 0) << direct.err;
+  fp32.push_back("--muon_ns_gram");
+  const RunResult gram = RunPretrain(fp32);
+  ASSERT_EQ(gram.exit_code, 0) << gram.err;
+  EXPECT_NE(JsonField(LastLine(gram.out), "param_checksum"),
+            JsonField(LastLine(direct.out), "param_checksum"));
 }
 
 // TensorBoard after a crash and a resume: a run logs steps 1-6 but its `latest` is rolled back to
