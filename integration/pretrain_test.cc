@@ -339,6 +339,20 @@ TEST(Pretrain, EveryOptimizerFlagReachesTheOptimizer) {
             JsonField(LastLine(direct.out), "param_checksum"));
 }
 
+// --retain_freed_memory only changes where the C allocator gets memory from: the same params,
+// bitwise, with it off.
+TEST(Pretrain, RetainFreedMemoryChangesNoBits) {
+  std::vector<std::string> checksums;
+  for (const char* flag : {"--retain_freed_memory=true", "--retain_freed_memory=false"}) {
+    const RunResult run = RunPretrain({"--nproc_per_node=1", "--steps=3", "--global_batch=4",
+                                       "--eval_every=0", "--check_every=0", flag});
+    ASSERT_EQ(run.exit_code, 0) << flag << ": " << run.err;
+    checksums.push_back(JsonField(LastLine(run.out), "param_checksum"));
+    ASSERT_FALSE(checksums.back().empty()) << run.out;
+  }
+  EXPECT_EQ(checksums[0], checksums[1]);
+}
+
 // TensorBoard after a crash and a resume: a run logs steps 1-6 but its `latest` is rolled back to
 // step 4 (as a crash after step 6 whose last committed checkpoint was step 4 would leave it), then a
 // resume logs steps 5-8 into the same --log_dir. Read as TensorBoard reads a directory (files in

@@ -38,6 +38,7 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "common/exact_sum.h"
+#include "common/heap.h"
 #include "common/status_macros.h"
 #include "ddp/distributed_data_parallel.h"
 #include "integration/checkpointer.h"
@@ -799,6 +800,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
                      cuda ? "a CUDA device (NCCL)" : "the CPU (Gloo)"));
   }
   if (c.num_threads > 0) at::set_num_threads(c.num_threads);
+  if (c.retain_freed_memory) RETURN_IF_ERROR(RetainFreedHeapMemory());
   ASSIGN_OR_RETURN(const std::optional<checkpoint::RootLock> root_lock, LockSaveDir(c, comm));
   ASSIGN_OR_RETURN(Setup s, Build(c, comm));
   int64_t first_step = 1;

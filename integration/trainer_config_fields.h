@@ -194,6 +194,10 @@
     "seed of model init, data order and synthetic corpus") \
   X(int, num_threads, 1, \
     "intra-op threads per rank (at::set_num_threads); 0 = LibTorch's default") \
+  X(bool, retain_freed_memory, true, \
+    "keep memory that tensors free in the process for the next step (glibc malloc: blocks up " \
+    "to 32 MiB from the heap, trimmed only beyond 1 GiB free) instead of returning it to the " \
+    "kernel and faulting in zeroed pages again every step") \
   X(int64_t, distributed_timeout_s, 60, \
     "seconds any wait on another rank may take (a collective, the rendezvous) before the job " \
     "fails naming the rank")
