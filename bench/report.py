@@ -172,8 +172,9 @@ PEER_ORTHOSHARD_FLAGS = {"orthoshard_muon_layerwise": ["--optimizer=muon", "--di
                          "orthoshard_muon_layerwise_no_overlap": [
                              "--optimizer=muon", "--dist=layerwise", "--overlap_grad_reduce=false",
                              "--overlap_param_gather=false"],
-                         "orthoshard_muon_layerwise_gram": ["--optimizer=muon", "--dist=layerwise",
-                                                            "--muon_ns_gram"]}
+                         "orthoshard_muon_layerwise_direct": ["--optimizer=muon",
+                                                              "--dist=layerwise",
+                                                              "--muon_ns_form=direct"]}
 PEER_TORCH_FLAGS = {"torch_muon": ["--optimizer=muon"], "torch_adamw": ["--optimizer=adamw"],
                     "torch_adamw_fused": ["--optimizer=adamw", "--adamw_fused"]}
 
@@ -250,7 +251,7 @@ def run_precision(runner, quick, repeat):
 def run_peer(runner, quick, repeat):
     """One repeat of the peer section: {model: peer_rows}. The runs of each ratio go back to back,
     in reverse order on odd repeats, so that a load drift does not always favour one side."""
-    order = ["orthoshard_muon_layerwise", "torch_muon", "orthoshard_muon_layerwise_gram",
+    order = ["orthoshard_muon_layerwise", "torch_muon", "orthoshard_muon_layerwise_direct",
              "orthoshard_adamw_distopt",
              "torch_adamw_fused", "orthoshard_adamw_distopt_fused", "torch_adamw",
              "orthoshard_muon_layerwise_no_overlap"]
@@ -682,10 +683,12 @@ def main():
                "rest (or AdamW for all; torch's default implementation, on CPU its for-loop, or "
                "`fused=True`), `clip_grad_norm_`, pretrain's hyperparameters; orthoshard's "
                "ZeRO-1 AdamW runs in its default slice-invariant order and with `--adamw_fused` "
-               "(the same ATen kernel as `fused=True`), and layer-wise Muon also with "
-               "`--muon_ns_gram` (Newton–Schulz on the Gram matrix where a matrix is at least "
-               "twice as long as wide: the same iteration rearranged, ~30% fewer FLOPs there; "
-               "`_no_overlap`: overlap off, for the exposed-communication ratio). Both on 2 "
+               "(the same ATen kernel as `fused=True`); layer-wise Muon runs its default "
+               "`--muon_ns_form=auto`, which for the fp32 iteration is Newton–Schulz on the Gram "
+               "matrix where a matrix is at least twice as long as wide (the same iteration "
+               "rearranged, ~30% fewer FLOPs there), and also `_direct` (`--muon_ns_form=direct`: "
+               "the peer's own products, bitwise); `_no_overlap`: overlap off, for the "
+               "exposed-communication ratio. Both on 2 "
                "local ranks of 1 thread, fp32 Newton–Schulz (torch.optim.Muon's bf16 iteration "
                "swapped for the same one in fp32, as `--muon_ns_dtype=fp32` does in pretrain), "
                "synthetic byte-level text of the same grammar; the two runs of each ratio go back "

@@ -306,10 +306,10 @@ def fsdp_memory_rows(summaries):
 # keeps the slice-invariant foreach=False order.
 PEER_ORTHOSHARD_MODES = ["orthoshard_muon_layerwise", "orthoshard_adamw_distopt",
                          "orthoshard_muon_layerwise_no_overlap", "orthoshard_adamw_distopt_fused",
-                         "orthoshard_muon_layerwise_gram"]
+                         "orthoshard_muon_layerwise_direct"]
 PEER_TORCH_MODES = ["torch_muon", "torch_adamw", "torch_adamw_fused"]
 PEER_RATIOS = [("muon", "orthoshard_muon_layerwise", "torch_muon"),
-               ("muon_gram", "orthoshard_muon_layerwise_gram", "torch_muon"),
+               ("muon_direct", "orthoshard_muon_layerwise_direct", "torch_muon"),
                ("adamw_vs_fused", "orthoshard_adamw_distopt", "torch_adamw_fused"),
                ("adamw_vs_default", "orthoshard_adamw_distopt", "torch_adamw"),
                ("adamw_fused_vs_fused", "orthoshard_adamw_distopt_fused", "torch_adamw_fused")]
@@ -582,11 +582,9 @@ def peer_ratio_table(summary):
     st = summary.get("ratios", {})
     ref = summary.get("reference", {})
     return markdown_table(["figure", "value"], [
-        ["tokens/s, orthoshard layerwise Muon / torch Muon",
-         stat_cell(st, "muon", 3)],
-        ["tokens/s, orthoshard layerwise Muon --muon_ns_gram / torch Muon (Newton–Schulz on the "
-         "Gram matrix for matrices twice as long as wide: the same iteration rearranged, not "
-         "bitwise torch's)", stat_cell(st, "muon_gram", 3)],
+        ["tokens/s, orthoshard layerwise Muon / torch Muon", stat_cell(st, "muon", 3)],
+        ["tokens/s, orthoshard layerwise Muon --muon_ns_form=direct / torch Muon (the peer's "
+         "own products, bitwise)", stat_cell(st, "muon_direct", 3)],
         ["tokens/s, orthoshard ZeRO-1 AdamW / torch AdamW(fused=True)",
          stat_cell(st, "adamw_vs_fused", 3)],
         ["tokens/s, orthoshard ZeRO-1 AdamW / torch AdamW (default: its for-loop on CPU)",
@@ -594,8 +592,8 @@ def peer_ratio_table(summary):
         ["tokens/s, orthoshard ZeRO-1 AdamW --adamw_fused / torch AdamW(fused=True) (the same "
          "ATen kernel on both sides)", stat_cell(st, "adamw_fused_vs_fused", 3)],
         ["CPU s per step, orthoshard layerwise Muon / torch Muon", stat_cell(st, "cpu_muon", 3)],
-        ["CPU s per step, orthoshard layerwise Muon --muon_ns_gram / torch Muon",
-         stat_cell(st, "cpu_muon_gram", 3)],
+        ["CPU s per step, orthoshard layerwise Muon --muon_ns_form=direct / torch Muon",
+         stat_cell(st, "cpu_muon_direct", 3)],
         ["CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW(fused=True)",
          stat_cell(st, "cpu_adamw_vs_fused", 3)],
         ["CPU s per step, orthoshard ZeRO-1 AdamW / torch AdamW (default: for-loop)",

@@ -287,7 +287,7 @@ class RenderTest(unittest.TestCase):
                             "orthoshard_muon_layerwise_no_overlap": ours(0.6, waits=(0.1, 0.05),
                                                                           critical=(0.025, 0.03)),
                             "orthoshard_adamw_distopt_fused": ours(step_s=0.4),
-                            "orthoshard_muon_layerwise_gram": ours(step_s=0.25),
+                            "orthoshard_muon_layerwise_direct": ours(step_s=0.25),
                             "torch_muon": theirs(1.0, 4e9), "torch_adamw": theirs(0.8, 1e9),
                             "torch_adamw_fused": theirs(0.64, 2e9)},
                            tokens_per_step=1024, model_flops_per_step=1e9)
@@ -305,8 +305,8 @@ class RenderTest(unittest.TestCase):
         self.assertAlmostEqual(exposed, 0.2)  # critical path: 0.005 / 0.025
         rank0 = run["ratios"].pop("rank0_wait_overlap")
         self.assertAlmostEqual(rank0, 0.2)  # rank 0: (0.02 + 0.01) / (0.1 + 0.05)
-        self.assertEqual(run["ratios"], {"muon": 2.0, "cpu_muon": 0.5, "muon_gram": 4.0,
-                                         "cpu_muon_gram": 0.5, "adamw_vs_fused": 0.8,
+        self.assertEqual(run["ratios"], {"muon": 2.0, "cpu_muon": 0.5, "muon_direct": 4.0,
+                                         "cpu_muon_direct": 0.5, "adamw_vs_fused": 0.8,
                                          "cpu_adamw_vs_fused": None, "adamw_vs_default": 1.0,
                                          "cpu_adamw_vs_default": None,
                                          "adamw_fused_vs_fused": 1.6,  # 0.64 s / 0.4 s
@@ -333,7 +333,7 @@ class RenderTest(unittest.TestCase):
                                "orthoshard_adamw_distopt": ours(tokens_per_s=1280.0),
                                "orthoshard_muon_layerwise_no_overlap": ours(step_s=1.0),
                                "orthoshard_adamw_distopt_fused": ours(step_s=1.0),
-                               "orthoshard_muon_layerwise_gram": ours(step_s=1.0),
+                               "orthoshard_muon_layerwise_direct": ours(step_s=1.0),
                                "torch_muon": theirs(1.0, 2e9), "torch_adamw": theirs(0.8, 2e9),
                                "torch_adamw_fused": theirs(0.64, 2e9)}, 1024, 1e9)
         two = rl.summarize([run, slower])

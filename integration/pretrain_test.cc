@@ -238,7 +238,8 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--save_dir=" + dir + "/held",
        "already holds checkpoints (a `latest` pointer): pass --resume"},
       {"--model=huge", "huge"},
-      {"--muon_ns_gram", "--muon_ns_gram needs --muon_ns_dtype=fp32 (got bf16)"},
+      {"--muon_ns_form=gram", "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got bf16)"},
+      {"--muon_ns_form=fast", "--muon_ns_form 'fast': expected auto, direct or gram"},
       {"--min_buckets=-1", "--min_buckets"},
       {"--max_bucket_padding=2", "--max_bucket_padding 2: expected a fraction in [0, 1]"},
       {"--profile_step_end=3", "--profile_step_end 3 without --profile_step_start"},
@@ -326,17 +327,21 @@ TEST(Pretrain, EveryOptimizerFlagReachesTheOptimizer) {
     ASSERT_EQ(run.exit_code, 0) << flag << ": " << run.err;
     EXPECT_NE(JsonField(LastLine(run.out), "param_checksum"), want) << flag;
   }
-  // The Gram form of Newton-Schulz (fp32 only): tiny's gate/up blocks [192, 64] and fc2 [64, 192]
-  // qualify, so it changes the params' last bits against the direct fp32 iteration.
-  std::vector<std::string> fp32 = base;
-  fp32.push_back("--muon_ns_dtype=fp32");
-  const RunResult direct = RunPretrain(fp32);
-  ASSERT_EQ(direct.exit_code, 0) << direct.err;
-  fp32.push_back("--muon_ns_gram");
-  const RunResult gram = RunPretrain(fp32);
-  ASSERT_EQ(gram.exit_code, 0) << gram.err;
-  EXPECT_NE(JsonField(LastLine(gram.out), "param_checksum"),
-            JsonField(LastLine(direct.out), "param_checksum"));
+  // The form of Newton-Schulz for the fp32 iteration: tiny's gate/up blocks [192, 64] and fc2
+  // [64, 192] qualify for the Gram form, so it changes the params' last bits against the direct
+  // form; auto (the default) is the Gram form there.
+  std::vector<std::string> checksums;
+  for (const char* form :
+       {"--muon_ns_form=direct", "--muon_ns_form=gram", "--muon_ns_form=auto"}) {
+    std::vector<std::string> args = base;
+    args.push_back("--muon_ns_dtype=fp32");
+    args.push_back(form);
+    const RunResult run = RunPretrain(args);
+    ASSERT_EQ(run.exit_code, 0) << form << ": " << run.err;
+    checksums.push_back(JsonField(LastLine(run.out), "param_checksum"));
+  }
+  EXPECT_NE(checksums[1], checksums[0]);
+  EXPECT_EQ(checksums[2], checksums[1]);
 }
 
 // --retain_freed_memory only changes where the C allocator gets memory from: the same params,

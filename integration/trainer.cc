@@ -219,7 +219,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   cc.muon.ns.ns_steps = c.muon_ns_steps;
   RETURN_IF_ERROR(optimizers::SetNsSchedule(c.muon_ns_coefficients, &cc.muon.ns));
   cc.muon.ns.batched = c.muon_batched_ns;
-  cc.muon.ns.gram = c.muon_ns_gram;
+  cc.muon.ns.gram = GramNewtonSchulz(c);
   cc.muon.ns.dtype =
       c.muon_ns_dtype == "fp32" ? optimizers::NsDType::kFloat32 : optimizers::NsDType::kBFloat16;
   cc.schedule = MakeSchedule(c);

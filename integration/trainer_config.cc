@@ -178,9 +178,13 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--muon_ns_dtype '", c.muon_ns_dtype, "': expected bf16 or fp32"));
   }
-  if (c.muon_ns_gram && c.muon_ns_dtype != "fp32") {
+  if (c.muon_ns_form != "auto" && c.muon_ns_form != "direct" && c.muon_ns_form != "gram") {
+    return absl::InvalidArgumentError(absl::StrCat("--muon_ns_form '", c.muon_ns_form,
+                                                   "': expected auto, direct or gram"));
+  }
+  if (c.muon_ns_form == "gram" && c.muon_ns_dtype != "fp32") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--muon_ns_gram needs --muon_ns_dtype=fp32 (got ", c.muon_ns_dtype,
+        "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got ", c.muon_ns_dtype,
         "): the Gram form carries its Gram matrix between steps, so low-precision rounding is "
         "never corrected"));
   }
@@ -342,6 +346,11 @@ std::string TrainSummary::ToJson() const {
                ? absl::StrFormat("\"num_zeros_in_grad\":%d,", num_zeros_in_grad)
                : ""),
       MemoryJson(memory));
+}
+
+bool GramNewtonSchulz(const TrainerConfig& config) {
+  return config.muon_ns_form == "gram" ||
+         (config.muon_ns_form == "auto" && config.muon_ns_dtype == "fp32");
 }
 
 std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {

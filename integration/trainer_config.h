@@ -50,6 +50,12 @@ inline bool Resuming(const TrainerConfig& config) { return config.resume == "tru
 // are left alone. Every rank decides alike (the same file system, read before any rank writes).
 void ResolveResumeAuto(TrainerConfig* config);
 
+// Whether Muon's Newton-Schulz runs in the Gram form (NewtonSchulzOptions::gram) for the matrices
+// where it saves work: --muon_ns_form=gram, or auto with the fp32 iteration (torch.optim.Muon has
+// no fp32 iteration to be bitwise with; a 300-step curve of `small` and a 150-step one of
+// gpt2-124m on an H200 end at the direct form's eval losses within the runs' own spread).
+bool GramNewtonSchulz(const TrainerConfig& config);
+
 // --no_weight_decay split at commas, blanks trimmed, empty entries dropped.
 std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config);
 

@@ -129,10 +129,11 @@
     "orthogonalise a rank's same-shape Muon matrices as one batched Newton-Schulz (bmm): " \
     "several times faster on a GPU, about even on a CPU; equal to the per-matrix iteration " \
     "within its rounding") \
-  X(bool, muon_ns_gram, false, \
-    "run Newton-Schulz on the Gram matrix for Muon matrices whose long side is at least twice " \
-    "the short one (an MLP's): the same iteration rearranged, ~30% fewer FLOPs for [4h, h] at 5 " \
-    "steps; fp32 iteration only (--muon_ns_dtype=fp32); not bitwise torch.optim.Muon") \
+  X(std::string, muon_ns_form, "auto", \
+    "how Newton-Schulz is evaluated for Muon matrices whose long side is at least twice the " \
+    "short one (an MLP's): direct (torch.optim.Muon's products), gram (on the Gram matrix: the " \
+    "same iteration rearranged, ~30% fewer FLOPs for [4h, h] at 5 steps; fp32 iteration only) " \
+    "or auto (gram for the fp32 iteration, direct for bf16)") \
   X(bool, overlap_grad_reduce, true, \
     "launch each bucket group's gradient reduce-scatter (all-reduce when replicated) during " \
     "backward as soon as its gradients are in; false launches them all after backward") \

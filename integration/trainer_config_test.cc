@@ -85,12 +85,23 @@ TEST(TrainerConfig, ValidationNamesTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--max_bucket_padding 1.5: expected a fraction in [0, 1]")));
   config = TrainerConfig();
-  config.muon_ns_gram = true;  // with the default bf16 iteration
+  config.muon_ns_form = "gram";  // with the default bf16 iteration
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--muon_ns_gram needs --muon_ns_dtype=fp32 (got bf16)")));
+                       HasSubstr("--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got bf16)")));
   config.muon_ns_dtype = "fp32";
   EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.muon_ns_form = "polar";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--muon_ns_form 'polar': expected auto, direct or gram")));
+  // auto: the Gram form for the fp32 iteration only.
+  config = TrainerConfig();
+  EXPECT_FALSE(GramNewtonSchulz(config));  // bf16
+  config.muon_ns_dtype = "fp32";
+  EXPECT_TRUE(GramNewtonSchulz(config));
+  config.muon_ns_form = "direct";
+  EXPECT_FALSE(GramNewtonSchulz(config));
   config = TrainerConfig();
   config.model = "huge";
   EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
