@@ -241,6 +241,8 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--muon_ns_form=gram", "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got bf16)"},
       {"--muon_ns_form=fast", "--muon_ns_form 'fast': expected auto, direct or gram"},
       {"--min_buckets=-1", "--min_buckets"},
+      {"--target_buckets=-1", "--target_buckets"},
+      {"--max_bucket_elems=0", "--max_bucket_elems"},
       {"--max_bucket_padding=2", "--max_bucket_padding 2: expected a fraction in [0, 1]"},
       {"--profile_step_end=3", "--profile_step_end 3 without --profile_step_start"},
       {"--muon_scale_rule=rms", "--muon_scale_rule 'rms': expected original"},

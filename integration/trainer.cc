@@ -185,6 +185,9 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
   layout::LayoutOptions layout_options;
   layout_options.dp = comm.size();
   layout_options.bucket_size = c.bucket_elems;
+  layout_options.target_buckets =
+      static_cast<int>(std::min<int64_t>(c.target_buckets, std::numeric_limits<int>::max()));
+  layout_options.max_bucket_size = c.max_bucket_elems;
   layout_options.padding_tolerance = c.bucket_padding;
   // More buckets than ints would hold is "as many as the layout can make".
   layout_options.min_buckets =

@@ -205,6 +205,7 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
                               {"micro_batches", c.micro_batches},
                               {"eval_batches", c.eval_batches},
                               {"bucket_elems", c.bucket_elems},
+                              {"max_bucket_elems", c.max_bucket_elems},
                               {"log_every", c.log_every},
                               {"distributed_timeout_s", c.distributed_timeout_s}}) {
     if (absl::Status s = Positive(field, value); !s.ok()) return s;
@@ -215,7 +216,8 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
                               {"eval_every", c.eval_every},
                               {"check_every", c.check_every},
                               {"num_threads", c.num_threads},
-                              {"min_buckets", c.min_buckets}}) {
+                              {"min_buckets", c.min_buckets},
+                              {"target_buckets", c.target_buckets}}) {
     if (absl::Status s = NonNegative(field, value); !s.ok()) return s;
   }
   if (c.profile_step_start < 0 || c.profile_step_end < 0) {

@@ -115,6 +115,13 @@
     "tail of the data held out for eval") \
   X(int64_t, bucket_elems, 1 << 16, \
     "soft minimum grad bucket size (elements)") \
+  X(int64_t, target_buckets, 4, \
+    "grow each buffer's soft minimum bucket size to its elements / target_buckets, up to " \
+    "--max_bucket_elems: about this many buckets for a small model, fewer and larger " \
+    "collectives; 0 = --bucket_elems alone") \
+  X(int64_t, max_bucket_elems, int64_t{25} << 18, \
+    "the most --target_buckets grows a bucket to (elements; 25 MiB of fp32, DDP's default " \
+    "bucket_cap_mb)") \
   X(double, bucket_padding, 0.001, \
     "layerwise: padding (fraction of a bucket) at which the layout closes a bucket; higher " \
     "gives more, smaller buckets (more overlap) for models whose matrices pack unevenly") \

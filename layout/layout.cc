@@ -237,11 +237,31 @@ absl::Status ValidateOptions(const LayoutOptions& options) {
                                                    options.max_padding_tolerance,
                                                    "; expected a fraction in [0, 1]"));
   }
+  if (options.target_buckets < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_buckets is ", options.target_buckets, "; expected >= 0 (0: bucket_size alone)"));
+  }
+  if (options.max_bucket_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_bucket_size is ", options.max_bucket_size, "; expected >= 1"));
+  }
   if (options.min_buckets < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_buckets is ", options.min_buckets, "; expected >= 0 (0: no minimum)"));
   }
   return absl::OkStatus();
+}
+
+// The soft minimum bucket size of the buffer holding params[indices]: LayoutOptions::bucket_size,
+// grown to the buffer's elements / target_buckets up to max_bucket_size.
+std::optional<int64_t> BufferBucketSize(const std::vector<ParamSpec>& params,
+                                        const std::vector<int>& indices,
+                                        const LayoutOptions& options) {
+  if (!options.bucket_size.has_value() || options.target_buckets == 0) return options.bucket_size;
+  int64_t numel = 0;
+  for (int i : indices) numel += params[i].numel();
+  const int64_t share = (numel + options.target_buckets - 1) / options.target_buckets;
+  return std::max(*options.bucket_size, std::min(share, options.max_bucket_size));
 }
 
 // Strategy::kLayerwise with LayoutOptions::min_buckets: the plan at the given bucket size and
@@ -312,7 +332,7 @@ absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSp
     input.specs = &params;
     input.indices = indices;
     input.dp = buffer.dp;
-    input.bucket_size = options.bucket_size;
+    input.bucket_size = BufferBucketSize(params, indices, options);
     input.padding_tolerance = options.padding_tolerance;
     switch (buffer.strategy) {
       case Strategy::kDistOpt:

@@ -144,6 +144,15 @@ struct LayoutOptions {
   // dp params per bucket, matrices that do not pack) keeps the most it can get.
   int min_buckets = 0;
   double max_padding_tolerance = 0.05;  // in [0, 1]; at or below padding_tolerance: no retries
+  // Every strategy, with bucket_size set: when > 0, each buffer's soft minimum bucket size grows
+  // to its elements / target_buckets, but not beyond max_bucket_size (bucket_size stays the
+  // floor). A small buffer then gets about target_buckets buckets instead of one per param above
+  // bucket_size, a large one buckets of about max_bucket_size: fewer, larger collectives, whose
+  // per-operation cost (thread hand-offs, wake-ups) dominates on CPU Gloo ranks. 0: bucket_size
+  // alone (Megatron's rule).
+  int target_buckets = 0;
+  // 25 MiB of fp32: PyTorch DDP's default bucket_cap_mb. >= 1.
+  int64_t max_bucket_size = int64_t{25} << 18;
   // Gradient dtype of every buffer; std::nullopt means the param dtype.
   std::optional<DType> grad_dtype = DType::kFloat32;
 };
@@ -156,7 +165,8 @@ struct LayoutOptions {
 // dimension, a non-2-D Muon param, or more than 2^50 elements (in the param, or in all params up to
 // it); kInvalidArgument for dp outside 1..2^20, expert_dp outside 0..2^20, bucket_size < 1, or
 // max(dp, expert_dp) times the elements of all params above 2^60 (padded offsets would overflow
-// int64_t), padding_tolerance or max_padding_tolerance outside [0, 1], min_buckets < 0.
+// int64_t), padding_tolerance or max_padding_tolerance outside [0, 1], min_buckets < 0,
+// target_buckets < 0, max_bucket_size < 1.
 absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSpec>& params,
                                                         const LayoutOptions& options);
 

@@ -333,6 +333,16 @@ TEST(LayoutTest, RejectsBadOptions) {
   EXPECT_THAT(ComputeFullParamLayout(params, options),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("min_buckets is -1; expected >= 0")));
+  options.min_buckets = 0;
+  options.target_buckets = -2;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("target_buckets is -2; expected >= 0")));
+  options.target_buckets = 4;
+  options.max_bucket_size = 0;
+  EXPECT_THAT(ComputeFullParamLayout(params, options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_bucket_size is 0; expected >= 1")));
 }
 
 // The `small` GPT's Muon matrices, 4 layers of qkv [384, 256], proj [256, 256], fc1 [1408, 256] and
@@ -346,6 +356,34 @@ std::vector<ParamSpec> SmallGptMuonMatrices() {
     params.push_back(Muon(absl::StrCat("l", i, ".fc2"), 256, 704));
   }
   return params;
+}
+
+// target_buckets on a byte-level (distopt) buffer: the `small` GPT's 16 matrices (2.8M elements)
+// make one bucket per matrix above a 64 Ki soft minimum; with target_buckets = 4 the soft minimum
+// grows to a quarter of the buffer (704512 elements), so each bucket holds about a layer: 4
+// buckets. max_bucket_size caps the growth (at 500000 elements: more buckets, each but the last
+// >= 500000), and a bucket_size above the share stays the floor (one bucket).
+TEST(DistOptTest, TargetBucketsGrowsTheSoftMinimumUpToTheCap) {
+  const std::vector<ParamSpec> params = SmallGptMuonMatrices();
+  LayoutOptions options;
+  options.dp = 2;
+  options.muon_strategy = Strategy::kDistOpt;
+  options.bucket_size = 1 << 16;
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), params.size());
+  options.target_buckets = 4;
+  const PerBufferParamLayout four = PlanOne(params, options);
+  ASSERT_EQ(four.buckets.size(), 4u);
+  for (const Bucket& b : four.buckets) EXPECT_GE(b.end - b.start, 704512);
+  options.max_bucket_size = 500000;
+  const PerBufferParamLayout capped = PlanOne(params, options);
+  EXPECT_GT(capped.buckets.size(), 4u);
+  for (size_t i = 0; i + 1 < capped.buckets.size(); ++i) {
+    EXPECT_GE(capped.buckets[i].end - capped.buckets[i].start, 500000);
+  }
+  options.bucket_size = 1 << 22;
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 1u);
+  options.bucket_size = std::nullopt;  // one bucket, whatever the target
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 1u);
 }
 
 // The `small` GPT's Muon matrices at dp 2 (per layer fc1 [1408, 256] against fc2 + qkv + proj,

@@ -66,7 +66,8 @@ std::string LayoutToJson(const FullParamLayout& layout, const std::vector<ParamS
       options.bucket_size.has_value() ? absl::StrCat(*options.bucket_size) : "null",
       ", \"padding_tolerance\": ", JsonNumber(options.padding_tolerance), ", \"min_buckets\": ",
       options.min_buckets, ", \"max_padding_tolerance\": ",
-      JsonNumber(options.max_padding_tolerance), ", \"buffers\": [");
+      JsonNumber(options.max_padding_tolerance), ", \"target_buckets\": ", options.target_buckets,
+      ", \"max_bucket_size\": ", options.max_bucket_size, ", \"buffers\": [");
   for (size_t b = 0; b < layout.buffers.size(); ++b) {
     const PerBufferParamLayout& buffer = layout.buffers[b];
     const BufferKey& k = buffer.key;
@@ -115,6 +116,8 @@ absl::StatusOr<std::string> RunPlan(const PlanRequest& request) {
   options.padding_tolerance = request.padding_tolerance;
   options.min_buckets = request.min_buckets;
   options.max_padding_tolerance = request.max_padding_tolerance;
+  options.target_buckets = request.target_buckets;
+  options.max_bucket_size = request.max_bucket_size;
   std::vector<ParamSpec> params;
   if (!request.model.empty()) {
     ASSIGN_OR_RETURN(params, ReadModelSpecFile(request.model));

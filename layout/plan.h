@@ -27,10 +27,14 @@ struct PlanRequest {
   double padding_tolerance = 0.001;
   int min_buckets = 0;
   double max_padding_tolerance = 0.05;
+  // LayoutOptions::target_buckets and max_bucket_size (every buffer).
+  int target_buckets = 0;
+  int64_t max_bucket_size = int64_t{25} << 18;
 };
 
 // Renders `layout` (planned from `params` with `options`) as JSON: {"strategy", "dp", "expert_dp",
-// "bucket_size", "padding_tolerance", "min_buckets", "max_padding_tolerance", "buffers": [{"key", "strategy", "dp", "buckets": [{"start", "end",
+// "bucket_size", "padding_tolerance", "min_buckets", "max_padding_tolerance", "target_buckets",
+// "max_bucket_size", "buffers": [{"key", "strategy", "dp", "buckets": [{"start", "end",
 // "shard_size"}], "params": [{"name", "start", "end", "bucket", "owner"}], "metrics": {...}}]}.
 std::string LayoutToJson(const FullParamLayout& layout, const std::vector<ParamSpec>& params,
                          const LayoutOptions& options);

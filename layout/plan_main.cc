@@ -1,6 +1,6 @@
 // `bazel run //layout:plan -- --model=SPEC.json|--preset=NAME --dp=N [--expert_dp=N]
 //   [--strategy=layerwise|megatron_lpt|distopt] [--bucket_size=N|none] [--padding_tolerance=F]
-//   [--min_buckets=N] [--max_padding_tolerance=F]`
+//   [--min_buckets=N] [--max_padding_tolerance=F] [--target_buckets=N] [--max_bucket_size=N]`
 // prints the parameter layout and its metrics as one JSON document. Bad input: a message on
 // stderr and exit code 2.
 #include <cstdio>
@@ -24,6 +24,10 @@ ABSL_FLAG(int, min_buckets, 0,
           "Layerwise: raise the padding tolerance (doubling, up to --max_padding_tolerance) "
           "until a buffer has this many buckets; 0: off");
 ABSL_FLAG(double, max_padding_tolerance, 0.05, "Layerwise: the cap for --min_buckets");
+ABSL_FLAG(int, target_buckets, 0,
+          "Grow each buffer's soft minimum bucket size to its elements / this, up to "
+          "--max_bucket_size; 0: off");
+ABSL_FLAG(int64_t, max_bucket_size, int64_t{25} << 18, "The cap for --target_buckets (elements)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -37,6 +41,8 @@ int main(int argc, char** argv) {
   request.padding_tolerance = absl::GetFlag(FLAGS_padding_tolerance);
   request.min_buckets = absl::GetFlag(FLAGS_min_buckets);
   request.max_padding_tolerance = absl::GetFlag(FLAGS_max_padding_tolerance);
+  request.target_buckets = absl::GetFlag(FLAGS_target_buckets);
+  request.max_bucket_size = absl::GetFlag(FLAGS_max_bucket_size);
   absl::StatusOr<std::string> json = orthoshard::layout::RunPlan(request);
   if (!json.ok()) {
     std::fprintf(stderr, "plan: %s\n", std::string(json.status().message()).c_str());

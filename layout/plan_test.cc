@@ -121,8 +121,9 @@ TEST(PlanTest, PlansSpecFileAsJson) {
 }
 
 // The `small` GPT's Muon matrices at dp 2: 2 buckets at the default tolerance, one per layer with
-// --min_buckets=4 (the tolerance doubled to 3.2%), and the options echoed in the JSON.
-TEST(PlanTest, MinBucketsFlagReachesTheLayout) {
+// --min_buckets=4 (the tolerance doubled to 3.2%), --target_buckets below, and the options echoed
+// in the JSON.
+TEST(PlanTest, BucketCountFlagsReachTheLayout) {
   std::string spec = R"({"params": [)";
   for (int i = 0; i < 4; ++i) {
     absl::StrAppend(&spec, i ? "," : "", R"({"name": "l)", i, R"(.qkv", "shape": [384, 256], "role": "muon"},)",
@@ -152,6 +153,20 @@ TEST(PlanTest, MinBucketsFlagReachesTheLayout) {
   request.min_buckets = -2;
   EXPECT_THAT(RunPlan(request), StatusIs(absl::StatusCode::kInvalidArgument,
                                          HasSubstr("min_buckets is -2")));
+  // --target_buckets on the byte-level layout: one bucket per matrix above 64 Ki, 4 with a
+  // target of 4 (the soft minimum grown to a quarter of the buffer), echoed in the JSON.
+  request.min_buckets = 0;
+  request.strategy = "distopt";
+  ASSERT_OK_AND_ASSIGN(std::string per_param, RunPlan(request));
+  EXPECT_EQ(buckets(per_param), 16);
+  request.target_buckets = 4;
+  ASSERT_OK_AND_ASSIGN(std::string grown, RunPlan(request));
+  EXPECT_EQ(buckets(grown), 4);
+  EXPECT_EQ(ParseJson(grown).fields().at("target_buckets").number_value(), 4);
+  EXPECT_EQ(ParseJson(grown).fields().at("max_bucket_size").number_value(), 6553600);
+  request.max_bucket_size = 0;
+  EXPECT_THAT(RunPlan(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("max_bucket_size is 0")));
 }
 
 TEST(PlanTest, PresetGpt8bMegatronNumbers) {
