@@ -101,7 +101,8 @@ void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::Scala
 // gradients as one product each, exactly as at::linear's backward over the fused output (splitting
 // those into halves too was slower: two more products and an add). Measured against at::linear +
 // a SwiGLU over narrowed halves of its output (`small`, distopt AdamW, 2 ranks x 4 x 256 tokens,
-// 4 A/B pairs): forward 15 ms (10%) shorter per step, CPU per step 4-13% less, the same loss.
+// 7 A/B pairs in both orders): forward ~15 ms (10%) shorter per step, CPU per step 1-13% less in
+// all 7, the same loss.
 // The forward is the same per-element reductions (only the products' N is split), the backward
 // the same ops.
 struct GatedMlpIn : public torch::autograd::Function<GatedMlpIn> {
