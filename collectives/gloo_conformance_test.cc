@@ -16,10 +16,7 @@ using testing::MultiRankOptions;
 using testing::RunConformanceCase;
 
 MultiRankOptions WithTimeout(absl::Duration timeout) {
-  MultiRankOptions options;
-  options.collective_timeout = timeout;
-  options.launch_timeout = absl::Seconds(60);
-  return options;
+  return testing::WithTimeouts(timeout, absl::Seconds(60));
 }
 
 class GlooConformanceTest : public ::testing::TestWithParam<int> {};

@@ -28,10 +28,7 @@ namespace {
 using testing::MultiRankOptions;
 
 MultiRankOptions WithTimeout(absl::Duration timeout) {
-  MultiRankOptions options;
-  options.collective_timeout = timeout;
-  options.launch_timeout = absl::Seconds(120);
-  return options;
+  return testing::WithTimeouts(timeout, absl::Seconds(120));
 }
 
 // Shards of 3M + r·1M elements (12 MB and more: several 4 MiB pieces each), rank 1's empty.

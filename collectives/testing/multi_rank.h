@@ -52,6 +52,15 @@ struct MultiRankOptions {
   std::function<absl::StatusOr<std::unique_ptr<Communicator>>(absl::Duration timeout)> join;
 };
 
+// MultiRankOptions with the communicator's timeout `collective` and the whole launch bounded by
+// `launch`; the rest default.
+inline MultiRankOptions WithTimeouts(absl::Duration collective, absl::Duration launch) {
+  MultiRankOptions options;
+  options.collective_timeout = collective;
+  options.launch_timeout = launch;
+  return options;
+}
+
 // What each rank of a launch did, for tests that expect a rank to die.
 struct MultiRankOutcome {
   LaunchResult launch;
