@@ -1,10 +1,10 @@
-"""The GPT presets of integration/gpt_config.cc as plain dicts, and the arithmetic the benchmarks
+"""The GPT presets of model/gpt_config.cc as plain dicts, and the arithmetic the benchmarks
 need about them: parameter counts, the forward GEMMs of one step, the model FLOPs per step and
 Muon's Newton–Schulz FLOPs. Standard library only (report_lib and its test use it; so does
 torch_peer.py, which builds the model from these dicts).
 """
 
-# Fields as GptConfig's (integration/gpt_config.h); rope_theta, norm_eps and init_std are the
+# Fields as GptConfig's (model/gpt_config.h); rope_theta, norm_eps and init_std are the
 # struct's defaults in every preset.
 _COMMON = {"rope_theta": 10000.0, "norm_eps": 1e-5, "init_std": 0.02, "tie_embeddings": True}
 PRESETS = {

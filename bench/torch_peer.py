@@ -4,19 +4,19 @@ local ranks, torch.optim.Muon + torch.optim.AdamW, clip_grad_norm_.
 
   tools/python3 bench/torch_peer.py --model=small --optimizer=muon --steps=10 [--nproc=2]
 
-Model: integration/model.h's decoder with separate q/k/v and gate/up Linears where orthoshard
+Model: model/model.h's decoder with separate q/k/v and gate/up Linears where orthoshard
 fuses qkv and fc1: the same shapes, params and FLOPs, and the same matrices for Muon (orthoshard
 orthogonalises its fused weights per logical block: Q, K, V; gate, up). Init as Gpt's (normal
 init_std, proj and fc2 init_std/sqrt(2L), norms ones), drawn from torch's generator, so not the
 same values.
-Training: pretrain's defaults (integration/trainer_config_fields.h and trainer.cc): Muon lr 0.02,
+Training: pretrain's defaults (integration/config/trainer_config_fields.h and trainer.cc): Muon lr 0.02,
 weight decay 0.01, momentum 0.95, Nesterov, the "original" lr scale; AdamW lr 3e-3, betas
 (0.9, 0.95), eps 1e-8, weight decay 0.01 on matrices and 0 on norms; warmup-cosine schedule (20
 steps, floor 0.1); global-norm clip 1.0. Every rank steps every param (plain replicated DDP).
 torch.optim.Muon runs Newton–Schulz in bf16; --muon_ns_dtype=fp32 swaps in the same iteration in
 fp32, as pretrain's flag of that name does (CPUs without bf16 arithmetic run bf16 GEMMs ~25x
 slower than fp32).
-Data: pretrain's default corpus is synthetic text (integration/dataset.cc: 1M bytes of sentences
+Data: pretrain's default corpus is synthetic text (data/dataset.cc: 1M bytes of sentences
 over 8 names and 48 words chained by 4 successors with p .5/.25/.15/.10); this draws text of the
 same grammar with Python's RNG (not the same bytes), byte tokens, 5% held out as pretrain does,
 non-overlapping windows of seq_len + 1 in a seeded order, each rank its slice of the global batch.

@@ -14,9 +14,9 @@
 #include "buffers/param_and_grad_buffer.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "collectives/communicator.h"
-#include "integration/progress.h"
-#include "integration/trainer.h"
-#include "integration/trainer_config.h"
+#include "integration/config/train_options.h"
+#include "integration/config/trainer_config.h"
+#include "integration/metrics/progress.h"
 #include "optimizers/state.h"
 
 namespace orthoshard::integration {

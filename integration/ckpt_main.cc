@@ -27,11 +27,16 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "common/status_macros.h"
-#include "integration/gpt_config.h"
 #include "integration/hf_export.h"
-#include "integration/model.h"
+#include "model/gpt_config.h"
+#include "model/model.h"
 
 namespace orthoshard::integration {
+
+using ::orthoshard::model::SavedModel;
+using ::orthoshard::model::ParseSavedModel;
+using ::orthoshard::model::ModelParam;
+using ::orthoshard::model::Gpt;
 namespace {
 
 // --tokens: "ID,ID,..." or "@FILE" (ids separated by commas or blanks).

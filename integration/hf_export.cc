@@ -8,9 +8,15 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/file_util.h"
 #include "common/status_macros.h"
-#include "integration/dataset.h"
+#include "data/dataset.h"
 
 namespace orthoshard::integration {
+
+using ::orthoshard::model::GptConfig;
+using ::orthoshard::model::SavedModel;
+using ::orthoshard::model::FormatSavedModel;
+using ::orthoshard::data::PreparedInfo;
+using ::orthoshard::data::ReadPreparedInfo;
 namespace {
 
 // checkpoint/'s whole-file read, its failure reported as bad input naming the file.

@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/ckpt_commands.h"
-#include "integration/gpt_config.h"
+#include "model/gpt_config.h"
 
 namespace orthoshard::integration {
 
@@ -34,7 +34,7 @@ namespace orthoshard::integration {
 // written by tools/prepare_data.py (its tokenizer files are copied and its EOD token becomes the
 // config's bos/eos id) or a tokenizer.json file. Errors: kInvalidArgument for an unreadable or
 // malformed tokenizer path or dataset.json, naming it.
-absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const SavedModel& saved,
+absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const model::SavedModel& saved,
                                                              const std::string& tokenizer);
 
 }  // namespace orthoshard::integration

@@ -11,6 +11,9 @@
 namespace orthoshard::integration {
 namespace {
 
+using ::orthoshard::model::FormatSavedModel;
+using ::orthoshard::model::ParseSavedModel;
+using ::orthoshard::model::SavedModel;
 using ::orthoshard::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;

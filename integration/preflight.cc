@@ -18,12 +18,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "integration/dataset.h"
-#include "integration/training_data.h"
 #include "common/status_macros.h"
-#include "integration/gpt_config.h"
+#include "data/dataset.h"
+#include "integration/training_data.h"
+#include "model/gpt_config.h"
 
 namespace orthoshard::integration {
+
+using ::orthoshard::model::GptConfig;
+using ::orthoshard::model::GptPreset;
+using ::orthoshard::model::GptParamCount;
+using ::orthoshard::model::GptHiddenMatrixCount;
+using ::orthoshard::data::DatasetSpecResidentBytes;
 namespace {
 
 // The first line of `path` as a number; nullopt when missing or not a number ("max").

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "integration/trainer_config.h"
+#include "integration/config/trainer_config.h"
 
 namespace orthoshard::integration {
 
@@ -28,7 +28,7 @@ MachineResources ProbeMachine();
 // the state; fsdp: 1/world of all three), the logits of one
 // micro-batch with their log-softmax (2 x micro-batch x seq_len x vocab x 4), the eval batches'
 // token ids (eval_batches x micro-batch x seq_len x 16), and the tokens a rank holds in its own
-// memory (DatasetSpecResidentBytes: the synthetic corpus; files are mapped). The vocabulary is the
+// memory (data::DatasetSpecResidentBytes: the synthetic corpus; files are mapped). The vocabulary is the
 // run's (ResolveModel). A lower bound: activations, LibTorch
 // itself and allocator slack come on top. Precondition: ValidateTrainerConfig(config, world_size).
 int64_t MinBytesPerRank(const TrainerConfig& config, int world_size);

@@ -11,10 +11,14 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "integration/gpt_config.h"
-#include "integration/trainer_config.h"
+#include "integration/config/trainer_config.h"
+#include "model/gpt_config.h"
 
 namespace orthoshard::integration {
+
+using ::orthoshard::model::GptPreset;
+using ::orthoshard::model::GptParamCount;
+using ::orthoshard::model::GptHiddenMatrixCount;
 namespace {
 
 using ::orthoshard::testing::StatusIs;

@@ -44,27 +44,27 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/manifest.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/launcher.h"
 #include "collectives/nccl_communicator.h"
 #include "collectives/rendezvous.h"
-#include "integration/dataset.h"
-#include "integration/model.h"
+#include "data/dataset.h"
+#include "integration/metrics/progress.h"
 #include "integration/preflight.h"
-#include "integration/progress.h"
 #include "integration/trainer.h"
 #include "integration/training_data.h"
+#include "model/model.h"
 
 namespace {
 const orthoshard::integration::TrainerConfig kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, config, "",
-          "PretrainConfig text-format file (integration/pretrain_config.proto); flags given on the "
+          "PretrainConfig text-format file (integration/config/pretrain_config.proto); flags given on the "
           "command line override its fields");
 ABSL_FLAG(int, nproc_per_node, 2,
           "local ranks to launch when not already under a launcher (torchrun/SLURM environment)");

@@ -19,7 +19,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "integration/tensorboard.h"
+#include "integration/metrics/tensorboard.h"
 #include "integration/testing/pretrain_runner.h"
 
 namespace orthoshard::integration {

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "integration/trainer_config.h"
+#include "integration/config/trainer_config.h"
 
 namespace orthoshard::integration {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "integration/trainer_config.h"
+#include "integration/config/trainer_config.h"
 
 namespace orthoshard::integration {
 namespace {

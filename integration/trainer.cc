@@ -40,24 +40,40 @@
 #include "common/exact_sum.h"
 #include "common/heap.h"
 #include "common/status_macros.h"
+#include "data/dataset.h"
+#include "data/loader.h"
 #include "ddp/distributed_data_parallel.h"
 #include "integration/checkpointer.h"
-#include "integration/dataset.h"
-#include "integration/loader.h"
-#include "integration/model.h"
-#include "integration/progress.h"
-#include "integration/run_metrics.h"
+#include "integration/metrics/progress.h"
+#include "integration/metrics/run_metrics.h"
+#include "integration/metrics/step_profiler.h"
 #include "integration/run_policy.h"
 #include "integration/step_agreement.h"
-#include "integration/step_profiler.h"
 #include "integration/training_data.h"
 #include "layout/layout.h"
+#include "model/model.h"
 #include "optimizers/chained.h"
 #include "optimizers/distributed/distributed_optimizer.h"
 #include "optimizers/routing.h"
 #include "optimizers/schedule.h"
 
 namespace orthoshard::integration {
+
+using ::orthoshard::model::GptConfig;
+using ::orthoshard::model::SavedModel;
+using ::orthoshard::model::FormatSavedModel;
+using ::orthoshard::model::ParamKind;
+using ::orthoshard::model::ModelParam;
+using ::orthoshard::model::Documents;
+using ::orthoshard::model::LossReduction;
+using ::orthoshard::model::kIgnoredTarget;
+using ::orthoshard::model::Gpt;
+using ::orthoshard::data::UnigramEntropy;
+using ::orthoshard::data::LoaderOptions;
+using ::orthoshard::data::kIgnoreTarget;
+using ::orthoshard::data::MicroBatch;
+using ::orthoshard::data::LoaderState;
+using ::orthoshard::data::DataLoader;
 namespace {
 
 using collectives::AllReduceOp;

@@ -8,6 +8,14 @@
 #include "common/status_macros.h"
 
 namespace orthoshard::integration {
+
+using ::orthoshard::model::GptConfig;
+using ::orthoshard::model::GptPreset;
+using ::orthoshard::data::TokenDataset;
+using ::orthoshard::data::LoadDatasetSpec;
+using ::orthoshard::data::EvalSpecOf;
+using ::orthoshard::data::DescribeDatasetSpec;
+using ::orthoshard::data::SplitTrainEval;
 namespace {
 
 constexpr const char* kPresets[] = {"tiny", "small", "gpt2-124m", "tinyllama-1.1b"};

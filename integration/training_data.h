@@ -9,32 +9,32 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "integration/dataset.h"
-#include "integration/gpt_config.h"
-#include "integration/trainer_config.h"
+#include "data/dataset.h"
+#include "integration/config/trainer_config.h"
+#include "model/gpt_config.h"
 
 namespace orthoshard::integration {
 
 // --model's preset with its vocabulary resolved: --vocab_size when given, else the data's own
 // (a prepared directory's tokenizer; raw text's 256), else the preset's. `source` says which, for
-// the startup line. Reads at most the data's dataset.json. Errors: as GptPreset and
-// DescribeDatasetSpec; kInvalidArgument for a --vocab_size below the data's vocabulary.
+// the startup line. Reads at most the data's dataset.json. Errors: as model::GptPreset and
+// data::DescribeDatasetSpec; kInvalidArgument for a --vocab_size below the data's vocabulary.
 struct ResolvedModel {
-  GptConfig config;
+  model::GptConfig config;
   std::string vocab_source;  // "--vocab_size", "the data", "--model=<preset>"
 };
 absl::StatusOr<ResolvedModel> ResolveModel(const TrainerConfig& config);
 
 struct TrainingData {
   ResolvedModel model;
-  std::shared_ptr<const TokenDataset> train, eval;
+  std::shared_ptr<const data::TokenDataset> train, eval;
   std::string eval_source;  // "--eval_data=...", "the data's val split", "the last 5% of --data"
   int64_t eod_token = -1;   // documents end with it; -1: the data has no document boundaries
 };
 
 // Loads --data and the eval set (--eval_data, else the data's own validation split, else the last
 // --eval_fraction of --data), resolves the model (ResolveModel) and the EOD token (--eod_token, else
-// the data's). Errors: as LoadDatasetSpec and SplitTrainEval; kInvalidArgument when a token does not
+// the data's). Errors: as data::LoadDatasetSpec and data::SplitTrainEval; kInvalidArgument when a token does not
 // fit the model's vocabulary, naming the largest id, the vocabulary it needs and the flag or presets
 // that fit; when --eod_token contradicts the data's or is outside the vocabulary; for
 // --eod_mask_loss without an EOD token; when a set is shorter than seq_len + 1 tokens.

@@ -1,5 +1,5 @@
 // Newton–Schulz coefficient schedules by name or list, without LibTorch (so configs can be
-// validated where no tensor library is linked: integration/trainer_config).
+// validated where no tensor library is linked: integration/config:trainer_config).
 #ifndef ORTHOSHARD_OPTIMIZERS_NS_SCHEDULE_H_
 #define ORTHOSHARD_OPTIMIZERS_NS_SCHEDULE_H_
 

@@ -4,12 +4,14 @@ The library targets are public (so another workspace can build on them, see deps
 not Bazel visibility, keeps a package from depending on one below it in the table: ddp/ and
 optimizers/ never depend on each other, layout/ stays free of LibTorch, and so on. It evaluates each
 BUILD.bazel with stand-ins for the rules (no Bazel needed) and checks the `deps` of every target
-that is not a test (a *_test rule or testonly) against the packages its own package may use.
+that is not a test (a *_test or *_benchmark rule, or testonly) against the packages its own package
+may use, and the `#include`s of every non-test source file against the same rules.
 
 usage: dependency_direction_test.py WORKSPACE_ROOT
 """
 
 import os
+import re
 import sys
 
 # Package -> orthoshard packages it may depend on (besides itself), from ARCHITECTURE.md's table.
@@ -24,6 +26,13 @@ ALLOWED = {
     "optimizers/distributed": {"common", "layout", "collectives", "buffers", "optimizers"},
     "ddp": {"common", "layout", "collectives", "buffers"},
     "checkpoint": {"common", "layout", "collectives", "buffers", "optimizers"},
+    # data/ uses checkpoint's crc32c (the loader's data fingerprint), nothing else of checkpoint/.
+    "model": {"common", "collectives"},
+    "data": {"common", "checkpoint"},
+    # integration/'s sub-packages sit below the trainer: they never include integration/ itself.
+    "integration/config": {"common", "model", "optimizers"},
+    "integration/metrics": {"common", "collectives", "checkpoint", "optimizers",
+                            "integration/config"},
 }
 # Packages that may use anything (the application, examples, benchmarks, build tooling).
 ANYTHING = {"integration", "integration/e2e", "examples", "bench", "tools", "third_party", ""}
@@ -42,13 +51,14 @@ def component(package):
 
 
 def targets(build_file):
-    """(name, deps, test) of every rule call in a BUILD file; test: a test rule or testonly."""
+    """(name, deps, test) of every rule call in a BUILD file; test: a test or benchmark rule, or testonly."""
     found = []
 
     def rule_named(kind):
         def rule(**kwargs):
             deps = kwargs.get("deps", [])
-            test = kind.endswith("_test") or bool(kwargs.get("testonly", False))
+            # Benchmarks, like tests, are leaves nothing links against.
+            test = kind.endswith(("_test", "_benchmark")) or bool(kwargs.get("testonly", False))
             found.append((kwargs.get("name", "?"), list(deps), test))
         return rule
 
@@ -79,6 +89,38 @@ def targets(build_file):
     return found
 
 
+NON_LIBRARY_SOURCE = re.compile(r"(_test|_benchmark|_fuzzer)\.cc$")
+INCLUDE = re.compile(r'^#include "([^"]+)/[^/"]+"', re.M)
+
+
+def include_problems(root):
+    """The include graph under the same rules: a non-test source of a checked package includes only
+    headers of its own component or of the components it may use (third-party headers pass)."""
+    problems = []
+    packages = {os.path.dirname(os.path.relpath(os.path.join(d, "BUILD.bazel"), root))
+                for d, _, f in os.walk(root) if "BUILD.bazel" in f}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "bazel-")) and
+                       d not in ("testing", "testdata", "third_party")]
+        own = component("" if rel == "." else rel)
+        if own in ANYTHING or own not in ALLOWED:
+            continue
+        for name in filenames:
+            if not name.endswith((".h", ".cc")) or NON_LIBRARY_SOURCE.search(name):
+                continue
+            with open(os.path.join(dirpath, name), errors="replace") as f:
+                for included in INCLUDE.findall(f.read()):
+                    top = included.split("/")[0]
+                    if top not in packages and included not in packages:
+                        continue  # absl/, ATen/, gtest/, google/...: not ours
+                    target = component(included)
+                    if target != own and target not in ALLOWED[own]:
+                        problems.append("%s/%s includes %s/ (%s/ may use only %s)" % (
+                            rel, name, included, own, ", ".join(sorted(ALLOWED[own]))))
+    return problems
+
+
 def main():
     root = sys.argv[1]
     problems = []
@@ -106,6 +148,7 @@ def main():
                 if target != own and target not in ALLOWED[own]:
                     problems.append("//%s:%s depends on %s (%s/ may use only %s)" % (
                         rel, name, dep, own, ", ".join(sorted(ALLOWED[own])) or "nothing"))
+    problems += include_problems(root)
     for p in problems:
         print("FAIL: " + p)
     if checked < 20:
@@ -113,7 +156,7 @@ def main():
         return 1
     if problems:
         return 1
-    print("PASS: %d non-test targets follow the dependency direction" % checked)
+    print("PASS: %d non-test targets and their sources' includes follow the dependency direction" % checked)
     return 0
 
 

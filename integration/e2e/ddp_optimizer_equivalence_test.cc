@@ -77,10 +77,10 @@
 #include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "ddp/distributed_data_parallel.h"
+#include "gtest/gtest.h"
 #include "layout/layout.h"
 #include "optimizers/chained.h"
 #include "optimizers/distributed/distributed_optimizer.h"
-#include "gtest/gtest.h"
 
 namespace orthoshard::integration::e2e {
 namespace {

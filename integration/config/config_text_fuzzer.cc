@@ -1,0 +1,158 @@
+// Fuzz target for the text-format config parser (integration/config/trainer_config.h): any bytes given to
+// ApplyConfigText are either rejected with kInvalidArgument ("config 'NAME': ...") leaving the config
+// untouched, or accepted with exactly the fields present in the text changed. Every accepted config
+// then goes through ValidateTrainerConfig at several world sizes, which either rejects it with a
+// message or accepts it with every documented bound holding (what Train and the checkpoint code
+// then rely on).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "integration/config/pretrain_config.pb.h"
+#include "integration/config/trainer_config.h"
+#include "model/gpt_config.h"
+
+namespace {
+
+using ::orthoshard::integration::ApplyConfigText;
+using ::orthoshard::model::GptConfig;
+using ::orthoshard::model::GptPreset;
+using ::orthoshard::integration::PretrainConfig;
+using ::orthoshard::integration::TrainerConfig;
+using ::orthoshard::integration::ValidateTrainerConfig;
+
+#define ORTHOSHARD_COUNT(type, name, default_value, help) +1
+constexpr int kNumFields = 0 ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_COUNT);
+#undef ORTHOSHARD_COUNT
+
+void Check(bool ok) {
+  if (!ok) std::abort();
+}
+
+// Equal, counting two NaNs as equal (a text "lr: nan" must arrive as NaN).
+template <typename T>
+bool Same(const T& a, const T& b) {
+  return a == b;
+}
+bool Same(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+// A value of field number `i` that differs from every default (TrainerConfig's and the proto's).
+void SetDistinct(std::string& v, int i) { v = absl::StrCat("v", i, "?"); }
+void SetDistinct(int64_t& v, int i) { v = -101 - i; }
+void SetDistinct(int& v, int i) { v = -101 - i; }
+void SetDistinct(uint64_t& v, int i) { v = 0xfeedfacecafe0000ULL + i; }
+void SetDistinct(double& v, int i) { v = -1.5 - i; }
+void SetDistinct(bool& v, int) { v = !v; }
+
+// A config whose every field differs from both TrainerConfig's and the proto's defaults, so a field
+// the parser writes without the text naming it shows up.
+TrainerConfig Distinctive() {
+  TrainerConfig c;
+  int i = 0;
+#define ORTHOSHARD_DISTINCT(type, name, default_value, help) SetDistinct(c.name, i++);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_DISTINCT)
+#undef ORTHOSHARD_DISTINCT
+  return c;
+}
+
+// Discards the reference parser's errors (protobuf would log each one).
+class SilentErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int, int, const std::string&) override {}
+  void AddWarning(int, int, const std::string&) override {}
+};
+
+bool SameConfig(const TrainerConfig& a, const TrainerConfig& b) {
+  bool same = true;
+#define ORTHOSHARD_SAME(type, name, default_value, help) same = same && Same(a.name, b.name);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_SAME)
+#undef ORTHOSHARD_SAME
+  return same;
+}
+
+// The documented bounds of an accepted config (trainer_config.h, ValidateTrainerConfig).
+void CheckAccepted(const TrainerConfig& c, int world_size) {
+  Check(c.dist == "replicated" || c.dist == "layerwise" || c.dist == "distopt");
+  Check(c.device == "cpu" || c.device == "cuda");
+  Check(c.optimizer == "muon" || c.optimizer == "adamw");
+  Check(c.schedule == "constant" || c.schedule == "cosine" || c.schedule == "linear" ||
+        c.schedule == "wsd");
+  Check(!(c.dist == "distopt" && c.optimizer == "muon"));
+  Check(!((c.resume != "false" || c.save_every > 0) && c.save_dir.empty()));
+  const absl::StatusOr<GptConfig> preset = GptPreset(c.model);
+  Check(preset.ok());
+  Check(c.steps >= 1 && c.global_batch >= 1 && c.micro_batches >= 1 && c.eval_batches >= 1 &&
+        c.bucket_elems >= 1 && c.log_every >= 1 && c.distributed_timeout_s >= 1);
+  Check(c.seq_len >= 0 && c.seq_len <= preset->max_seq_len);
+  Check(c.warmup_steps >= 0 && c.decay_steps >= 0 && c.eval_every >= 0 && c.check_every >= 0 &&
+        c.num_threads >= 0 && c.min_buckets >= 0);
+  Check(c.bucket_padding >= 0 && c.bucket_padding <= 1 && c.max_bucket_padding >= 0 &&
+        c.max_bucket_padding <= 1);
+  Check(c.save_every >= 0 && c.stop_after >= 0 && c.stop_after <= c.steps &&
+        c.keep_checkpoints >= 0 && c.max_consecutive_skips >= 0);
+  Check((c.on_save_failure == "stop" || c.on_save_failure == "continue") &&
+        c.max_consecutive_failed_saves >= 0);
+  // global_batch / world_size / micro_batches samples per micro-batch, exactly.
+  Check(c.global_batch % world_size == 0 && (c.global_batch / world_size) % c.micro_batches == 0);
+  Check(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1);
+  Check(c.eval_fraction > 0 && c.eval_fraction < 1);
+  Check(c.lr > 0 && std::isfinite(c.lr) && c.muon_lr > 0 && std::isfinite(c.muon_lr));
+  Check(c.weight_decay >= 0 && std::isfinite(c.weight_decay));
+  Check(c.muon_weight_decay >= 0 && std::isfinite(c.muon_weight_decay));
+  Check(!std::isnan(c.max_grad_norm));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Check(PretrainConfig::descriptor()->field_count() == kNumFields);  // a new field is listed above
+  const absl::string_view text(reinterpret_cast<const char*>(data), size);
+
+  const TrainerConfig base = Distinctive();
+  TrainerConfig applied = base;
+  const absl::Status status = ApplyConfigText(text, "fuzz.textproto", &applied);
+
+  // The same text through protobuf's parser alone: what ApplyConfigText should have applied.
+  PretrainConfig proto;
+  google::protobuf::TextFormat::Parser parser;
+  SilentErrors errors;
+  parser.RecordErrorsTo(&errors);
+  const bool parses = parser.ParseFromString(std::string(text), &proto);
+  if (!status.ok()) {
+    Check(status.code() == absl::StatusCode::kInvalidArgument);
+    Check(absl::StartsWith(status.message(), "config 'fuzz.textproto': ") &&
+          status.message().size() > sizeof("config 'fuzz.textproto': ") - 1);
+    Check(SameConfig(applied, base));
+    Check(!parses);
+    return 0;
+  }
+  Check(parses);
+#define ORTHOSHARD_APPLIED(type, name, default_value, help)                     \
+  Check(proto.has_##name() ? Same(applied.name, static_cast<type>(proto.name())) \
+                           : Same(applied.name, base.name));
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLIED)
+#undef ORTHOSHARD_APPLIED
+
+  // On top of the defaults, as pretrain does, then the checks that need no files or ranks.
+  TrainerConfig config;
+  Check(ApplyConfigText(text, "fuzz.textproto", &config).ok());
+  for (int world_size : {1, 2, 3, 8, 1 << 20, 2147483647}) {
+    const absl::Status valid = ValidateTrainerConfig(config, world_size);
+    if (valid.ok()) {
+      CheckAccepted(config, world_size);
+    } else {
+      Check(valid.code() == absl::StatusCode::kInvalidArgument);
+      Check(!valid.message().empty());
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,377 @@
+// TrainerConfig: parsing the text-format proto, validation, and the summary's JSON.
+#include "integration/config/trainer_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "integration/config/pretrain_config.pb.h"
+#include "model/gpt_config.h"
+#include "optimizers/ns_schedule.h"
+
+namespace orthoshard::integration {
+
+using ::orthoshard::model::GptConfig;
+using ::orthoshard::model::GptPreset;
+namespace {
+
+// Collects the text-format parser's errors instead of logging them.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+absl::Status Positive(absl::string_view field, int64_t value) {
+  if (value >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 1, got ", value));
+}
+
+absl::Status NonNegative(absl::string_view field, int64_t value) {
+  if (value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
+}
+
+}  // namespace
+
+const char* DistModeName(DistMode mode) {
+  switch (mode) {
+    case DistMode::kReplicated:
+      return "replicated";
+    case DistMode::kLayerwise:
+      return "layerwise";
+    case DistMode::kDistOpt:
+      return "distopt";
+    case DistMode::kFsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+absl::StatusOr<DistMode> ParseDistMode(absl::string_view name) {
+  for (DistMode mode :
+       {DistMode::kReplicated, DistMode::kLayerwise, DistMode::kDistOpt, DistMode::kFsdp}) {
+    if (name == DistModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dist '", name, "': expected replicated, layerwise, distopt or fsdp"));
+}
+
+absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
+                             TrainerConfig* config) {
+  PretrainConfig proto;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &proto)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config '", name, "': ", errors.first().empty() ? "does not parse"
+                                                                    : errors.first()));
+  }
+  TrainerConfig& c = *config;
+#define ORTHOSHARD_APPLY(type, name, default_value, help) \
+  if (proto.has_##name()) c.name = proto.name();
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLY)
+#undef ORTHOSHARD_APPLY
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world_size));
+  }
+  absl::StatusOr<DistMode> dist = ParseDistMode(c.dist);
+  if (!dist.ok()) return dist.status();
+  if (c.device != "cpu" && c.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device '", c.device, "': expected cpu or cuda"));
+  }
+  if (c.resume != "false" && c.resume != "true" && c.resume != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resume '", c.resume, "': expected true, false or auto"));
+  }
+  if ((c.resume != "false" || c.save_every > 0) && c.save_dir.empty()) {
+    return absl::InvalidArgumentError(c.resume != "false"
+                                          ? "--resume needs --save_dir (the checkpoint root)"
+                                               : "--save_every needs --save_dir");
+  }
+  if (c.max_consecutive_skips < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_consecutive_skips must be >= 0 (0 = never stop), got ", c.max_consecutive_skips));
+  }
+  if (c.on_save_failure != "stop" && c.on_save_failure != "continue") {
+    return absl::InvalidArgumentError(absl::StrCat("--on_save_failure '", c.on_save_failure,
+                                                   "': expected stop or continue"));
+  }
+  if (c.max_consecutive_failed_saves < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_consecutive_failed_saves must be >= 0 (0 = never stop), got ",
+                     c.max_consecutive_failed_saves));
+  }
+  if (absl::Status s = Positive("steps", c.steps); !s.ok()) return s;  // before --stop_after's bound
+  if (c.save_every < 0 || c.stop_after < 0 || c.keep_checkpoints < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--save_every, --stop_after and --keep_checkpoints must be >= 0, got ", c.save_every, ", ",
+        c.stop_after, ", ", c.keep_checkpoints));
+  }
+  if (c.stop_after > c.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stop_after ", c.stop_after, " exceeds --steps ", c.steps));
+  }
+  if (c.optimizer != "muon" && c.optimizer != "adamw") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer '", c.optimizer, "': expected muon or adamw"));
+  }
+  if (c.muon_scale_rule != "original" && c.muon_scale_rule != "match_rms_adamw" &&
+      c.muon_scale_rule != "spectral") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_scale_rule '", c.muon_scale_rule,
+                     "': expected original, match_rms_adamw or spectral"));
+  }
+  if (c.precision != "fp32" && c.precision != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision '", c.precision, "': expected fp32 or bf16"));
+  }
+  if (c.clip_mode != "all" && c.clip_mode != "exclude_muon") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--clip_mode '", c.clip_mode, "': expected all or exclude_muon"));
+  }
+  if (absl::StatusOr<optimizers::NsSchedule> ns =
+          optimizers::ParseNsSchedule(c.muon_ns_coefficients);
+      !ns.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_ns_coefficients: ", ns.status().message()));
+  }
+  if (c.muon_ns_steps < 1 || c.muon_ns_steps >= 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_ns_steps must be in [1, 100), got ", c.muon_ns_steps));
+  }
+  for (auto [field, value] : {std::pair<const char*, double>{"muon_momentum", c.muon_momentum},
+                              {"adam_beta1", c.adam_beta1},
+                              {"adam_beta2", c.adam_beta2}}) {
+    if (!(value >= 0.0 && value < 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", field, " must be in [0, 1), got ", value));
+    }
+  }
+  if (!(c.adam_eps >= 0.0 && std::isfinite(c.adam_eps))) {
+    return absl::InvalidArgumentError(absl::StrCat("--adam_eps must be >= 0, got ", c.adam_eps));
+  }
+  if (!(c.muon_extra_scale > 0.0 && std::isfinite(c.muon_extra_scale))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_extra_scale must be > 0, got ", c.muon_extra_scale));
+  }
+  if (c.muon_ns_dtype != "bf16" && c.muon_ns_dtype != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_ns_dtype '", c.muon_ns_dtype, "': expected bf16 or fp32"));
+  }
+  if (c.muon_ns_form != "auto" && c.muon_ns_form != "direct" && c.muon_ns_form != "gram") {
+    return absl::InvalidArgumentError(absl::StrCat("--muon_ns_form '", c.muon_ns_form,
+                                                   "': expected auto, direct or gram"));
+  }
+  if (c.muon_ns_form == "gram" && c.muon_ns_dtype != "fp32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got ", c.muon_ns_dtype,
+        "): the Gram form carries its Gram matrix between steps, so low-precision rounding is "
+        "never corrected"));
+  }
+  if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "linear" &&
+      c.schedule != "wsd") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--schedule '", c.schedule, "': expected constant, cosine, linear or wsd"));
+  }
+  if (*dist == DistMode::kDistOpt && c.optimizer == "muon") {
+    return absl::InvalidArgumentError(
+        "--dist=distopt shards every param at element level, but Muon needs whole matrices: use "
+        "--optimizer=adamw with it, or --dist=layerwise (Muon layer-wise + ZeRO-1 AdamW)");
+  }
+  absl::StatusOr<GptConfig> preset = GptPreset(c.model);
+  if (!preset.ok()) return preset.status();
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"steps", c.steps},
+                              {"global_batch", c.global_batch},
+                              {"micro_batches", c.micro_batches},
+                              {"eval_batches", c.eval_batches},
+                              {"bucket_elems", c.bucket_elems},
+                              {"max_bucket_elems", c.max_bucket_elems},
+                              {"log_every", c.log_every},
+                              {"distributed_timeout_s", c.distributed_timeout_s}}) {
+    if (absl::Status s = Positive(field, value); !s.ok()) return s;
+  }
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"seq_len", c.seq_len},
+                              {"warmup_steps", c.warmup_steps},
+                              {"decay_steps", c.decay_steps},
+                              {"eval_every", c.eval_every},
+                              {"check_every", c.check_every},
+                              {"num_threads", c.num_threads},
+                              {"min_buckets", c.min_buckets},
+                              {"target_buckets", c.target_buckets}}) {
+    if (absl::Status s = NonNegative(field, value); !s.ok()) return s;
+  }
+  if (c.profile_step_start < 0 || c.profile_step_end < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_step_start ", c.profile_step_start, " / --profile_step_end ",
+        c.profile_step_end, ": expected steps >= 1 (0 = off / the start step)"));
+  }
+  if (c.profile_step_start > 0) {
+    if (c.profile_step_end != 0 && c.profile_step_end < c.profile_step_start) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--profile_step_end ", c.profile_step_end, " precedes --profile_step_start ",
+                       c.profile_step_start));
+    }
+    if (c.profile_step_start > c.steps) {
+      return absl::InvalidArgumentError(absl::StrCat("--profile_step_start ", c.profile_step_start,
+                                                     " is after the last step (--steps ",
+                                                     c.steps, "): nothing would be profiled"));
+    }
+    if (c.profile_dir.empty() && c.log_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--profile_step_start needs --profile_dir (or --log_dir) for the traces");
+    }
+  } else if (c.profile_step_end != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_step_end ", c.profile_step_end, " without --profile_step_start"));
+  }
+  if (!(c.bucket_padding >= 0.0 && c.bucket_padding <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--bucket_padding ", c.bucket_padding,
+                                                   ": expected a fraction in [0, 1]"));
+  }
+  if (!(c.max_bucket_padding >= 0.0 && c.max_bucket_padding <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_bucket_padding ", c.max_bucket_padding,
+                                                   ": expected a fraction in [0, 1]"));
+  }
+  if (c.seq_len > preset->max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq_len ", c.seq_len, " exceeds model '",
+                                                   c.model, "' max_seq_len ",
+                                                   preset->max_seq_len));
+  }
+  // world_size x micro_batches must divide global_batch (>= 1), so it is at most global_batch;
+  // checking that by division first keeps the product from overflowing.
+  const bool fits = c.micro_batches <= c.global_batch / world_size;
+  if (!fits || c.global_batch % (static_cast<int64_t>(world_size) * c.micro_batches) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global_batch ", c.global_batch, " is not divisible by world size ", world_size,
+        " x --micro_batches ", c.micro_batches,
+        fits ? absl::StrCat(" = ", static_cast<int64_t>(world_size) * c.micro_batches)
+             : std::string(" (the product exceeds --global_batch)")));
+  }
+  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
+  }
+  if (c.vocab_size < 0 || c.vocab_size > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_size must be 0 (the data's or the preset's) or in [1, 2^31], got ",
+                     c.vocab_size));
+  }
+  if (c.eod_token < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eod_token must be a token id (>= 0) or -1 (the data's, if any), got ", c.eod_token));
+  }
+  if (!(c.eval_fraction > 0 && c.eval_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_fraction must be in (0, 1), got ", c.eval_fraction));
+  }
+  for (auto [field, value] : {std::pair<const char*, double>{"lr", c.lr}, {"muon_lr", c.muon_lr}}) {
+    if (!(value > 0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be > 0, got ", value));
+    }
+  }
+  if (std::isnan(c.max_grad_norm)) {
+    // Every comparison with NaN is false: the optimizers would silently not clip.
+    return absl::InvalidArgumentError("--max_grad_norm must be a number (<= 0 disables), got nan");
+  }
+  for (auto [field, value] : {std::pair<const char*, double>{"weight_decay", c.weight_decay},
+                              {"muon_weight_decay", c.muon_weight_decay}}) {
+    if (!(value >= 0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// "max_persistent_bytes":N,"max_peak_transient_bytes":N,"memory":[{"rank":0,...},...].
+std::string MemoryJson(const std::vector<RankMemory>& memory) {
+  int64_t max_persistent = 0, max_transient = 0;
+  std::vector<std::string> ranks;
+  for (size_t r = 0; r < memory.size(); ++r) {
+    const RankMemory& m = memory[r];
+    max_persistent = std::max(max_persistent, m.persistent_bytes());
+    max_transient = std::max(max_transient, m.peak_transient_bytes);
+    ranks.push_back(absl::StrFormat(
+        "{\"rank\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,\"optimizer_state_bytes\":%d,"
+        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d}",
+        r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes,
+        m.max_rss_bytes));
+  }
+  return absl::StrFormat(
+      "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]", max_persistent,
+      max_transient, absl::StrJoin(ranks, ","));
+}
+
+}  // namespace
+
+std::string TrainSummary::ToJson() const {
+  // %.17g round-trips doubles; the strings are fixed identifiers (no escaping needed).
+  return absl::StrFormat(
+      "{\"steps\":%d,\"initial_loss\":%.6f,\"final_loss\":%.6f,\"initial_eval_loss\":%.6f,"
+      "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
+      "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
+      "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
+      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,"
+      "\"comm_bytes_per_step\":%d,\"wire_bytes_per_step\":%d,\"param_gather_wait_s\":%.6f,"
+      "\"grad_sync_wait_s\":%.6f,\"exposed_comm_s\":%.6f,\"rank_skew_s\":%.6f,"
+      "\"step_s\":%.6f,\"forward_s\":%.6f,\"backward_s\":%.6f,\"optimizer_s\":%.6f,"
+      "\"cpu_s_per_step\":%.6f,\"param_buffer_bytes\":%d,%s%s}",
+      steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
+      elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
+      checksum_checks, failed_saves, stop_signal, param_checksum, comm_bytes_per_step,
+      wire_bytes_per_step,
+      param_gather_wait_s, grad_sync_wait_s, exposed_comm_s, rank_skew_s, step_s, forward_s, backward_s, optimizer_s,
+      cpu_s_per_step, param_buffer_bytes,
+      (params_norm >= 0 ? absl::StrFormat("\"params_norm\":%.9g,", params_norm) : "") +
+          (num_zeros_in_grad >= 0
+               ? absl::StrFormat("\"num_zeros_in_grad\":%d,", num_zeros_in_grad)
+               : ""),
+      MemoryJson(memory));
+}
+
+bool GramNewtonSchulz(const TrainerConfig& config) {
+  return config.muon_ns_form == "gram" ||
+         (config.muon_ns_form == "auto" && config.muon_ns_dtype == "fp32");
+}
+
+std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {
+  std::vector<std::string> out;
+  for (absl::string_view p : absl::StrSplit(config.no_weight_decay, ',')) {
+    p = absl::StripAsciiWhitespace(p);
+    if (!p.empty()) out.emplace_back(p);
+  }
+  return out;
+}
+
+void ResolveResumeAuto(TrainerConfig* config) {
+  if (config->resume != "auto" || config->save_dir.empty()) return;  // validation names the latter
+  std::error_code ec;
+  config->resume =
+      std::filesystem::exists(config->save_dir + "/latest", ec) && !ec ? "true" : "false";
+}
+
+}  // namespace orthoshard::integration

@@ -1,0 +1,229 @@
+// TrainerConfig: text-format config, validation messages and the summary's JSON.
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integration/config/pretrain_config.pb.h"
+#include "integration/config/trainer_config.h"
+
+namespace orthoshard::integration {
+namespace {
+
+// protobuf's cpp_type_name() of the field type that holds a C++ `T`.
+template <typename T>
+std::string CppTypeName();
+template <>
+std::string CppTypeName<std::string>() { return "string"; }
+template <>
+std::string CppTypeName<int64_t>() { return "int64"; }
+template <>
+std::string CppTypeName<int>() { return "int32"; }
+template <>
+std::string CppTypeName<uint64_t>() { return "uint64"; }
+template <>
+std::string CppTypeName<double>() { return "double"; }
+template <>
+std::string CppTypeName<bool>() { return "bool"; }
+
+using ::orthoshard::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(TrainerConfig, TextProtoSetsOnlyTheFieldsItNames) {
+  TrainerConfig config;
+  ASSERT_OK(ApplyConfigText("steps: 7\nmodel: \"small\"\nlr: 0.5\nresume: \"false\"\n", "c", &config));
+  EXPECT_EQ(config.steps, 7);
+  EXPECT_EQ(config.model, "small");
+  EXPECT_EQ(config.lr, 0.5);
+  EXPECT_EQ(config.data, TrainerConfig().data);
+  EXPECT_EQ(config.global_batch, TrainerConfig().global_batch);
+}
+
+TEST(TrainerConfig, TextProtoErrorsNameTheFileAndPosition) {
+  TrainerConfig config;
+  EXPECT_THAT(ApplyConfigText("steps: 7\nstepz: 3\n", "run.textproto", &config),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("config 'run.textproto': 2:")));
+  EXPECT_THAT(ApplyConfigText("steps: \"x\"\n", "c", &config),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config 'c': 1:")));
+}
+
+TEST(TrainerConfig, ValidationNamesTheField) {
+  TrainerConfig config;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.steps = 0;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--steps must be >= 1, got 0")));
+  config = TrainerConfig();
+  config.global_batch = 30;
+  config.micro_batches = 4;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--global_batch 30 is not divisible by world size 2 x "
+                                 "--micro_batches 4 = 8")));
+  config = TrainerConfig();
+  config.micro_batches = int64_t{1} << 62;  // x 2 ranks overflows int64
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--global_batch 32 is not divisible by world size 2 x "
+                                 "--micro_batches 4611686018427387904 (the product exceeds "
+                                 "--global_batch)")));
+  config = TrainerConfig();
+  config.seq_len = 65;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--seq_len 65 exceeds model 'tiny' max_seq_len 64")));
+  config = TrainerConfig();
+  config.optimizer = "sgd";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected muon or adamw")));
+  config = TrainerConfig();
+  config.min_buckets = -1;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--min_buckets")));
+  config = TrainerConfig();
+  config.max_bucket_padding = 1.5;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_bucket_padding 1.5: expected a fraction in [0, 1]")));
+  config = TrainerConfig();
+  config.muon_ns_form = "gram";  // with the default bf16 iteration
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got bf16)")));
+  config.muon_ns_dtype = "fp32";
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.muon_ns_form = "polar";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--muon_ns_form 'polar': expected auto, direct or gram")));
+  // auto: the Gram form for the fp32 iteration only.
+  config = TrainerConfig();
+  EXPECT_FALSE(GramNewtonSchulz(config));  // bf16
+  config.muon_ns_dtype = "fp32";
+  EXPECT_TRUE(GramNewtonSchulz(config));
+  config.muon_ns_form = "direct";
+  EXPECT_FALSE(GramNewtonSchulz(config));
+  config = TrainerConfig();
+  config.model = "huge";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
+}
+
+TEST(TrainerConfig, NanMaxGradNormIsRejected) {
+  TrainerConfig config;
+  ASSERT_OK(ApplyConfigText("max_grad_norm: nan\n", "c", &config));
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_grad_norm must be a number (<= 0 disables), got nan")));
+  config.max_grad_norm = 0;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+}
+
+TEST(TrainerConfig, DistModes) {
+  TrainerConfig config;
+  config.dist = "layerwise";
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.dist = "distopt";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--dist=distopt shards every param at element level, but Muon "
+                                 "needs whole matrices")));
+  config.optimizer = "adamw";
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.dist = "mesh";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected replicated, layerwise, distopt or fsdp")));
+}
+
+TEST(TrainerConfig, DeviceIsCpuOrCuda) {
+  TrainerConfig config;
+  config.device = "cuda";  // whether this build and machine have one is pretrain's check
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.device = "tpu";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--device 'tpu': expected cpu or cuda")));
+}
+
+TEST(TrainerConfig, CheckpointFlagsAreChecked) {
+  TrainerConfig config;
+  config.resume = "true";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--resume needs --save_dir")));
+  config.save_dir = "/tmp/x";
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.dist = "replicated";  // every mode saves and resumes
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config = TrainerConfig();
+  config.save_every = 5;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--save_every needs --save_dir")));
+  config = TrainerConfig();
+  config.stop_after = config.steps + 1;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--stop_after 301 exceeds --steps 300")));
+}
+
+TEST(TrainerConfig, SaveFailurePolicy) {
+  TrainerConfig config;
+  EXPECT_EQ(config.on_save_failure, "stop");
+  ASSERT_OK(ApplyConfigText("on_save_failure: \"continue\"\nmax_consecutive_failed_saves: 0\n", "c",
+                            &config));
+  EXPECT_EQ(config.on_save_failure, "continue");
+  EXPECT_EQ(config.max_consecutive_failed_saves, 0);
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.on_save_failure = "retry";
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--on_save_failure 'retry': expected stop or continue")));
+  config = TrainerConfig();
+  config.max_consecutive_failed_saves = -1;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_consecutive_failed_saves must be >= 0")));
+}
+
+TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
+  TrainSummary s;
+  s.steps = 3;
+  s.initial_loss = 5.5;
+  s.final_loss = 1.25;
+  s.dist = "replicated";
+  s.world_size = 2;
+  const std::string json = s.ToJson();
+  EXPECT_THAT(json, HasSubstr("\"steps\":3,"));
+  EXPECT_THAT(json, HasSubstr("\"initial_loss\":5.500000,"));
+  EXPECT_THAT(json, HasSubstr("\"final_loss\":1.250000,"));
+  EXPECT_THAT(json, HasSubstr("\"world_size\":2,"));
+  EXPECT_THAT(json, HasSubstr("\"dist\":\"replicated\""));
+  EXPECT_THAT(json, HasSubstr("\"failed_saves\":0,"));
+  s.failed_saves = 2;
+  EXPECT_THAT(s.ToJson(), HasSubstr("\"failed_saves\":2,"));
+  EXPECT_THAT(json, HasSubstr("\"stop_signal\":0,"));
+  s.stop_signal = 15;
+  EXPECT_THAT(s.ToJson(), HasSubstr("\"stop_signal\":15,"));
+  for (const char* key : {"eval_loss", "tokens_per_s", "exposed_comm_s", "rank_skew_s"}) {
+    EXPECT_THAT(json, HasSubstr(std::string("\"") + key + "\":"));
+  }
+  EXPECT_EQ(json.front(), '{');
+  EXPECT_EQ(json.back(), '}');
+}
+
+// The field table (trainer_config_fields.h) and PretrainConfig name the same fields with matching
+// types, so the text-format config can set every field and nothing else.
+TEST(TrainerConfig, TheFieldTableMatchesTheProto) {
+  const google::protobuf::Descriptor* d = PretrainConfig::descriptor();
+  int fields = 0;
+#define ORTHOSHARD_CHECK_FIELD(type, name, default_value, help)                                 \
+  {                                                                                             \
+    ++fields;                                                                                   \
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(#name);                     \
+    ASSERT_NE(f, nullptr) << "PretrainConfig has no field " #name;                              \
+    EXPECT_EQ(std::string(f->cpp_type_name()), CppTypeName<type>()) << #name;                   \
+  }
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_FIELD)
+#undef ORTHOSHARD_CHECK_FIELD
+  EXPECT_EQ(d->field_count(), fields) << "PretrainConfig has fields the table does not list";
+}
+
+}  // namespace
+}  // namespace orthoshard::integration

@@ -1,0 +1,151 @@
+// GptConfig presets and validation (gpt_config.h).
+#include "model/gpt_config.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::model {
+namespace {
+
+absl::Status Positive(absl::string_view what, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("GptConfig: ", what, " must be > 0, got ", value));
+}
+
+}  // namespace
+
+absl::StatusOr<GptConfig> GptPreset(absl::string_view name) {
+  GptConfig c;
+  if (name == "tiny") return c;
+  if (name == "small") {
+    c.num_layers = 4;
+    c.hidden = 256;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.ffn_hidden = 704;
+    c.max_seq_len = 256;
+    return c;
+  }
+  if (name == "gpt2-124m") {
+    c.vocab_size = 50304;
+    c.max_seq_len = 1024;
+    c.num_layers = 12;
+    c.hidden = 768;
+    c.num_heads = 12;
+    c.num_kv_heads = 12;
+    c.ffn_hidden = 2048;
+    return c;
+  }
+  if (name == "tinyllama-1.1b") {
+    c.vocab_size = 32000;
+    c.max_seq_len = 2048;
+    c.num_layers = 22;
+    c.hidden = 2048;
+    c.num_heads = 32;
+    c.num_kv_heads = 4;
+    c.ffn_hidden = 5632;
+    c.tie_embeddings = false;
+    return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model preset '", name, "'; expected one of tiny, small, gpt2-124m, tinyllama-1.1b"));
+}
+
+absl::Status ValidateConfig(const GptConfig& c) {
+  RETURN_IF_ERROR(Positive("vocab_size", c.vocab_size));
+  RETURN_IF_ERROR(Positive("max_seq_len", c.max_seq_len));
+  RETURN_IF_ERROR(Positive("num_layers", c.num_layers));
+  RETURN_IF_ERROR(Positive("hidden", c.hidden));
+  RETURN_IF_ERROR(Positive("num_heads", c.num_heads));
+  RETURN_IF_ERROR(Positive("num_kv_heads", c.num_kv_heads));
+  RETURN_IF_ERROR(Positive("ffn_hidden", c.ffn_hidden));
+  if (c.hidden % c.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GptConfig: hidden ", c.hidden,
+                                                   " is not divisible by num_heads ", c.num_heads));
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GptConfig: num_heads ", c.num_heads,
+                                                   " is not divisible by num_kv_heads ",
+                                                   c.num_kv_heads));
+  }
+  if ((c.hidden / c.num_heads) % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptConfig: head_dim ", c.hidden / c.num_heads, " must be even for rotary embeddings"));
+  }
+  if (!(c.rope_theta > 0) || !(c.norm_eps > 0) || !(c.init_std > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptConfig: rope_theta, norm_eps and init_std must be > 0, got ", c.rope_theta, ", ",
+        c.norm_eps, ", ", c.init_std));
+  }
+  return absl::OkStatus();
+}
+
+int64_t GptHiddenMatrixCount(const GptConfig& c) {
+  const int64_t C = c.hidden, F = c.ffn_hidden;
+  const int64_t D = C / c.num_heads;
+  return c.num_layers *
+         ((c.num_heads + 2 * c.num_kv_heads) * D * C + C * c.num_heads * D + 2 * F * C + C * F);
+}
+
+int64_t GptParamCount(const GptConfig& c) {
+  const int64_t C = c.hidden, V = c.vocab_size;
+  return V * C + GptHiddenMatrixCount(c) + c.num_layers * 2 * C + C +
+         (c.tie_embeddings ? 0 : V * C);
+}
+
+std::string FormatSavedModel(const SavedModel& saved) {
+  const absl::StatusOr<GptConfig> preset = GptPreset(saved.preset);
+  return absl::StrCat(
+      "model=", saved.preset, " seq_len=", saved.seq_len,
+      preset.ok() && preset->vocab_size == saved.config.vocab_size
+          ? ""
+          : absl::StrCat(" vocab=", saved.config.vocab_size),
+      saved.precision == "fp32" ? "" : absl::StrCat(" precision=", saved.precision),
+      saved.documents.empty() ? "" : absl::StrCat(" documents=", saved.documents));
+}
+
+absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
+  SavedModel saved;
+  int64_t vocab = 0;
+  bool have_model = false, have_seq_len = false;
+  for (absl::string_view field : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(field, '=');
+    bool ok = !kv.second.empty();
+    if (kv.first == "model") {
+      saved.preset = std::string(kv.second);
+      have_model = ok;
+    } else if (kv.first == "seq_len") {
+      ok = ok && absl::SimpleAtoi(kv.second, &saved.seq_len) && saved.seq_len > 0;
+      have_seq_len = ok;
+    } else if (kv.first == "vocab") {
+      ok = ok && absl::SimpleAtoi(kv.second, &vocab) && vocab > 0;
+    } else if (kv.first == "documents") {
+      saved.documents = std::string(kv.second);
+      ok = ok && absl::StartsWith(saved.documents, "eod");
+    } else if (kv.first == "precision") {
+      saved.precision = std::string(kv.second);
+      ok = ok && (saved.precision == "fp32" || saved.precision == "bf16");
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("saved model config \"", text,
+                                                     "\": unknown or malformed field \"", field,
+                                                     "\""));
+    }
+  }
+  if (!have_model || !have_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saved model config \"", text, "\": expected model=<preset> and seq_len=<tokens>"));
+  }
+  ASSIGN_OR_RETURN(saved.config, GptPreset(saved.preset));
+  if (vocab > 0) saved.config.vocab_size = vocab;
+  return saved;
+}
+
+}  // namespace orthoshard::model

@@ -1,0 +1,380 @@
+#include "model/model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/silu_backward.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace orthoshard::model {
+namespace {
+
+std::string ShapeString(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+// Checks ids [B, T] are int64 and in [0, vocab) (or kIgnoredTarget when allowed).
+absl::Status CheckIds(absl::string_view what, const at::Tensor& ids, int64_t vocab,
+                      int64_t max_seq_len, bool allow_ignored = false) {
+  if (!ids.defined() || ids.dim() != 2 || ids.scalar_type() != at::kLong) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gpt: ", what, " must be an int64 tensor [batch, seq], got ",
+        ids.defined() ? absl::StrCat(c10::toString(ids.scalar_type()), " ", ShapeString(ids))
+                      : std::string("an undefined tensor")));
+  }
+  if (ids.size(0) < 1 || ids.size(1) < 1 || ids.size(1) > max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("Gpt: ", what, " shape ", ShapeString(ids),
+                                                   " needs batch >= 1 and 1 <= seq <= ",
+                                                   max_seq_len));
+  }
+  const int64_t lo =
+      allow_ignored ? ids.masked_fill(ids.eq(kIgnoredTarget), 0).min().item<int64_t>()
+                    : ids.min().item<int64_t>();
+  const int64_t hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("Gpt: ", what, " ids must be in [0, ", vocab,
+                                                   "), got range [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* ParamKindName(ParamKind kind) {
+  switch (kind) {
+    case ParamKind::kEmbedding: return "embedding";
+    case ParamKind::kHidden: return "hidden";
+    case ParamKind::kNorm: return "norm";
+    case ParamKind::kOutput: return "output";
+  }
+  return "?";
+}
+
+void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::ScalarType dtype,
+                  at::Tensor* cos, at::Tensor* sin) {
+  const int64_t half = head_dim / 2;
+  std::vector<double> c(max_seq_len * half), s(max_seq_len * half);
+  for (int64_t t = 0; t < max_seq_len; ++t) {
+    for (int64_t j = 0; j < half; ++j) {
+      // RoFormer (Su et al. 2021), eq. 15: theta_j = base^(-2j/d).
+      const double angle = static_cast<double>(t) *
+                           std::pow(theta, -2.0 * static_cast<double>(j) / head_dim);
+      c[t * half + j] = std::cos(angle);
+      s[t * half + j] = std::sin(angle);
+    }
+  }
+  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  *cos = at::from_blob(c.data(), {max_seq_len, half}, opts).clone().to(dtype);  // own the data
+  *sin = at::from_blob(s.data(), {max_seq_len, half}, opts).clone().to(dtype);
+}
+
+// SiLU(m Wg^T) * (m Wu^T) for fc1 = [Wg; Wu] ([2F, C], gate rows then up rows): fc1's matrix product
+// and the SwiGLU in one autograd function. The forward runs gate and up as two products with the
+// contiguous row halves of fc1, as a model with separate gate and up Linears does: on a CPU with a
+// 1 MB L2 the [.., 2F] product of `small` (a 1.4 MB weight) ran at 56 GFLOP/s where the halves'
+// products run at 64 (bench/trace_ops.py). The backward writes both halves' gradients into one
+// [.., 2F] tensor with the element-wise ops autograd would run for silu(gate) * up (MulBackward:
+// da * up and da * silu(gate); SiluBackward: silu_backward), then takes fc1's and the input's
+// gradients as one product each, exactly as at::linear's backward over the fused output (splitting
+// those into halves too was slower: two more products and an add). Measured against at::linear +
+// a SwiGLU over narrowed halves of its output (`small`, distopt AdamW, 2 ranks x 4 x 256 tokens,
+// 7 A/B pairs in both orders): forward ~15 ms (10%) shorter per step, CPU per step 1-13% less in
+// all 7, the same loss.
+// The forward is the same per-element reductions (only the products' N is split), the backward
+// the same ops.
+struct GatedMlpIn : public torch::autograd::Function<GatedMlpIn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& m,
+                            const at::Tensor& fc1) {
+    const int64_t f = fc1.size(0) / 2;
+    const at::Tensor m2 = m.reshape({-1, m.size(-1)});
+    const at::Tensor gate = at::mm(m2, fc1.narrow(0, 0, f).t());
+    const at::Tensor up = at::mm(m2, fc1.narrow(0, f, f).t());
+    const at::Tensor activated = at::silu(gate);
+    ctx->save_for_backward({m2, fc1, gate, up, activated});
+    ctx->saved_data["m_sizes"] = m.sizes().vec();
+    std::vector<int64_t> out_sizes = m.sizes().vec();
+    out_sizes.back() = f;
+    return (activated * up).view(out_sizes);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& m2 = saved[0];
+    const at::Tensor& fc1 = saved[1];
+    const at::Tensor& gate = saved[2];
+    const at::Tensor& up = saved[3];
+    const at::Tensor& activated = saved[4];
+    const int64_t f = fc1.size(0) / 2;
+    const at::Tensor da = grads[0].reshape({-1, f});
+    at::Tensor d = at::empty({da.size(0), 2 * f}, da.options());
+    at::Tensor d_gate = d.narrow(1, 0, f), d_up = d.narrow(1, f, f);
+    at::mul_out(d_up, da, activated);
+    at::silu_backward_out(d_gate, da * up, gate);
+    at::Tensor d_m, d_fc1;
+    if (ctx->needs_input_grad(0)) {
+      d_m = at::mm(d, fc1).view(ctx->saved_data["m_sizes"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) d_fc1 = at::mm(d.t(), m2);
+    return {d_m, d_fc1};
+  }
+};
+
+at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t t = x.size(-2);
+  const int64_t half = x.size(-1) / 2;
+  // Tables: [T, D/2], broadcast over [B, N]; per-token rows: [B, 1, T, D/2], broadcast over N.
+  const at::Tensor c = cos.dim() == 2 ? cos.narrow(0, 0, t) : cos;
+  const at::Tensor s = sin.dim() == 2 ? sin.narrow(0, 0, t) : sin;
+  // split, not two narrows: its backward concatenates the halves' grads, where a narrow's
+  // backward zero-fills a tensor of x's size for each half and adds them (see Block).
+  const std::vector<at::Tensor> halves = x.split(half, -1);
+  const at::Tensor& x1 = halves[0];
+  const at::Tensor& x2 = halves[1];
+  const at::Tensor parts[] = {x1 * c - x2 * s, x1 * s + x2 * c};
+  return at::cat(at::TensorList(parts), -1);
+}
+
+absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::ScalarType dtype,
+                                             at::Device device) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kDouble) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gpt: param dtype must be float, bfloat16 or double, got ", c10::toString(dtype)));
+  }
+  try {
+    Gpt model;
+    model.config_ = config;
+    const int64_t C = config.hidden, V = config.vocab_size, F = config.ffn_hidden;
+    const int64_t H = config.num_heads, KV = config.num_kv_heads, D = C / H;
+    const int L = static_cast<int>(config.num_layers);
+    const double residual_std = config.init_std / std::sqrt(2.0 * L);
+
+    // Uninitialised memory: nothing is written (or, for large params, even committed) until the
+    // values arrive.
+    auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
+                   double std, FusedSplit split = {}) {
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
+      t.set_requires_grad(true);
+      model.params_.push_back({std::move(name), t, kind, layer, std::move(split)});
+      model.init_std_.push_back(std);
+      return t;
+    };
+
+    model.embedding_ = add("embedding.weight", {V, C}, ParamKind::kEmbedding, 0, config.init_std);
+    for (int i = 0; i < L; ++i) {
+      const std::string p = absl::StrCat("layers.", i, ".");
+      Layer layer;
+      layer.attn_norm = add(p + "attn_norm.weight", {C}, ParamKind::kNorm, i + 1, 0);
+      layer.qkv = add(p + "attn.qkv.weight", {(H + 2 * KV) * D, C}, ParamKind::kHidden, i + 1,
+                      config.init_std, FusedSplit{KV, {H / KV * D, D, D}});
+      layer.proj = add(p + "attn.proj.weight", {C, H * D}, ParamKind::kHidden, i + 1, residual_std);
+      layer.mlp_norm = add(p + "mlp_norm.weight", {C}, ParamKind::kNorm, i + 1, 0);
+      layer.fc1 = add(p + "mlp.fc1.weight", {2 * F, C}, ParamKind::kHidden, i + 1,
+                      config.init_std, FusedSplit{1, {F, F}});
+      layer.fc2 = add(p + "mlp.fc2.weight", {C, F}, ParamKind::kHidden, i + 1, residual_std);
+      model.layers_.push_back(std::move(layer));
+    }
+    model.final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0);
+    if (config.tie_embeddings) {
+      model.output_ = model.embedding_;
+      model.params_.front().also_read_by = {L + 1};
+    } else {
+      model.output_ =
+          add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1, config.init_std);
+    }
+    RotaryTables(config.max_seq_len, D, config.rope_theta, dtype, &model.rope_cos_,
+                 &model.rope_sin_);
+    model.rope_cos_ = model.rope_cos_.to(device);
+    model.rope_sin_ = model.rope_sin_.to(device);
+    return model;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status Gpt::ForEachInitialValue(
+    uint64_t seed,
+    const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const {
+  try {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ModelParam& p = params_[i];
+      at::Tensor value;
+      if (p.kind == ParamKind::kNorm) {
+        value = at::ones(p.tensor.sizes(), at::kFloat);
+      } else {
+        value = at::empty(p.tensor.sizes(), at::kFloat);
+        value.normal_(0.0, init_std_[i], gen);
+      }
+      RETURN_IF_ERROR(fn(static_cast<int>(i), value));
+    }
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::ScalarType dtype,
+                                at::Device device) {
+  ASSIGN_OR_RETURN(Gpt model, CreateUninitialized(config, dtype, device));
+  const std::vector<ModelParam>& params = model.params();
+  RETURN_IF_ERROR(model.ForEachInitialValue(seed, [&](int i, const at::Tensor& value) {
+    at::NoGradGuard no_grad;
+    params[i].tensor.copy_(value);
+    return absl::OkStatus();
+  }));
+  return model;
+}
+
+int64_t Gpt::num_params() const {
+  int64_t n = 0;
+  for (const ModelParam& p : params_) n += p.tensor.numel();
+  return n;
+}
+
+at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
+                      const AttentionInputs& attention) const {
+  const int64_t B = x.size(0), T = x.size(1), C = config_.hidden;
+  const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = C / H, R = H / KV;
+
+  const at::Tensor h = at::rms_norm(x, {C}, layer.attn_norm, config_.norm_eps);
+  // The fused outputs are taken apart by split, whose backward concatenates the parts' grads into
+  // the fused grad. narrow/select would give the same values, but each one's backward allocates
+  // and zero-fills a tensor of the whole fused output and the parts are then added: on a CPU that
+  // was 10% of backward (pretrain --profile_step_start, `small`), mostly page faults of the fresh
+  // zero tensors.
+  const at::Tensor qkv = at::linear(h, layer.qkv).view({B, T, KV, R + 2, D});
+  const std::vector<at::Tensor> qkv_parts = qkv.split_with_sizes({R, 1, 1}, 3);
+  at::Tensor q = qkv_parts[0].reshape({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+  at::Tensor k = qkv_parts[1].squeeze(3).transpose(1, 2);             // [B, KV, T, D]
+  const at::Tensor v = qkv_parts[2].squeeze(3).transpose(1, 2);       // [B, KV, T, D]
+  q = ApplyRotary(q, attention.cos, attention.sin);
+  k = ApplyRotary(k, attention.cos, attention.sin);
+  // A document mask replaces the causal flag (it is causal itself); ATen's CPU flash kernel takes
+  // either at about the same speed (8 x 8 heads x 256 x 32, forward + backward: 49 vs 51 ms).
+  // Grouped-query attention by the kernel (enable_gqa: query head h reads KV head h / R, as
+  // repeating each KV head R times would give) rather than materialising the repeated K and V:
+  // that was a copy of each in forward and a sum over the R copies of their gradients in backward.
+  const bool masked = attention.mask.defined();
+  const at::Tensor y = at::scaled_dot_product_attention(
+      q, k, v, masked ? std::optional<at::Tensor>(attention.mask) : std::nullopt,
+      /*dropout_p=*/0.0, /*is_causal=*/!masked, /*scale=*/std::nullopt, /*enable_gqa=*/R > 1);
+  const at::Tensor x1 = x + at::linear(y.transpose(1, 2).reshape({B, T, H * D}), layer.proj);
+
+  const at::Tensor m = at::rms_norm(x1, {C}, layer.mlp_norm, config_.norm_eps);
+  const at::Tensor a = GatedMlpIn::apply(m, layer.fc1);  // [B, T, F]
+  return x1 + at::linear(a, layer.fc2);
+}
+
+at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const {
+  AttentionInputs attention{rope_cos_, rope_sin_, at::Tensor()};
+  if (documents != nullptr) {
+    const int64_t B = tokens.size(0), T = tokens.size(1);
+    const int64_t half = rope_cos_.size(1);
+    const at::Tensor flat = documents->positions.reshape({-1});
+    attention.cos = rope_cos_.index_select(0, flat).view({B, 1, T, half});
+    attention.sin = rope_sin_.index_select(0, flat).view({B, 1, T, half});
+    // May attend: same document and not later. [B, 1, T, T]
+    const at::Tensor& seg = documents->segments;
+    attention.mask = seg.unsqueeze(2).eq(seg.unsqueeze(1))
+                         .logical_and_(at::ones({T, T}, seg.options().dtype(at::kBool)).tril_())
+                         .unsqueeze(1);
+  }
+  Enter(0);
+  at::Tensor x = at::embedding(embedding_, tokens);  // [B, T, C]
+  Leave(0, x);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int layer = static_cast<int>(i) + 1;
+    Enter(layer);
+    x = Block(layers_[i], x, attention);
+    Leave(layer, x);
+  }
+  const int head = static_cast<int>(layers_.size()) + 1;
+  Enter(head);
+  x = at::rms_norm(x, {config_.hidden}, final_norm_, config_.norm_eps);
+  const at::Tensor logits = at::linear(x, output_);  // [B, T, V]
+  Leave(head, logits);
+  return logits;
+}
+
+absl::Status Gpt::CheckDocuments(const at::Tensor& tokens, const Documents& documents) const {
+  for (const auto& [what, t] : {std::pair<const char*, const at::Tensor*>{"segments", &documents.segments},
+                                {"positions", &documents.positions}}) {
+    if (!t->defined() || t->scalar_type() != at::kLong || !t->sizes().equals(tokens.sizes()) ||
+        t->device() != tokens.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Gpt: documents' ", what, " must be an int64 tensor of the tokens' shape ",
+          ShapeString(tokens), " on their device, got ",
+          t->defined() ? absl::StrCat(c10::toString(t->scalar_type()), " ", ShapeString(*t))
+                       : std::string("an undefined tensor")));
+    }
+  }
+  const int64_t T = tokens.size(1);
+  const int64_t lo = documents.positions.min().item<int64_t>();
+  const int64_t hi = documents.positions.max().item<int64_t>();
+  if (lo < 0 || hi >= T) {
+    return absl::InvalidArgumentError(absl::StrCat("Gpt: documents' positions must be in [0, ", T,
+                                                   "), got range [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Gpt::Forward(const at::Tensor& tokens, const Documents* documents) const {
+  try {
+    RETURN_IF_ERROR(CheckIds("tokens", tokens, config_.vocab_size, config_.max_seq_len));
+    if (documents != nullptr) RETURN_IF_ERROR(CheckDocuments(tokens, *documents));
+    return ForwardUnchecked(tokens, documents);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<at::Tensor> Gpt::Loss(const at::Tensor& tokens, const at::Tensor& targets,
+                                     const Documents* documents, LossReduction reduction) const {
+  try {
+    RETURN_IF_ERROR(CheckIds("tokens", tokens, config_.vocab_size, config_.max_seq_len));
+    RETURN_IF_ERROR(CheckIds("targets", targets, config_.vocab_size, config_.max_seq_len,
+                             /*allow_ignored=*/true));
+    if (!targets.sizes().equals(tokens.sizes())) {
+      return absl::InvalidArgumentError(absl::StrCat("Gpt: targets shape ", ShapeString(targets),
+                                                     " differs from tokens shape ",
+                                                     ShapeString(tokens)));
+    }
+    if (documents != nullptr) RETURN_IF_ERROR(CheckDocuments(tokens, *documents));
+    at::Tensor logits = ForwardUnchecked(tokens, documents);
+    // Mixed precision: log-softmax and the mean over tokens in fp32 (the cast's backward rounds
+    // the logits' gradient back to bf16).
+    if (logits.scalar_type() == at::kBFloat16) logits = logits.to(at::kFloat);
+    return at::cross_entropy_loss(
+        logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
+        reduction == LossReduction::kSum ? at::Reduction::Sum : at::Reduction::Mean,
+        /*ignore_index=*/kIgnoredTarget);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace orthoshard::model

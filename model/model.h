@@ -1,0 +1,193 @@
+// A GPT decoder on LibTorch, written with plain ATen ops over leaf tensors (no torch::nn; one custom
+// autograd function, SwiGLU over the fused gate/up output, so its backward fills one gradient).
+//
+//   tokens [B, T] -> embedding -> L x Block -> final RMSNorm -> output head -> logits [B, T, V]
+//   Block(x):  x = x + Proj(Attention(Rotary(QKV(RMSNorm(x)))))      causal, grouped-query
+//              x = x + Down(SiLU(Gate(RMSNorm(x))) * Up(RMSNorm(x)))  SwiGLU
+//
+// Mixed precision: with bf16 params the activations are bf16 too, and the numerically sensitive
+// parts run in fp32 as mixed-precision training does: ATen's bf16 RMSNorm and CPU/CUDA attention
+// accumulate in fp32 and round once at the end (model_test checks the RMSNorm claim on the
+// machine), and the loss is the cross entropy of the logits cast to fp32. The rotary tables are in
+// the params' dtype (as Megatron-LM casts cos/sin to the activations' dtype).
+//
+// Params are fp32 (bf16 for mixed precision, fp64 for gradient checks) leaves with requires_grad,
+// listed in a fixed order with a role (for optimizer routing) and, for fused weights, a split into
+// logical blocks (for Muon):
+//   embedding.weight                [V, C]                          embedding
+//   layers.{i}.attn_norm.weight     [C]                             norm
+//   layers.{i}.attn.qkv.weight      [(H + 2*KV) * D, C]             hidden; KV groups of {H/KV*D,
+//   D, D} layers.{i}.attn.proj.weight     [C, H * D]                      hidden
+//   layers.{i}.mlp_norm.weight      [C]                             norm
+//   layers.{i}.mlp.fc1.weight       [2 * F, C]                      hidden; 1 group of {F, F}
+//   (gate, up) layers.{i}.mlp.fc2.weight       [C, F]                          hidden
+//   final_norm.weight               [C]                             norm
+//   output_layer.weight             [V, C]                          output (absent when tied)
+// The fused QKV rows are ordered per query group g (Megatron's layout): the H/KV query heads of the
+// group, then its key head, then its value head, each D rows. Query head h uses group h / (H/KV).
+//
+// Layer hooks (for a data-parallel wrapper that gathers sharded params layer by layer, ddp/'s
+// LayerHooks): the forward runs "forward layers" in order, 0 = embedding, 1..L = blocks, L + 1 =
+// head (final norm and output projection). When hooks are set, Forward calls, for each forward
+// layer i = 0, 1, ..., L + 1 in that order, on the calling thread: pre_forward(i) before any param
+// of layer i is read, and post_forward(i, output) once every read of the params layer i reads has
+// been issued, with the layer's output (embedding: [B, T, C]; block: [B, T, C]; head: the logits
+// [B, T, V]), from whose gradient all of layer i's backward follows. Each param's `layer` says
+// which forward layer owns it and `also_read_by` which others read it: with tied embeddings the
+// head reads embedding.weight too, so a wrapper that releases gathered params after their last
+// reader keeps it until post_forward(L + 1). Hooks must not throw; they may block (e.g. on an
+// all-gather).
+#ifndef ORTHOSHARD_MODEL_MODEL_H_
+#define ORTHOSHARD_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "model/gpt_config.h"
+
+namespace orthoshard::model {
+
+// What a param is, for optimizer routing: Muon takes kHidden; AdamW takes the rest.
+enum class ParamKind { kEmbedding, kHidden, kNorm, kOutput };
+const char* ParamKindName(ParamKind kind);
+
+// The logical blocks of a fused 2-D weight: num_groups repetitions of block_rows (rows of each
+// block in order); sum(block_rows) * num_groups == rows. Same meaning as optimizers::FusedSplit.
+struct FusedSplit {
+  int64_t num_groups = 1;
+  std::vector<int64_t> block_rows;  // empty: the whole matrix is one block
+};
+
+struct ModelParam {
+  std::string name;
+  at::Tensor tensor;  // the leaf (requires_grad); shape as in the file comment
+  ParamKind kind;
+  int layer = 0;      // owning forward layer (0 = embedding, 1..L = blocks, L + 1 = head)
+  FusedSplit split;
+  std::vector<int>
+      also_read_by;  // other forward layers reading it (the head, for a tied embedding)
+};
+
+// Called around each forward layer; see the file comment for the contract. Either may be empty.
+struct LayerHooks {
+  std::function<void(int layer)> pre_forward;
+  std::function<void(int layer, const at::Tensor& output)> post_forward;
+};
+
+// Applies rotary position embeddings to x [B, N, T, D] (D even): each pair (x[..., j],
+// x[..., j + D/2]) at position t is rotated by angle t * theta^(-2j/D) (the "rotate half"
+// convention of GPT-NeoX and Llama). `cos` and `sin` are either [T_max >= T, D/2] tables from
+// RotaryTables (positions 0..T-1) or their rows for each token's own position, [B, 1, T, D/2].
+// Differentiable in x.
+at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The documents inside each row of a batch (DataLoader's MicroBatch::segments/positions): a token
+// attends only to earlier tokens of its own document, and its rotary position counts from its
+// document's start, so each document is computed as if it were alone in its row.
+struct Documents {
+  at::Tensor segments;   // [B, T] int64 on the params' device: document of each token, non-decreasing
+  at::Tensor positions;  // [B, T] int64: position inside the document, in [0, T)
+};
+
+enum class LossReduction { kMean, kSum };
+
+// A target Loss does not count (cross entropy's ignore_index; the loader's kIgnoreTarget).
+inline constexpr int64_t kIgnoredTarget = -100;
+
+// cos/sin tables [max_seq_len, head_dim / 2] in `dtype` (computed in double).
+void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::ScalarType dtype,
+                  at::Tensor* cos, at::Tensor* sin);
+
+class Gpt {
+ public:
+  // Builds a model with params initialised from `seed` alone: the same seed gives bit-identical
+  // params on every machine (ForEachInitialValue's values, cast to `dtype` and copied to
+  // `device`). `dtype` is kFloat, kBFloat16 or kDouble. Errors: as ValidateConfig;
+  // kInvalidArgument for another dtype; kInternal when LibTorch cannot place the params on
+  // `device`.
+  static absl::StatusOr<Gpt> Create(const GptConfig& config, uint64_t seed,
+                                    at::ScalarType dtype = at::kFloat,
+                                    at::Device device = at::kCPU);
+
+  // The same model with uninitialised params (allocated, never written: on the CPU, large ones
+  // take no memory until touched), for a caller that moves the params into its own storage
+  // first (a ZeRO-3 wrapper keeping only a shard of each) and then writes ForEachInitialValue's
+  // values there, so that no process ever holds the whole initialised model. Errors: as Create.
+  static absl::StatusOr<Gpt> CreateUninitialized(const GptConfig& config,
+                                                 at::ScalarType dtype = at::kFloat,
+                                                 at::Device device = at::kCPU);
+
+  // Calls fn(i, value) for every param i in order with its initial value for `seed`: an fp32 CPU
+  // tensor of the param's shape, drawn from one CPU generator in the listed order (normal with
+  // the param's init std; norms are ones), one param at a time. Errors: the first of fn's.
+  absl::Status ForEachInitialValue(
+      uint64_t seed,
+      const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const;
+
+  const GptConfig& config() const { return config_; }
+  // All params, in the order of the file comment. The tensors are shared with the model: updating
+  // them in place (under no-grad) updates the model, and `param.set_data(view)` moves a param into
+  // another storage (e.g. a view of a contiguous param buffer) while autograd keeps its identity.
+  const std::vector<ModelParam>& params() const { return params_; }
+  int64_t num_params() const;  // total elements
+  int num_forward_layers() const { return static_cast<int>(config_.num_layers) + 2; }
+
+  // Installs (or, with empty functions, clears) the layer hooks.
+  void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
+
+  // logits [B, T, V] for tokens [B, T] (int64 on the params' device, 1 <= T <= max_seq_len, ids
+  // in [0, V)); causal attention over each whole row, or within each document when `documents`
+  // is given.
+  // Errors: kInvalidArgument naming the expected vs received shape/dtype/id range (documents'
+  // too); kInternal for a LibTorch error.
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& tokens,
+                                     const Documents* documents = nullptr) const;
+
+  // Next-token cross-entropy (nats) of Forward(tokens, documents) against targets [B, T] (int64
+  // ids, or kIgnoredTarget for a position that is not counted): the mean over the counted
+  // targets, or their sum.
+  // Errors: as Forward, and kInvalidArgument when targets' shape differs or an id is out of range.
+  absl::StatusOr<at::Tensor> Loss(const at::Tensor& tokens, const at::Tensor& targets,
+                                  const Documents* documents = nullptr,
+                                  LossReduction reduction = LossReduction::kMean) const;
+
+ private:
+  struct Layer {
+    at::Tensor attn_norm, qkv, proj, mlp_norm, fc1, fc2;
+  };
+
+  // What every block's attention shares in one forward: the rotary rows and the document mask.
+  struct AttentionInputs {
+    at::Tensor cos, sin;  // RotaryTables, or [B, 1, T, D/2] rows of each token's position
+    at::Tensor mask;      // [B, 1, T, T] bool (true: may attend), or undefined: causal
+  };
+
+  absl::Status CheckDocuments(const at::Tensor& tokens, const Documents& documents) const;
+  at::Tensor ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const;
+  at::Tensor Block(const Layer& layer, const at::Tensor& x, const AttentionInputs& attention) const;
+  void Enter(int layer) const {
+    if (hooks_.pre_forward) hooks_.pre_forward(layer);
+  }
+  void Leave(int layer, const at::Tensor& output) const {
+    if (hooks_.post_forward) hooks_.post_forward(layer, output);
+  }
+
+  GptConfig config_;
+  std::vector<ModelParam> params_;
+  std::vector<double> init_std_;  // parallel to params_ (0 for norms, which start at 1)
+  at::Tensor embedding_, final_norm_, output_;  // output_ aliases embedding_ when tied
+  std::vector<Layer> layers_;
+  at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, D/2]
+  LayerHooks hooks_;
+};
+
+}  // namespace orthoshard::model
+
+#endif  // ORTHOSHARD_MODEL_MODEL_H_

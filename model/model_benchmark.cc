@@ -1,0 +1,106 @@
+// Training-step throughput of the GPT presets on CPU, against a dense-matmul baseline of the same
+// FLOP count measured in the same run: `ratio_vs_matmul` = step time / baseline time, i.e. how far
+// the model's small ops, attention and autograd overhead keep it from the machine's GEMM speed.
+//   bazel run -c opt //model:model_benchmark
+// Single-threaded ATen (at::set_num_threads(1)) throughout.
+#include <chrono>
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+
+#include "benchmark/benchmark.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "model/model.h"
+
+namespace orthoshard::model {
+
+using ::orthoshard::data::TokenDataset;
+using ::orthoshard::data::SyntheticCorpus;
+using ::orthoshard::data::MakeSyntheticCorpus;
+using ::orthoshard::data::LoaderOptions;
+using ::orthoshard::data::DataLoader;
+namespace {
+
+// Forward + backward FLOPs: 6 per matmul weight per token (Kaplan et al. 2020, sec. 2.1) plus the
+// attention score and value products, 12 * L * T * C per token (causal halves it; not counted).
+double StepFlops(const GptConfig& c, int64_t tokens, int64_t seq_len) {
+  double weights = 0;
+  const int64_t D = c.hidden / c.num_heads;
+  weights += static_cast<double>((c.num_heads + 2 * c.num_kv_heads) * D) * c.hidden;  // qkv
+  weights += static_cast<double>(c.hidden) * c.hidden;                                // proj
+  weights += 3.0 * c.ffn_hidden * c.hidden;                                           // fc1, fc2
+  weights = weights * c.num_layers + static_cast<double>(c.vocab_size) * c.hidden;    // + head
+  return 6.0 * weights * tokens + 12.0 * c.num_layers * seq_len * c.hidden * tokens;
+}
+
+// Seconds per [M, K] x [K, N] product with 2*M*K*N ~= flops / 3 (three GEMMs per weight).
+double MatmulBaselineSeconds(double flops) {
+  at::set_num_threads(1);
+  const int64_t m = 1024, k = 256;
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(flops / 3.0 / (2.0 * m * k)));
+  const at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
+  at::mm(a, b);  // warm up
+  const int reps = 5;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) benchmark::DoNotOptimize(at::mm(a, b).data_ptr());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  return 3.0 * seconds;
+}
+
+// One intra-op thread, as each rank of a 2-rank run on 2 cores gets.
+void BM_TrainStep(benchmark::State& state, const char* preset, int64_t batch) {
+  at::set_num_threads(1);
+  GptConfig config = GptPreset(preset).value();
+  Gpt model = Gpt::Create(config, 1).value();
+  const int64_t T = config.max_seq_len;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(2);
+  const at::Tensor tokens =
+      at::randint(config.vocab_size, {batch, T}, gen, at::TensorOptions().dtype(at::kLong));
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    at::Tensor loss = model.Loss(tokens, tokens).value();
+    loss.backward();
+    for (const ModelParam& p : model.params()) p.tensor.mutable_grad().reset();
+  }
+  const double step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      static_cast<double>(state.iterations());
+  const double flops = StepFlops(config, batch * T, T);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(batch * T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["gflops_per_s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["ratio_vs_matmul"] = step_seconds / MatmulBaselineSeconds(flops);
+}
+
+void BM_LoaderStep(benchmark::State& state) {
+  SyntheticCorpus corpus = MakeSyntheticCorpus({1, 1 << 20}).value();
+  auto data = std::make_shared<TokenDataset>(std::move(corpus.data));
+  LoaderOptions options;
+  options.seq_len = 1024;
+  options.micro_batch_size = 8;
+  options.micro_batches = 4;
+  DataLoader loader = DataLoader::Create(data, options).value();
+  for (auto _ : state) benchmark::DoNotOptimize(loader.Next().data());
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(options.seq_len * options.micro_batch_size * options.micro_batches),
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK_CAPTURE(BM_TrainStep, tiny, "tiny", 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_TrainStep, small, "small", 4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LoaderStep)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace orthoshard::model
