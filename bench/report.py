@@ -787,7 +787,7 @@ def main():
         with open(out_path) as f:
             text = rl.merge_sections(f.read(), text, provenance)
     with open(out_path, "w") as f:
-        f.write(text)
+        f.write(rl.wrap_markdown(text))
     print(f"[bench] wrote {out_path}" + (f" and {len(plots)} plot(s) in {plots_dir}" if plots else ""),
           file=sys.stderr)
     return 1 if errors else 0

@@ -656,3 +656,33 @@ def merge_sections(old_text, new_text, provenance):
         at = later[0] if later else (positions[-1] + 1 if positions else len(out))
         out.insert(at, (k, stamped(new[k])))
     return "\n".join(c for _, c in out)
+
+
+# A word that must not begin a wrapped line: at the start of a line Markdown would read it as a
+# list item, heading, quote, table row, setext underline or ordered-list number.
+_NO_BREAK_BEFORE = re.compile(r"^(?:[-+*]|[#>|].*|=+|-+|\d+[.)])$")
+
+
+def wrap_markdown(text, width=100):
+    """`text` with every prose line longer than `width` wrapped at spaces (a list item's
+    continuation lines indented by two), so that the file reads in an editor. Headings, table
+    rows, images, code blocks and lines within `width` are kept as they are; a word longer than
+    `width` stays whole. Rendering is unchanged: Markdown joins a paragraph's lines with spaces."""
+    out, fenced = [], False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if (fenced or len(line) <= width or line.startswith(("#", "|", "![", "```", "    "))):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith(("- ", "* ")) else ""
+        words = re.split(r"(?<=\S) (?=\S)", line)
+        current = words[0]
+        for word in words[1:]:
+            if len(current) + 1 + len(word) > width and not _NO_BREAK_BEFORE.match(word):
+                out.append(current)
+                current = indent + word
+            else:
+                current += " " + word
+        out.append(current)
+    return "\n".join(out)

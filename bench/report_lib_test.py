@@ -3,6 +3,7 @@ print) and the Markdown tables rendered from it. Runs no benchmark."""
 
 import json
 import os
+import re
 import sys
 import unittest
 
@@ -396,6 +397,37 @@ class MergeSectionsTest(unittest.TestCase):
 
     def test_without_an_old_report_the_new_one(self):
         self.assertEqual(rl.merge_sections("", self.NEW, "x"), self.NEW)
+
+
+class WrapMarkdownTest(unittest.TestCase):
+    def test_wraps_prose_and_list_items_only(self):
+        prose = " ".join(["word"] * 60)
+        item = "- " + " ".join(["item"] * 60)
+        table = "| " + " | ".join(["cell"] * 60) + " |"
+        text = "\n".join(["## " + prose, prose, item, table, "```", prose, "```", "short"])
+        lines = rl.wrap_markdown(text, width=40).split("\n")
+        self.assertEqual(lines[0], "## " + prose)
+        self.assertIn(table, lines)
+        self.assertEqual(lines[-4:], ["```", prose, "```", "short"])
+        body = lines[1:lines.index(table)]
+        self.assertTrue(all(len(line) <= 40 for line in body))
+        prose_lines = [line for line in body if line.startswith("word")]
+        item_lines = body[len(prose_lines):]
+        self.assertEqual(" ".join(prose_lines), prose)
+        self.assertTrue(item_lines[0].startswith("- item"))
+        self.assertTrue(all(line.startswith("  item") for line in item_lines[1:]))
+        self.assertEqual(" ".join(line.strip() for line in item_lines), item)
+
+    def test_never_starts_a_line_with_markdown_syntax(self):
+        text = "x" * 38 + " - a " + "y" * 38 + " 1. b " + "z" * 38 + " # c"
+        for line in rl.wrap_markdown(text, width=40).split("\n"):
+            self.assertFalse(re.match(r"^(-|#|1\.) ", line), line)
+
+    def test_idempotent_and_keeps_long_words(self):
+        text = "a " + "b" * 80 + " c " + " ".join(["d"] * 50)
+        once = rl.wrap_markdown(text, width=40)
+        self.assertIn("b" * 80, once.split("\n"))
+        self.assertEqual(rl.wrap_markdown(once, width=40), once)
 
 
 if __name__ == "__main__":
