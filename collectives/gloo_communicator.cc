@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -44,31 +45,44 @@ internal_collectives::StoreRendezvous Rendezvous(const GlooOptions& options) {
   return where;
 }
 
+// How Gloo is connected with `options` (threads, hostname, timeouts), over any store and any
+// group: the world's and, through the communicator's Engine, its subgroups'.
+internal_collectives::Engine GlooEngine(const GlooOptions& options) {
+  internal_collectives::Engine engine;
+  engine.traits.name = "gloo";
+  engine.traits.device = at::Device(at::kCPU);
+  engine.traits.native_avg = false;             // ProcessGroupGloo rejects ReduceOp::AVG
+  engine.traits.native_reduce_scatter = false;  // its tensor-form reduce-scatter is an all-reduce
+  // So reduce-scatter and all-gather run as rings over its send/recv: (N - 1)/N of the buffer on
+  // the wire per rank instead of an all-reduce's 2 (N - 1)/N.
+  engine.traits.ring_collectives = true;
+  engine.timeout = options.timeout;
+  const std::chrono::milliseconds rendezvous_timeout = ToChrono(options.rendezvous_timeout);
+  const std::chrono::milliseconds timeout = ToChrono(options.timeout);
+  const std::string hostname = options.hostname;
+  const int threads = options.threads;
+  engine.connect = [=](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)
+      -> absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> {
+    ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend,
+                     internal_collectives::CreateGlooBackend(store, rank, size, rendezvous_timeout,
+                                                             hostname, threads));
+    try {
+      // A virtual call into libtorch's ProcessGroupGloo; from now on collectives use `timeout`.
+      backend->setTimeout(timeout);
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("gloo: setting the timeout failed: ", WhatOf(e)));
+    }
+    return backend;
+  };
+  return engine;
+}
+
 // Connects every rank with Gloo over the job's store and wraps the backend.
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c10d::Store> store,
                                                           const GlooOptions& options) {
   IgnoreSigpipe();
-  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend,
-                   internal_collectives::CreateGlooBackend(store, options.rank, options.size,
-                                                           ToChrono(options.rendezvous_timeout),
-                                                           options.hostname, options.threads));
-  try {
-    // A virtual call into libtorch's ProcessGroupGloo; from now on collectives use `timeout`.
-    backend->setTimeout(ToChrono(options.timeout));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("gloo: setting the timeout failed: ", WhatOf(e)));
-  }
-  internal_collectives::EngineTraits traits;
-  traits.name = "gloo";
-  traits.device = at::Device(at::kCPU);
-  traits.native_avg = false;             // ProcessGroupGloo rejects ReduceOp::AVG
-  traits.native_reduce_scatter = false;  // its tensor-form reduce-scatter is an all-reduce anyway
-  // So reduce-scatter and all-gather run as rings over its send/recv: (N - 1)/N of the buffer on
-  // the wire per rank instead of an all-reduce's 2 (N - 1)/N.
-  traits.ring_collectives = true;
-  return internal_collectives::MakeC10dCommunicator(store, std::move(backend), options.rank,
-                                                    options.size, options.timeout,
-                                                    std::move(traits));
+  return internal_collectives::ConnectC10dCommunicator(std::move(store), options.rank,
+                                                       options.size, GlooEngine(options));
 }
 
 }  // namespace

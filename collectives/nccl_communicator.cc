@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -87,6 +88,46 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
 
 namespace {
 
+// How NCCL is connected on `device` with `options`' timeouts, over any store and any group: the
+// world's and, through the communicator's Engine, its subgroups' (each a ProcessGroupNCCL of its
+// own, its NCCL unique id exchanged on the group's store among its members only).
+internal_collectives::Engine NcclEngine(const NcclOptions& options, const at::Device& device) {
+  internal_collectives::Engine engine;
+  engine.traits.name = "nccl";
+  engine.traits.device = device;
+  engine.traits.native_avg = true;             // ncclAvg
+  engine.traits.native_reduce_scatter = true;  // ncclReduceScatter through _reduce_scatter_base
+  engine.timeout = options.timeout;
+  const std::chrono::milliseconds rendezvous_timeout = ToChrono(options.rendezvous_timeout);
+  const std::chrono::milliseconds timeout = ToChrono(options.timeout);
+  engine.connect = [=](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)
+      -> absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> {
+    try {
+      c10::cuda::set_device(device.index());
+      // Creating the NCCL communicator waits on the store for rank 0's unique id.
+      store->setTimeout(rendezvous_timeout);
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout;
+      c10::intrusive_ptr<c10d::Backend> backend =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
+      // As init_process_group(device_id=...): bind the device and create the communicator now, so
+      // a missing rank fails here rather than in the first collective.
+      backend->setBoundDeviceId(device);
+      backend->eagerConnectSingleDevice(device);
+      return backend;
+    } catch (const std::exception& e) {
+      const std::string what = WhatOf(e);
+      const std::string message = absl::StrCat("nccl rendezvous of rank ", rank, " of ", size,
+                                               " on ", device.str(), " failed: ", what);
+      if (absl::StrContains(what, "imeout") || absl::StrContains(what, "imed out")) {
+        return absl::DeadlineExceededError(message);
+      }
+      return absl::UnavailableError(message);
+    }
+  };
+  return engine;
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c10d::Store> prefixed,
                                                           const NcclOptions& options) {
   IgnoreSigpipe();
@@ -97,36 +138,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c1
                                                       ", this machine has ", devices));
   }
   const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.device));
-  c10::intrusive_ptr<c10d::Backend> backend;
-  try {
-    c10::cuda::set_device(device.index());
-    // Creating the NCCL communicator waits on the store for rank 0's unique id.
-    prefixed->setTimeout(ToChrono(options.rendezvous_timeout));
-    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-    nccl_options->timeout = ToChrono(options.timeout);
-    backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, options.rank, options.size,
-                                                          nccl_options);
-    // As init_process_group(device_id=...): bind the device and create the communicator now, so
-    // a missing rank fails here rather than in the first collective.
-    backend->setBoundDeviceId(device);
-    backend->eagerConnectSingleDevice(device);
-  } catch (const std::exception& e) {
-    const std::string what = WhatOf(e);
-    const std::string message = absl::StrCat("nccl rendezvous of rank ", options.rank, " of ",
-                                             options.size, " on ", device.str(), " failed: ", what);
-    if (absl::StrContains(what, "imeout") || absl::StrContains(what, "imed out")) {
-      return absl::DeadlineExceededError(message);
-    }
-    return absl::UnavailableError(message);
-  }
-  internal_collectives::EngineTraits traits;
-  traits.name = "nccl";
-  traits.device = device;
-  traits.native_avg = true;             // ncclAvg
-  traits.native_reduce_scatter = true;  // ncclReduceScatter through _reduce_scatter_base
-  return internal_collectives::MakeC10dCommunicator(prefixed, std::move(backend), options.rank,
-                                                    options.size, options.timeout,
-                                                    std::move(traits));
+  return internal_collectives::ConnectC10dCommunicator(std::move(prefixed), options.rank,
+                                                       options.size, NcclEngine(options, device));
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ struct Shared {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0;
   int size = 1;
+  GroupNaming naming;  // how messages name ranks
   // How long DescribeSilent waits after a timeout: the survivors of a hang time out at different
   // moments (each on its own collective's clock), so the wait grows with the collective timeout.
   absl::Duration report_wait = absl::Seconds(3);
@@ -53,8 +54,8 @@ struct Shared {
         }
         if (reached < seq) {
           missing.push_back(reached == 0
-                                ? absl::StrCat("rank ", r, " (no collective launched)")
-                                : absl::StrCat("rank ", r, " (last launched #", reached, ")"));
+                                ? NameRank(naming, r, "no collective launched")
+                                : NameRank(naming, r, absl::StrCat("last launched #", reached)));
         }
       }
     } catch (const std::exception& e) {
@@ -80,7 +81,7 @@ struct Shared {
       while (true) {
         silent.clear();
         for (int r = 0; r < size; ++r) {
-          if (r != rank && !store->check({FailedKey(r)})) silent.push_back(absl::StrCat("rank ", r));
+          if (r != rank && !store->check({FailedKey(r)})) silent.push_back(NameRank(naming, r));
         }
         if (silent.empty() || absl::Now() >= deadline) break;
         absl::SleepFor(absl::Milliseconds(50));
@@ -94,6 +95,9 @@ struct Shared {
   }
 
   static std::string FailedKey(int r) { return absl::StrCat("failed/", r); }
+
+  // "" for a world communicator, else "tp group 1 [2, 3]: ", the start of every message.
+  std::string Prefix() const { return naming.label.empty() ? "" : naming.label + ": "; }
 };
 
 struct PendingOp {
@@ -131,12 +135,14 @@ class C10dWork : public Work {
                                           timed_out ? shared_->report_wait : absl::Seconds(3))
                 : "";
         if (!op.work->isCompleted()) {
-          return absl::DeadlineExceededError(
-              absl::StrCat(op.name, " did not complete within ", absl::FormatDuration(timeout),
-                           " on rank ", shared_->rank, missing, silent));
+          return absl::DeadlineExceededError(absl::StrCat(
+              shared_->Prefix(), op.name, " did not complete within ",
+              absl::FormatDuration(timeout), " on ", NameRank(shared_->naming, shared_->rank),
+              missing, silent));
         }
-        return Fail(absl::UnavailableError(absl::StrCat(op.name, " failed on rank ", shared_->rank,
-                                                        ": ", what, missing, silent)));
+        return Fail(absl::UnavailableError(
+            absl::StrCat(shared_->Prefix(), op.name, " failed on ",
+                         NameRank(shared_->naming, shared_->rank), ": ", what, missing, silent)));
       }
     }
     for (PendingOp& op : ops_) {
@@ -144,8 +150,9 @@ class C10dWork : public Work {
       try {
         op.finish();
       } catch (const std::exception& e) {
-        return Fail(absl::InternalError(absl::StrCat(op.name, ": finishing step failed on rank ",
-                                                     shared_->rank, ": ", WhatOf(e))));
+        return Fail(absl::InternalError(
+            absl::StrCat(shared_->Prefix(), op.name, ": finishing step failed on ",
+                         NameRank(shared_->naming, shared_->rank), ": ", WhatOf(e))));
       }
     }
     done_ = true;
@@ -204,18 +211,25 @@ int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.e
 class C10dCommunicator : public Communicator {
  public:
   C10dCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
-                   int rank, int size, absl::Duration timeout, EngineTraits traits)
-      : backend_(std::move(backend)), timeout_(timeout), traits_(std::move(traits)) {
+                   int rank, int size, Engine engine, GroupNaming naming)
+      : backend_(std::move(backend)), timeout_(engine.timeout), traits_(engine.traits) {
     shared_ = std::make_shared<Shared>();
-    shared_->store = std::move(store);
+    shared_->store = store;
     shared_->rank = rank;
     shared_->size = size;
+    shared_->naming = naming;
     // At most 10 s: a launcher's grace after the first failure (pretrain's: 15 s) must outlast it.
-    shared_->report_wait = std::clamp(timeout, absl::Seconds(3), absl::Seconds(10));
+    shared_->report_wait = std::clamp(timeout_, absl::Seconds(3), absl::Seconds(10));
+    origin_.store = std::move(store);
+    origin_.engine = std::move(engine);
+    origin_.naming = std::move(naming);
     if (traits_.ring_collectives && size > 1) {
-      ring_ = std::make_unique<RingEngine>(backend_, rank, size, timeout);
+      ring_ = std::make_unique<RingEngine>(backend_, rank, size, timeout_,
+                                           RingEngine::kDefaultPieceBytes, shared_->naming);
     }
   }
+
+  C10dOrigin& origin() { return origin_; }
 
   int rank() const override { return shared_->rank; }
   int size() const override { return shared_->size; }
@@ -249,8 +263,9 @@ class C10dCommunicator : public Communicator {
         std::visit([&](auto& o) { Enqueue(o, op); }, ops[i]);
       } catch (const std::exception& e) {
         shared_->failed = true;
-        return absl::InvalidArgumentError(
-            absl::StrCat(op.name, ": ", traits_.name, " refused the launch: ", WhatOf(e)));
+        return absl::InvalidArgumentError(absl::StrCat(shared_->Prefix(), op.name, ": ",
+                                                       traits_.name, " refused the launch: ",
+                                                       WhatOf(e)));
       }
       pending.push_back(std::move(op));
     }
@@ -270,7 +285,8 @@ class C10dCommunicator : public Communicator {
       op.work = backend_->barrier(c10d_options);
     } catch (const std::exception& e) {
       shared_->failed = true;
-      return absl::UnavailableError(absl::StrCat(op.name, ": launch failed: ", WhatOf(e)));
+      return absl::UnavailableError(
+          absl::StrCat(shared_->Prefix(), op.name, ": launch failed: ", WhatOf(e)));
     }
     Count(OpKind::kBarrier, 0, 0);
     std::vector<PendingOp> pending;
@@ -282,7 +298,8 @@ class C10dCommunicator : public Communicator {
   absl::Status CheckUsable() const {
     if (shared_->failed) {
       return absl::FailedPreconditionError(absl::StrCat(
-          traits_.name, " communicator of rank ", shared_->rank,
+          shared_->Prefix(), traits_.name, " communicator of ",
+          NameRank(shared_->naming, shared_->rank),
           " is unusable after an earlier collective failed; destroy it and fail the job"));
     }
     return absl::OkStatus();
@@ -511,6 +528,7 @@ class C10dCommunicator : public Communicator {
   absl::Duration timeout_;
   bool store_lost_ = false;  // a progress write failed; no more are tried
   EngineTraits traits_;
+  C10dOrigin origin_;  // what it was created with, for subgroups
   int64_t next_seq_ = 1;
   mutable absl::Mutex mu_;
   TrafficCounters traffic_;
@@ -554,12 +572,27 @@ absl::Status CheckRankAndTimeouts(const char* engine, int rank, int size, absl::
   return absl::OkStatus();
 }
 
-std::unique_ptr<Communicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                                                   c10::intrusive_ptr<c10d::Backend> backend,
-                                                   int rank, int size, absl::Duration timeout,
-                                                   EngineTraits traits) {
-  return std::make_unique<C10dCommunicator>(std::move(store), std::move(backend), rank, size,
-                                            timeout, std::move(traits));
+std::string NameRank(const GroupNaming& naming, int rank, const std::string& detail) {
+  std::string inside;
+  if (rank >= 0 && rank < static_cast<int>(naming.global_ranks.size())) {
+    inside = absl::StrCat("global ", naming.global_ranks[rank]);
+  }
+  if (!detail.empty()) inside = inside.empty() ? detail : absl::StrCat(inside, ", ", detail);
+  if (inside.empty()) return absl::StrCat("rank ", rank);
+  return absl::StrCat("rank ", rank, " (", inside, ")");
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectC10dCommunicator(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, Engine engine,
+    GroupNaming naming) {
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend, engine.connect(store, rank, size));
+  return std::unique_ptr<Communicator>(new C10dCommunicator(
+      std::move(store), std::move(backend), rank, size, std::move(engine), std::move(naming)));
+}
+
+C10dOrigin* OriginOf(Communicator& comm) {
+  auto* c10d = dynamic_cast<C10dCommunicator*>(&comm);
+  return c10d == nullptr ? nullptr : &c10d->origin();
 }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<c10d::Store> store,

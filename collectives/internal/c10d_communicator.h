@@ -2,7 +2,8 @@
 // collective sequence numbers, progress published to the store, traffic counters, Work handles that
 // turn engine failures into statuses naming the collective and the missing ranks, and the finishing
 // steps of emulated operations. The backend files (gloo_communicator.cc, nccl_communicator.cc) only
-// create the engine and say what it supports natively (EngineTraits).
+// say how to connect the engine and what it supports natively (Engine, EngineTraits); every
+// communicator, world or subgroup (internal/subgroup.h), is created by ConnectC10dCommunicator.
 #ifndef ORTHOSHARD_COLLECTIVES_INTERNAL_C10D_COMMUNICATOR_H_
 #define ORTHOSHARD_COLLECTIVES_INTERNAL_C10D_COMMUNICATOR_H_
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -35,13 +37,50 @@ struct EngineTraits {
   bool ring_collectives = false;
 };
 
-// Wraps a connected `backend` (rendezvous done, its collective timeout set to `timeout`). `store`
-// is the (prefixed) store it used; progress is published there. Work::Wait always passes a timeout
-// to c10d's Work::wait, which for NCCL is what makes the host block until the kernels completed.
-std::unique_ptr<Communicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                                                   c10::intrusive_ptr<c10d::Backend> backend,
-                                                   int rank, int size, absl::Duration timeout,
-                                                   EngineTraits traits);
+// How a communicator names its ranks in messages. A world communicator (empty `global_ranks`) says
+// "rank 3"; a subgroup says "rank 1 (global 3)": its own rank, then the world rank it is, and
+// prefixes every message with `label` ("tp group 1 [2, 3]: ...").
+struct GroupNaming {
+  std::string label;              // empty for a world communicator
+  std::vector<int> global_ranks;  // [group rank] -> world rank; empty for a world communicator
+};
+
+// "rank 1", "rank 1 (detail)", "rank 1 (global 3)" or "rank 1 (global 3, detail)".
+std::string NameRank(const GroupNaming& naming, int rank, const std::string& detail = "");
+
+// The engine-specific half of creating a communicator (gloo_communicator.cc, nccl_communicator.cc):
+// connects rank `rank` of `size` over `store`, blocking until every rank of the group arrived
+// (bounded by the engine's rendezvous timeout), and returns the backend with its collective timeout
+// set. Errors: kDeadlineExceeded or kUnavailable with the engine's message, kInternal.
+using ConnectBackendFn = std::function<absl::StatusOr<c10::intrusive_ptr<c10d::Backend>>(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)>;
+
+// An engine as a communicator was created on it. Every communicator keeps its own, so that its
+// subgroups are created by the same code with the same options (internal/subgroup.h).
+struct Engine {
+  EngineTraits traits;
+  absl::Duration timeout = absl::Seconds(60);  // inside the engine, on every collective
+  ConnectBackendFn connect;
+};
+
+// The one path by which communicators are created, world and subgroups alike: engine.connect on
+// `store`, then the wrapper. `store` is the (prefixed) store of this group; progress is published
+// there. Work::Wait always passes a timeout to c10d's Work::wait, which for NCCL is what makes the
+// host block until the kernels completed. Errors: engine.connect's.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectC10dCommunicator(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, Engine engine,
+    GroupNaming naming = {});
+
+// What a communicator of this file was created with, for creating its subgroups the same way.
+struct C10dOrigin {
+  c10::intrusive_ptr<c10d::Store> store;  // the group's own (prefixed) store
+  Engine engine;
+  GroupNaming naming;
+  int64_t namespaces_handed_out = 0;  // by NextSubgroupNamespace (internal/subgroup.h)
+};
+
+// `comm`'s origin if ConnectC10dCommunicator created it, else nullptr.
+C10dOrigin* OriginOf(Communicator& comm);
 
 // Connects to (or, with host_store, starts) a TCPStore within `timeout`. Errors: kUnavailable
 // starting with `what` (e.g. "gloo: rank 1"), naming the address and c10d's message.

@@ -38,12 +38,13 @@ std::vector<int64_t> Offsets(const std::vector<int64_t>& sizes) {
 }  // namespace
 
 RingEngine::RingEngine(c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
-                       absl::Duration timeout, int64_t piece_bytes)
+                       absl::Duration timeout, int64_t piece_bytes, GroupNaming naming)
     : backend_(std::move(backend)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
       piece_bytes_(std::max<int64_t>(piece_bytes, 4096)),
+      naming_(std::move(naming)),
       worker_([this] { Loop(); }) {}
 
 RingEngine::~RingEngine() {
@@ -162,7 +163,8 @@ void RingEngine::Exchange(const at::Tensor& send, const at::Tensor& recv_into, i
       recvs[i]->wait(timeout);
     } catch (const std::exception& e) {
       throw std::runtime_error(absl::StrCat(what, ": receiving ", recv_pieces[i].second,
-                                            " elements from rank ", left, " failed: ", WhatOf(e)));
+                                            " elements from ", NameRank(naming_, left),
+                                            " failed: ", WhatOf(e)));
     }
     on_piece(recv_pieces[i].first, recv_pieces[i].second);
   }
@@ -170,7 +172,7 @@ void RingEngine::Exchange(const at::Tensor& send, const at::Tensor& recv_into, i
     try {
       s->wait(timeout);
     } catch (const std::exception& e) {
-      throw std::runtime_error(absl::StrCat(what, ": sending to rank ", right,
+      throw std::runtime_error(absl::StrCat(what, ": sending to ", NameRank(naming_, right),
                                             " failed: ", WhatOf(e)));
     }
   }

@@ -35,15 +35,16 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "absl/time/time.h"
+#include "collectives/internal/c10d_communicator.h"
 
 namespace orthoshard::collectives::internal_collectives {
 
 class RingEngine {
  public:
   // `backend` provides send/recv among `size` ranks, this one being `rank`; every send and recv
-  // waits at most `timeout`.
+  // waits at most `timeout`. Errors name the neighbours as `naming` says (NameRank).
   RingEngine(c10::intrusive_ptr<c10d::Backend> backend, int rank, int size, absl::Duration timeout,
-             int64_t piece_bytes = kDefaultPieceBytes);
+             int64_t piece_bytes = kDefaultPieceBytes, GroupNaming naming = {});
   // Stops after the operation in progress (which ends within its timeouts).
   ~RingEngine();
   RingEngine(const RingEngine&) = delete;
@@ -95,6 +96,7 @@ class RingEngine {
   const int size_;
   const absl::Duration timeout_;
   const int64_t piece_bytes_;
+  const GroupNaming naming_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -12,9 +12,11 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 
@@ -306,6 +308,30 @@ absl::Status ExpectError(const absl::Status& status, absl::StatusCode code,
                             absl::StrJoin(substrings, "; "), "], got ", status.ToString()));
 }
 
+// How a failure names rank `rank` of `comm` with `detail`: "rank 1 (last launched #1)" on a world
+// communicator, "rank 1 (global 3, last launched #1)" on a subgroup (a mesh group; the global rank
+// is not known here, any is accepted).
+bool NamesRank(absl::string_view message, int rank, absl::string_view detail) {
+  const std::string head = absl::StrCat("rank ", rank, " (");
+  for (size_t at = message.find(head); at != absl::string_view::npos;
+       at = message.find(head, at + 1)) {
+    absl::string_view rest = message.substr(at + head.size());
+    if (absl::ConsumePrefix(&rest, "global ")) {
+      while (!rest.empty() && absl::ascii_isdigit(rest.front())) rest.remove_prefix(1);
+      if (!absl::ConsumePrefix(&rest, ", ")) continue;
+    }
+    if (absl::StartsWith(rest, absl::StrCat(detail, ")"))) return true;
+  }
+  return false;
+}
+
+absl::Status ExpectNamesRank(const absl::Status& status, int rank, absl::string_view detail,
+                             const std::string& what) {
+  return Check(NamesRank(status.message(), rank, detail),
+               absl::StrCat(what, ": expected rank ", rank, " named with '", detail, "', got ",
+                            status.ToString()));
+}
+
 absl::Status SleepPastTimeout(Communicator& comm) {
   const int victim = comm.size() - 1;
   at::Tensor t = at::zeros({256}, On(at::kFloat)).add_(1);
@@ -319,10 +345,11 @@ absl::Status SleepPastTimeout(Communicator& comm) {
                        {"all_reduce #2"}, "late rank");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.AllReduce(t));
-  RETURN_IF_ERROR(ExpectError(work->Wait(timeout / 2), absl::StatusCode::kDeadlineExceeded,
-                              {"all_reduce #2 did not complete within", "not launched by",
-                               absl::StrCat("rank ", victim, " (last launched #1)")},
+  const absl::Status short_wait = work->Wait(timeout / 2);
+  RETURN_IF_ERROR(ExpectError(short_wait, absl::StatusCode::kDeadlineExceeded,
+                              {"all_reduce #2 did not complete within", "not launched by"},
                               "short wait"));
+  RETURN_IF_ERROR(ExpectNamesRank(short_wait, victim, "last launched #1", "short wait"));
   return ExpectError(work->Wait(timeout + absl::Seconds(5)), absl::StatusCode::kUnavailable,
                      {"all_reduce #2 failed on rank", absl::StrCat("rank ", victim)},
                      "engine timeout");
@@ -339,11 +366,10 @@ absl::Status KilledRank(Communicator& comm) {
     raise(SIGKILL);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.AllReduce(t));
-  RETURN_IF_ERROR(ExpectError(work->Wait(comm.timeout() + absl::Seconds(5)),
-                              absl::StatusCode::kUnavailable,
-                              {"all_reduce #2 failed on rank", "not launched by",
-                               absl::StrCat("rank ", victim, " (last launched #1)")},
-                              "peer killed"));
+  const absl::Status killed = work->Wait(comm.timeout() + absl::Seconds(5));
+  RETURN_IF_ERROR(ExpectError(killed, absl::StatusCode::kUnavailable,
+                              {"all_reduce #2 failed on rank", "not launched by"}, "peer killed"));
+  RETURN_IF_ERROR(ExpectNamesRank(killed, victim, "last launched #1", "peer killed"));
   auto later = comm.AllReduce(t);
   return ExpectError(later.status(), absl::StatusCode::kFailedPrecondition,
                      {"unusable after an earlier collective failed"}, "launch after failure");

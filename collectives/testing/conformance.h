@@ -21,6 +21,8 @@ namespace orthoshard::collectives::testing {
 //     short Wait, then kUnavailable from the engine's own timeout; the sleeper gets kUnavailable.
 //   "killed_rank": the last rank SIGKILLs itself between two all-reduces; the others must get
 //     kUnavailable naming "all_reduce #2" and that rank.
+// On a subgroup (a mesh group) `comm.rank()` and `comm.size()` are the group's: "the last rank" is
+// the group's last, and errors may name it "rank 1 (global 3, last launched #1)" as well.
 // Every tensor of the case lives on `device` (the CPU for Gloo, this rank's GPU for NCCL); expected
 // values are computed on the CPU. Not thread-safe: one case at a time per process.
 // Returns OK when this rank saw what the contract says; otherwise kInternal describing the
