@@ -301,28 +301,9 @@ absl::Status SaveDistributedCheckpoint(
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     const optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm, const SaveOptions& options) {
-  const int rank = comm.rank();
-  const std::string tmp = JoinPath(root, StepDirName(shared.step) + ".tmp");
-  // Rank 0 creates the .tmp directory; the others wait for its verdict.
-  absl::Status begin = absl::OkStatus();
-  if (rank == 0) begin = BeginCheckpoint(root, shared.step).status();
-  ASSIGN_OR_RETURN(bool begun, AllRanksOk(comm, begin.ok()));
-  if (!begin.ok()) return begin;
-  if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
-
-  absl::StatusOr<RankSnapshot> snap = SnapshotRank(shared, buffers, optimizer, comm);
-  absl::Status write = snap.ok() ? WriteRankSnapshot(tmp, *snap) : snap.status();
-  if (write.ok() && options.after_shard_written) write = options.after_shard_written();
-  ASSIGN_OR_RETURN(bool all_written, AllRanksOk(comm, write.ok()));  // barrier: every shard fsynced
-  if (!write.ok()) return write;
-  if (!all_written) return absl::AbortedError("another rank failed to write its shard");
-
-  absl::Status commit = absl::OkStatus();
-  if (rank == 0) commit = MergeAndCommit(root, tmp, shared, buffers, comm.size(), options);
-  ASSIGN_OR_RETURN(bool committed, AllRanksOk(comm, commit.ok()));  // barrier: commit done
-  if (!commit.ok()) return commit;
-  if (!committed) return absl::AbortedError("rank 0 failed to commit the checkpoint");
-  return absl::OkStatus();
+  AsyncCheckpointSaver saver(&comm);
+  RETURN_IF_ERROR(saver.Start(root, shared, buffers, optimizer, options));
+  return saver.Finalize();
 }
 
 AsyncCheckpointSaver::~AsyncCheckpointSaver() {
@@ -341,11 +322,19 @@ absl::Status AsyncCheckpointSaver::Start(
   ASSIGN_OR_RETURN(bool begun, AllRanksOk(comm, begin.ok()));
   if (!begin.ok()) return begin;
   if (!begun) return absl::AbortedError("rank 0 failed to begin the checkpoint");
-  ASSIGN_OR_RETURN(snapshot_, SnapshotRank(shared, buffers, optimizer, comm));
   root_ = root;
   shared_ = shared;
   buffers_.assign(buffers.begin(), buffers.end());
   options_ = options;
+  pending_ = true;
+  // A snapshot that fails is this rank's write failure: Finalize tells every rank, as for a write.
+  absl::StatusOr<RankSnapshot> snapshot = SnapshotRank(shared, buffers, optimizer, comm);
+  if (!snapshot.ok()) {
+    write_status_ = snapshot.status();
+    write_finished_.store(true, std::memory_order_release);
+    return absl::OkStatus();
+  }
+  snapshot_ = *std::move(snapshot);
   write_status_ = absl::OkStatus();
   const std::string tmp = JoinPath(root, StepDirName(shared.step) + ".tmp");
   write_finished_.store(false, std::memory_order_relaxed);
@@ -360,8 +349,9 @@ absl::Status AsyncCheckpointSaver::Start(
 }
 
 absl::Status AsyncCheckpointSaver::Finalize() {
-  if (!thread_.joinable()) return absl::OkStatus();
-  thread_.join();
+  if (!pending_) return absl::OkStatus();
+  pending_ = false;
+  if (thread_.joinable()) thread_.join();
   snapshot_ = RankSnapshot();  // frees the host copies
   collectives::Communicator& comm = *comm_;
   const absl::Status write = write_status_;

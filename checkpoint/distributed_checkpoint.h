@@ -75,7 +75,8 @@ struct SaveOptions {
   std::function<absl::Status()> after_shard_written;
 };
 
-// Saves step `shared.step` under `root` (root/step_NNNNNN/, then `latest`). Preconditions: the
+// Saves step `shared.step` under `root` (root/step_NNNNNN/, then `latest`) and returns when it is
+// committed: AsyncCheckpointSaver's Start and Finalize, one after the other. Preconditions: the
 // params are synced (the param sync of buffers/bucket_sync.h, or DDP's, has completed), and
 // `optimizer` steps `buffers` (e.g. optimizers/distributed's CreateDistributedOptimizer, in any
 // mode). Every rank's collectives use comm.timeout(). Errors: kAlreadyExists if the step
@@ -126,8 +127,11 @@ class AsyncCheckpointSaver {
   ~AsyncCheckpointSaver();
 
   // Finalizes the save in flight first; if that failed, returns its error and starts nothing.
-  // Then begins step `shared.step`, snapshots (synchronously) and starts the background write.
-  // Errors: the previous save's; those of SaveDistributedCheckpoint's begin and snapshot phases.
+  // Then begins step `shared.step` (rank 0 creates its `.tmp` directory; every rank learns whether
+  // it could), snapshots this rank's part (synchronously) and starts the background write. A
+  // snapshot that fails counts as this rank's write failure: the save is in flight and Finalize
+  // returns it (every rank learns of it there). Errors: the previous save's; kAborted / the
+  // directory's error when the save could not begin; the communicator's.
   absl::Status Start(const std::string& root, const SharedState& shared,
                      absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                      const optimizers::OptimizerState& optimizer,
@@ -138,17 +142,18 @@ class AsyncCheckpointSaver {
   // A failed save never moves `latest`.
   absl::Status Finalize();
 
-  bool in_flight() const { return thread_.joinable(); }
+  bool in_flight() const { return pending_; }
 
   // Whether this rank's background write has ended, so that Finalize would not wait for it; false
   // when nothing is in flight. Never blocks: a caller can agree with the other ranks (e.g. within a
   // collective it runs anyway) to finalize as soon as every rank's write is done.
   bool write_finished() const {
-    return thread_.joinable() && write_finished_.load(std::memory_order_acquire);
+    return pending_ && write_finished_.load(std::memory_order_acquire);
   }
 
  private:
   collectives::Communicator* comm_;
+  bool pending_ = false;  // started and not finalized (the write may have ended)
   std::thread thread_;
   std::atomic<bool> write_finished_{false};
   absl::Status write_status_;

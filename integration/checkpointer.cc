@@ -126,7 +126,9 @@ absl::StatusOr<bool> Checkpointer::Settle(int64_t step, const absl::Status& own,
   const std::string what = absl::StrCat(final_save ? "final checkpoint" : "checkpoint",
                                         " of step ", step, " in ", c_.save_dir,
                                         " failed: ", failure.message());
-  if (c_.on_save_failure != "continue") return absl::Status(failure.code(), what);
+  if (c_.on_save_failure != SaveFailurePolicy::kContinue) {
+    return absl::Status(failure.code(), what);
+  }
   ++summary_.failed_saves;
   ++consecutive_failures_;
   // Drop this rank's write still in flight (a snapshot failed elsewhere) without committing it;

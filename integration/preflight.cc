@@ -92,20 +92,18 @@ std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c,
   const int64_t micro_batch = c.global_batch / (int64_t{world_size} * c.micro_batches);
   // Optimizer state: AdamW's two fp32 moments, Muon's one fp32 momentum (fp32 params are their own
   // main params). Params and grads are fp32.
-  const int64_t muon = c.optimizer == "muon" ? GptHiddenMatrixCount(preset) : 0;
+  const int64_t muon = c.optimizer == OptimizerChoice::kMuon ? GptHiddenMatrixCount(preset) : 0;
   const int64_t state = 8 * (params - muon) + 4 * muon;
-  const DistMode mode = *ParseDistMode(c.dist);
   // replicated: every rank holds and steps everything; layerwise/distopt: whole params and grads,
   // its share of the state; fsdp: its share of all three.
-  const int64_t model_bytes = mode == DistMode::kReplicated ? 8 * params + state
-                              : mode == DistMode::kFsdp     ? (8 * params + state) / world_size
-                                                            : 8 * params + state / world_size;
+  const DistModeSpec& mode = SpecOf(c.dist);
+  const int64_t model_bytes = mode.sharded_params ? (8 * params + state) / world_size
+                              : mode.sharded_step ? 8 * params + state / world_size
+                                                  : 8 * params + state;
   return {
       {model_bytes,
-       absl::StrCat("the model (--model=", c.model, ", ", params, " params, --dist=", c.dist, ": ",
-                    mode == DistMode::kFsdp         ? "its shard of params, grads and state"
-                    : mode == DistMode::kReplicated ? "params, grads and optimizer state"
-                                                    : "params and grads, its shard of the state",
+       absl::StrCat("the model (--model=", c.model, ", ", params, " params, --dist=", mode.name,
+                    ": ", mode.rank_holds,
                     ")")},
       {2 * micro_batch * seq_len * preset.vocab_size * 4,
        absl::StrCat("the logits of a micro-batch of ", micro_batch,

@@ -89,7 +89,7 @@ TEST(Preflight, TheModelTermScalesWithThePreset) {
 TEST(Preflight, TheModelTermFollowsWhatTheDistModeKeepsPerRank) {
   TrainerConfig c;
   c.model = "tinyllama-1.1b";
-  c.optimizer = "adamw";
+  c.optimizer = OptimizerChoice::kAdamW;
   c.global_batch = 2;
   c.seq_len = 64;
   c.eval_batches = 1;
@@ -98,25 +98,25 @@ TEST(Preflight, TheModelTermFollowsWhatTheDistModeKeepsPerRank) {
   const int64_t rest = [&] {  // logits, eval batches and data: well under 0.1 byte per param
     TrainerConfig tiny = c;
     tiny.model = "tiny";
-    tiny.dist = "fsdp";
+    tiny.dist = DistMode::kFsdp;
     return MinBytesPerRank(tiny, 2);
   }();
   const MachineResources machine{2, 24 * kGiB};
-  c.dist = "replicated";
+  c.dist = DistMode::kReplicated;
   EXPECT_GE(MinBytesPerRank(c, 2), 16 * params);
-  c.dist = "layerwise";
+  c.dist = DistMode::kLayerwise;
   EXPECT_GE(MinBytesPerRank(c, 2), 12 * params);
   EXPECT_LT(MinBytesPerRank(c, 2), 12 * params + params / 10);
   EXPECT_THAT(CheckMachine(c, 2, 2, machine),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("the model (--model=tinyllama-1.1b, 1100048384 params, "
                                  "--dist=layerwise: params and grads, its shard of the state)")));
-  c.dist = "fsdp";
+  c.dist = DistMode::kFsdp;
   EXPECT_GE(MinBytesPerRank(c, 2), 8 * params);
   EXPECT_LT(MinBytesPerRank(c, 2), 8 * params + params / 10 + rest);
   EXPECT_OK(CheckMachine(c, 2, 2, machine));
   // Muon's momentum is 4 bytes per hidden-matrix element, AdamW's moments 8 for the rest.
-  c.optimizer = "muon";
+  c.optimizer = OptimizerChoice::kMuon;
   const int64_t muon = GptHiddenMatrixCount(*GptPreset(c.model));
   EXPECT_GE(MinBytesPerRank(c, 2), (8 * params + 8 * (params - muon) + 4 * muon) / 2);
 }

@@ -63,14 +63,28 @@ namespace {
 const orthoshard::integration::TrainerConfig kDefaults;
 }  // namespace
 
+// The field types as trainer_config_fields.h names them, for the flag definitions below (absl flags
+// are defined in the global namespace).
+namespace optimizers = ::orthoshard::optimizers;
+using ::orthoshard::integration::Device;
+using ::orthoshard::integration::DistMode;
+using ::orthoshard::integration::NsForm;
+using ::orthoshard::integration::OptimizerChoice;
+using ::orthoshard::integration::Precision;
+using ::orthoshard::integration::ResumeMode;
+using ::orthoshard::integration::SaveFailurePolicy;
+using ::orthoshard::integration::Spell;
+using ::orthoshard::integration::SpellingOf;
+
 ABSL_FLAG(std::string, config, "",
           "PretrainConfig text-format file (integration/config/pretrain_config.proto); flags given on the "
           "command line override its fields");
 ABSL_FLAG(int, nproc_per_node, 2,
           "local ranks to launch when not already under a launcher (torchrun/SLURM environment)");
-// Every TrainerConfig field is a flag of the same name (trainer_config_fields.h).
+// Every TrainerConfig field is a flag of the same name (trainer_config_fields.h); a fixed-choice
+// field's flag is a string, parsed with its choice table (choices.h) by MakeConfig.
 #define ORTHOSHARD_DEFINE_FLAG(type, name, default_value, help) \
-  ABSL_FLAG(type, name, kDefaults.name, help);
+  ABSL_FLAG(SpellingOf<type>, name, Spell(kDefaults.name), help);
 ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_DEFINE_FLAG)
 #undef ORTHOSHARD_DEFINE_FLAG
 
@@ -160,17 +174,21 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
     absl::Status s = ApplyConfigText(text.str(), config_path, &c);
     if (!s.ok()) return s;
   }
+  absl::Status status;
 #define ORTHOSHARD_FLAG(type, name, default_value, help) \
-  if (given.count(#name)) c.name = absl::GetFlag(FLAGS_##name);
+  if (status.ok() && given.count(#name)) {                \
+    status = SetFromSpelling(#name, absl::GetFlag(FLAGS_##name), &c.name); \
+  }
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_FLAG)
 #undef ORTHOSHARD_FLAG
+  if (!status.ok()) return status;
   return c;
 }
 
 // Whether this binary and machine can run `config.device` with `local_ranks` ranks on this
 // machine (one GPU each for cuda). Errors: kFailedPrecondition saying what is missing.
 absl::Status CheckDevice(const TrainerConfig& config, int local_ranks) {
-  if (config.device != "cuda") return absl::OkStatus();
+  if (config.device != Device::kCuda) return absl::OkStatus();
 #ifndef ORTHOSHARD_CUDA
   (void)local_ranks;
   return absl::FailedPreconditionError(
@@ -192,7 +210,7 @@ absl::StatusOr<std::unique_ptr<collectives::Communicator>> CreateCommunicator(
     const TrainerConfig& config, const collectives::RendezvousInfo& info) {
   const absl::Duration timeout = absl::Seconds(config.distributed_timeout_s);
 #ifdef ORTHOSHARD_CUDA
-  if (config.device == "cuda") {
+  if (config.device == Device::kCuda) {
     collectives::NcclOptions options = collectives::NcclOptionsFromRendezvous(info);
     options.timeout = options.rendezvous_timeout = timeout;
     return collectives::CreateNcclCommunicator(options);

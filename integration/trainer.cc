@@ -1,5 +1,5 @@
-// The training loop of trainer.h (replicated, layer-wise or ZeRO-1 data parallelism), with
-// distributed checkpoints (checkpoint/distributed_checkpoint.h) for save and resume.
+// The training loop of trainer.h over what Build (setup.h) made, with distributed checkpoints
+// (checkpoint/distributed_checkpoint.h) for save and resume.
 #include "integration/trainer.h"
 
 #include <ATen/Parallel.h>
@@ -19,15 +19,12 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -49,32 +46,20 @@
 #include "integration/metrics/step_profiler.h"
 #include "integration/run_policy.h"
 #include "integration/step_agreement.h"
-#include "integration/training_data.h"
+#include "integration/setup.h"
 #include "layout/layout.h"
+#include "model/gpt_config.h"
 #include "model/model.h"
 #include "optimizers/chained.h"
-#include "optimizers/distributed/distributed_optimizer.h"
-#include "optimizers/routing.h"
-#include "optimizers/schedule.h"
 
 namespace orthoshard::integration {
-
-using ::orthoshard::model::GptConfig;
-using ::orthoshard::model::SavedModel;
-using ::orthoshard::model::FormatSavedModel;
-using ::orthoshard::model::ParamKind;
-using ::orthoshard::model::ModelParam;
-using ::orthoshard::model::Documents;
-using ::orthoshard::model::LossReduction;
-using ::orthoshard::model::kIgnoredTarget;
-using ::orthoshard::model::Gpt;
-using ::orthoshard::data::UnigramEntropy;
-using ::orthoshard::data::LoaderOptions;
-using ::orthoshard::data::kIgnoreTarget;
-using ::orthoshard::data::MicroBatch;
-using ::orthoshard::data::LoaderState;
-using ::orthoshard::data::DataLoader;
 namespace {
+
+using data::LoaderState;
+using data::MicroBatch;
+using model::Documents;
+using model::LossReduction;
+using model::SavedModel;
 
 using collectives::AllReduceOp;
 using collectives::Communicator;
@@ -117,239 +102,7 @@ absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp>
 }
 
 
-optimizers::ScheduleConfig MakeSchedule(const TrainerConfig& c) {
-  optimizers::ScheduleConfig s;
-  s.kind = c.schedule == "cosine"   ? optimizers::ScheduleKind::kWarmupCosine
-           : c.schedule == "linear" ? optimizers::ScheduleKind::kWarmupLinear
-           : c.schedule == "wsd"    ? optimizers::ScheduleKind::kWsd
-                                    : optimizers::ScheduleKind::kConstant;
-  s.warmup_steps = std::min(c.warmup_steps, c.steps);
-  s.total_steps = c.steps;
-  s.decay_steps = c.decay_steps > 0 ? c.decay_steps : std::max<int64_t>(1, c.steps / 5);
-  s.min_lr_ratio = c.min_lr_ratio;
-  return s;
-}
-
-std::string LayoutSummary(const layout::FullParamLayout& full) {
-  std::string out;
-  for (const layout::PerBufferParamLayout& b : full.buffers) {
-    std::vector<int64_t> sizes;
-    for (const layout::Bucket& bucket : b.buckets) sizes.push_back(bucket.numel());
-    const int64_t padding = b.numel() - b.unpadded_numel;
-    absl::StrAppendFormat(
-        &out,
-        "layout: buffer %s (%s, dp %d): %d params, %d elements + %d padding (%.2f%%), "
-        "%d buckets [%s]\n",
-        b.key.ToString(), layout::StrategyName(b.strategy), b.dp, b.params.size(),
-        b.unpadded_numel, padding, b.numel() > 0 ? 100.0 * padding / b.numel() : 0.0,
-        b.buckets.size(), absl::StrJoin(sizes, ", "));
-  }
-  return out;
-}
-
-// Everything one rank builds before the first step.
-struct Setup {
-  int64_t seq_len = 0;
-  int64_t micro_batch_size = 0;
-  double unigram_entropy = 0;
-  int64_t train_tokens = 0, eval_tokens = 0;
-  std::string vocab_source, eval_source;
-  int64_t eod_token = -1;
-  bool documents = false;      // rows carry their documents (attention stops at EOD)
-  bool per_token_loss = false; // --eod_mask_loss: the step's loss is a mean over counted targets
-  DistMode mode = DistMode::kReplicated;
-  std::unique_ptr<Gpt> model;
-  layout::FullParamLayout layout;
-  // DDP owns the buffers (grads reduce-scattered, or all-reduced for kReplicated); the distributed
-  // optimizer steps this rank's part (every param, in kReplicated).
-  std::unique_ptr<ddp::DistributedDataParallel> ddp;
-  std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
-  // The optimizer's step in param sync stages (num_stages 0: one unstaged step).
-  optimizers::StepStages stages;
-  optimizers::RoutingReport routing;  // decided once, before the layout publishes it
-  std::vector<buffers::ParamAndGradBuffer*> buffers;  // parallel to layout.buffers
-  std::unique_ptr<DataLoader> train, eval;
-};
-
-// The model's routing, layout, DDP and optimizer: routes decided once and published in the layout,
-// from which the optimizer reads them.
-absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Communicator& comm,
-                               Setup& s) {
-  const std::vector<ModelParam>& params = s.model->params();
-  optimizers::RoutingConfig routing;
-  if (c.optimizer == "adamw") routing.overrides.push_back({"*", optimizers::Route::kAdamW});
-  std::vector<optimizers::ParamDescriptor> descriptors;
-  for (const ModelParam& p : params) {
-    descriptors.push_back({p.name, std::vector<int64_t>(p.tensor.sizes().begin(),
-                                                        p.tensor.sizes().end())});
-  }
-  ASSIGN_OR_RETURN(s.routing, optimizers::PlanRouting(routing, descriptors));
-
-  std::vector<layout::ParamSpec> specs;
-  std::vector<at::Tensor> tensors;
-  for (size_t i = 0; i < params.size(); ++i) {
-    layout::ParamSpec spec;
-    spec.name = params[i].name;
-    spec.shape = descriptors[i].shape;
-    spec.dtype = c.precision == "bf16" ? DType::kBFloat16 : DType::kFloat32;
-    spec.role = s.routing.entries[i].route == optimizers::Route::kMuon ? layout::ParamRole::kMuon
-                                                                      : layout::ParamRole::kAdam;
-    spec.shared_embedding = params[i].kind == ParamKind::kEmbedding && gpt.tie_embeddings;
-    specs.push_back(std::move(spec));
-    tensors.push_back(params[i].tensor);
-  }
-  layout::LayoutOptions layout_options;
-  layout_options.dp = comm.size();
-  layout_options.bucket_size = c.bucket_elems;
-  layout_options.target_buckets =
-      static_cast<int>(std::min<int64_t>(c.target_buckets, std::numeric_limits<int>::max()));
-  layout_options.max_bucket_size = c.max_bucket_elems;
-  layout_options.padding_tolerance = c.bucket_padding;
-  // More buckets than ints would hold is "as many as the layout can make".
-  layout_options.min_buckets =
-      static_cast<int>(std::min<int64_t>(c.min_buckets, std::numeric_limits<int>::max()));
-  layout_options.max_padding_tolerance = c.max_bucket_padding;
-  // fp32 grads for bf16 params: `.grad` is an fp32 view and AccumulateGrad's in-place add promotes
-  // each bf16 gradient (buffers/param_and_grad_buffer.h). grad_reduce_in_fp32=false: bf16 grads.
-  layout_options.grad_dtype = c.grad_reduce_in_fp32 ? DType::kFloat32 : std::optional<DType>{};
-  // distopt: one byte-level (ZeRO-1) layout for everything; otherwise Muon's matrices get the
-  // shard-aligned layer-wise layout.
-  layout_options.muon_strategy =
-      s.mode == DistMode::kDistOpt ? layout::Strategy::kDistOpt : layout::Strategy::kLayerwise;
-  ASSIGN_OR_RETURN(s.layout, layout::ComputeFullParamLayout(specs, layout_options));
-
-  optimizers::ChainedConfig cc;
-  cc.adamw.lr = c.lr;
-  cc.adamw.beta1 = c.adam_beta1;
-  cc.adamw.beta2 = c.adam_beta2;
-  cc.adamw.eps = c.adam_eps;
-  cc.adamw.weight_decay = c.weight_decay;
-  cc.adamw.fused = c.adamw_fused;
-  cc.no_weight_decay_patterns = NoWeightDecayPatterns(c);
-  cc.muon.lr = c.muon_lr;
-  cc.muon.weight_decay = c.muon_weight_decay;
-  cc.muon.momentum = c.muon_momentum;
-  cc.muon.nesterov = c.muon_nesterov;
-  using optimizers::MuonScaleRule;
-  cc.muon.scale_rule = c.muon_scale_rule == "spectral"          ? MuonScaleRule::kSpectral
-                       : c.muon_scale_rule == "match_rms_adamw" ? MuonScaleRule::kMatchRmsAdamW
-                                                                : MuonScaleRule::kOriginal;
-  cc.muon.extra_scale = c.muon_extra_scale;
-  cc.muon.ns.ns_steps = c.muon_ns_steps;
-  RETURN_IF_ERROR(optimizers::SetNsSchedule(c.muon_ns_coefficients, &cc.muon.ns));
-  cc.muon.ns.batched = c.muon_batched_ns;
-  cc.muon.ns.gram = GramNewtonSchulz(c);
-  cc.muon.ns.dtype =
-      c.muon_ns_dtype == "fp32" ? optimizers::NsDType::kFloat32 : optimizers::NsDType::kBFloat16;
-  cc.schedule = MakeSchedule(c);
-  cc.max_grad_norm = c.max_grad_norm;
-  cc.params_norm = c.log_params_norm;
-  cc.count_zero_grads = c.log_num_zeros_in_grad;
-  cc.clip_mode = c.clip_mode == "exclude_muon" ? optimizers::ClipMode::kExcludeMuon
-                                               : optimizers::ClipMode::kAllBeforeMomentum;
-
-  const bool replicated = s.mode == DistMode::kReplicated;
-  ddp::DdpConfig ddp_config;
-  ddp_config.grad_reduce_in_fp32 = c.grad_reduce_in_fp32;
-  ddp_config.overlap_grad_reduce = c.overlap_grad_reduce;
-  ddp_config.overlap_param_gather = !replicated && c.overlap_param_gather;
-  ddp_config.grad_sync =
-      replicated ? buffers::GradSync::kAllReduce : buffers::GradSync::kReduceScatter;
-  if (s.mode == DistMode::kFsdp) {
-    ddp_config.residency = buffers::Residency::kSharded;
-    ddp_config.reshard_after_forward = c.reshard_after_forward;
-    ddp_config.prefetch = c.prefetch_params;
-  }
-  ASSIGN_OR_RETURN(s.ddp, ddp::DistributedDataParallel::Create(s.layout, tensors, &comm, nullptr,
-                                                               ddp_config));
-  std::vector<int> param_layers;
-  std::vector<std::pair<int, int>> extra_reads;  // a tied embedding is read by the head too
-  for (size_t i = 0; i < params.size(); ++i) {
-    param_layers.push_back(params[i].layer);
-    for (int layer : params[i].also_read_by) extra_reads.push_back({static_cast<int>(i), layer});
-  }
-  ASSIGN_OR_RETURN(ddp::LayerHooks hooks, s.ddp->MakeLayerHooks(param_layers, extra_reads));
-  s.model->set_layer_hooks({std::move(hooks.pre_forward), std::move(hooks.post_forward)});
-  // The initial values, one param at a time, straight into what this rank keeps (with fsdp only
-  // its shards: no rank ever holds the whole initialised model). The model was built without them.
-  RETURN_IF_ERROR(s.model->ForEachInitialValue(
-      c.seed, [&s](int i, const at::Tensor& value) { return s.ddp->SetParam(i, value); }));
-  for (int i = 0; i < s.ddp->num_buffers(); ++i) s.buffers.push_back(&s.ddp->buffer(i));
-  // Each fused weight's split (QKV, SwiGLU fc1): Muon orthogonalises it per block in every mode.
-  std::map<std::string, optimizers::FusedSplit> splits;
-  for (const ModelParam& p : params) {
-    if (p.split.block_rows.empty()) continue;
-    splits[p.name] = {p.split.num_groups, p.split.block_rows};
-  }
-  ASSIGN_OR_RETURN(s.optimizer,
-                   optimizers::distributed::CreateDistributedOptimizer(
-                       s.buffers, &comm, cc,
-                       replicated ? optimizers::distributed::DistributedMode::kReplicated
-                                  : optimizers::distributed::DistributedMode::kSharded,
-                       splits));
-  // The step updates this rank's part of the bucket groups in param gather order and starts each
-  // group's all-gather as soon as its part is done, hidden behind the update of the next groups.
-  if (c.overlap_param_gather && s.ddp->num_param_sync_stages() > 0) {
-    auto stage_of_name = std::make_shared<absl::flat_hash_map<std::string, int>>();
-    for (size_t i = 0; i < params.size(); ++i) {
-      (*stage_of_name)[params[i].name] = s.ddp->ParamSyncStage(static_cast<int>(i));
-    }
-    ddp::DistributedDataParallel* ddp = s.ddp.get();
-    s.stages.num_stages = ddp->num_param_sync_stages();
-    s.stages.stage_of = [stage_of_name](const optimizers::Slot& slot) {
-      const auto it = stage_of_name->find(slot.name);
-      return it == stage_of_name->end() ? -1 : it->second;
-    };
-    s.stages.on_done = [ddp](int stage) { return ddp->ParamSyncStageDone(stage); };
-  }
-  return absl::OkStatus();
-}
-
-// The data, the model and (BuildDistribution) how it is trained on this rank.
-absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
-  Setup s;
-  ASSIGN_OR_RETURN(s.mode, ParseDistMode(c.dist));
-  ASSIGN_OR_RETURN(TrainingData data, LoadTrainingData(c));
-  const GptConfig& gpt = data.model.config;
-  s.seq_len = c.seq_len > 0 ? c.seq_len : gpt.max_seq_len;
-  s.micro_batch_size = c.global_batch / (static_cast<int64_t>(comm.size()) * c.micro_batches);
-  s.unigram_entropy = UnigramEntropy(data.train->tokens);
-  s.train_tokens = data.train->tokens.size();
-  s.eval_tokens = data.eval->tokens.size();
-  s.vocab_source = data.model.vocab_source;
-  s.eval_source = data.eval_source;
-  s.eod_token = data.eod_token;
-  s.documents = c.reset_attention_mask && data.eod_token >= 0;
-  s.per_token_loss = c.eod_mask_loss;
-  LoaderOptions lo;
-  lo.seq_len = s.seq_len;
-  lo.micro_batch_size = s.micro_batch_size;
-  lo.micro_batches = c.micro_batches;
-  lo.rank = comm.rank();
-  lo.world_size = comm.size();
-  lo.seed = c.seed;
-  lo.eod_token = data.eod_token;
-  lo.reset_at_eod = s.documents;
-  lo.mask_eod_loss = c.eod_mask_loss;
-  ASSIGN_OR_RETURN(DataLoader train, DataLoader::Create(data.train, lo));
-  lo.micro_batches = c.eval_batches;
-  lo.shuffle = false;
-  ASSIGN_OR_RETURN(DataLoader eval, DataLoader::Create(data.eval, lo));
-  s.train = std::make_unique<DataLoader>(std::move(train));
-  s.eval = std::make_unique<DataLoader>(std::move(eval));
-
-  // Built without values; BuildDistribution writes them (drawn from the seed on the CPU, so every
-  // device starts from the same weights) into the buffers.
-  ASSIGN_OR_RETURN(Gpt model,
-                   Gpt::CreateUninitialized(gpt, c.precision == "bf16" ? at::kBFloat16 : at::kFloat,
-                                            comm.device()));
-  s.model = std::make_unique<Gpt>(std::move(model));
-  RETURN_IF_ERROR(BuildDistribution(c, gpt, comm, s));
-  return s;
-}
-
-
-static_assert(kIgnoreTarget == kIgnoredTarget, "the loader's ignored target is the model's");
+static_assert(data::kIgnoreTarget == model::kIgnoredTarget, "the loader's ignored target is the model's");
 
 // A micro-batch's loss (mean over its counted targets, or their sum), within each row's documents
 // when the run has them.
@@ -403,7 +156,7 @@ void AddToSum(const at::Tensor& t, ExactFloatSum& sum) {
 absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step, bool* compared) {
   at::NoGradGuard no_grad;
   RETURN_IF_ERROR(s.ddp->FinishParamSync());
-  const bool sharded = s.mode == DistMode::kFsdp;
+  const bool sharded = SpecOf(s.mode).sharded_params;
   ExactFloatSum local;
   for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
     if (!sharded) {
@@ -472,15 +225,15 @@ std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
   saved.preset = c.model;
   saved.config = s.model->config();
   saved.seq_len = s.seq_len;
-  saved.precision = c.precision;
+  saved.precision = ChoiceName(c.precision);
   if (s.eod_token >= 0) {
     saved.documents = absl::StrCat("eod", s.eod_token, s.documents ? ",reset" : "",
                                    s.per_token_loss ? ",mask_loss" : "");
   }
-  return FormatSavedModel(saved);
+  return model::FormatSavedModel(saved);
 }
 std::string OptimizerConfigString(const TrainerConfig& c) {
-  return absl::StrCat("optimizer=", c.optimizer);
+  return absl::StrCat("optimizer=", ChoiceName(c.optimizer));
 }
 
 // Loads save_dir's `latest` into the buffers, the sharded optimizer and the train loader; returns
@@ -586,7 +339,7 @@ bool CpuHasBf16Arithmetic() {
 // Rank 0's start-up report: model, data, ranks, batch shape, routing and layout.
 void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& comm,
                     std::FILE* out) {
-  if (c.precision == "bf16" && !comm.device().is_cuda() && !CpuHasBf16Arithmetic()) {
+  if (c.precision == Precision::kBf16 && !comm.device().is_cuda() && !CpuHasBf16Arithmetic()) {
     std::fputs("pretrain: warning: --precision=bf16 on a CPU without AVX512-BF16 or AMX: ATen "
                "runs bf16 matrix products on a fallback path, several times slower than fp32 "
                "(--precision=fp32 trains faster here)\n",
@@ -599,7 +352,7 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
                "%lld tokens\n",
                c.model.c_str(), static_cast<long long>(s.model->num_params()), c.data.c_str(),
                static_cast<long long>(s.train_tokens), static_cast<long long>(s.eval_tokens),
-               s.unigram_entropy, comm.size(), c.dist.c_str(), c.optimizer.c_str(),
+               s.unigram_entropy, comm.size(), ChoiceName(c.dist), ChoiceName(c.optimizer),
                static_cast<long long>(c.global_batch), comm.size(),
                static_cast<long long>(c.micro_batches), static_cast<long long>(s.micro_batch_size),
                static_cast<long long>(s.seq_len));
@@ -812,9 +565,9 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   RETURN_IF_ERROR(ValidateTrainerConfig(c, comm.size()));
   RETURN_IF_ERROR(CheckSaveDir(c));
   // Model, buffers and batches live on the communicator's device; the config must agree with it.
-  if (const bool cuda = c.device == "cuda"; cuda != comm.device().is_cuda()) {
+  if (const bool cuda = c.device == Device::kCuda; cuda != comm.device().is_cuda()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device=", c.device, ": the ", comm.backend_name(),
+        absl::StrCat("--device=", ChoiceName(c.device), ": the ", comm.backend_name(),
                      " communicator reduces on ", comm.device().str(), ", expected ",
                      cuda ? "a CUDA device (NCCL)" : "the CPU (Gloo)"));
   }
@@ -829,9 +582,9 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   }
   TrainSummary summary;
   summary.world_size = comm.size();
-  summary.dist = c.dist;
+  summary.dist = ChoiceName(c.dist);
   summary.model = c.model;
-  summary.optimizer = c.optimizer;
+  summary.optimizer = ChoiceName(c.optimizer);
   summary.num_params = s.model->num_params();
   for (const layout::PerBufferParamLayout& b : s.layout.buffers) {
     summary.param_buffer_bytes += b.numel() * DTypeSize(b.key.param_dtype);

@@ -60,7 +60,7 @@ TEST(Train, DeviceMustMatchTheCommunicator) {
   std::unique_ptr<collectives::Communicator> comm = SingleRank();
   ASSERT_NE(comm, nullptr);
   TrainerConfig config;
-  config.device = "cuda";
+  config.device = Device::kCuda;
   config.steps = 2;
   TrainOptions options = Quiet();
   EXPECT_THAT(Train(config, *comm, options),
@@ -74,7 +74,7 @@ TEST(Train, RunsOnTheCommunicatorsDevice) {
   std::unique_ptr<collectives::Communicator> comm = SingleRank();
   ASSERT_NE(comm, nullptr);
   TrainerConfig config;
-  config.device = "cpu";
+  config.device = Device::kCpu;
   config.steps = 30;
   config.global_batch = 8;
   config.num_threads = 1;
@@ -126,7 +126,7 @@ TEST(CheckSaveDir, AcceptsAFreshOrResumableDirectory) {
   config.save_dir = dir;
   EXPECT_OK(CheckSaveDir(config));
   std::filesystem::create_directory(dir + "/step_000003");
-  config.resume = "true";
+  config.resume = ResumeMode::kTrue;
   EXPECT_OK(CheckSaveDir(config));
 }
 
@@ -238,7 +238,7 @@ TEST(Train, StopSignalEndsAfterTheCurrentStepWithACheckpoint) {
 TEST(Train, StopSignalWithoutSaveDirEndsAfterTheCurrentStep) {
   TrainerConfig config = SavingRun("unused", 50);
   config.save_dir.clear();
-  config.dist = "replicated";
+  config.dist = DistMode::kReplicated;
   const auto [summary, out] = TrainAskedToStop(config, SIGINT);
   ASSERT_OK(summary.status());
   EXPECT_EQ(summary->steps, 1);

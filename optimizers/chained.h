@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "optimizers/adamw.h"
+#include "optimizers/kinds.h"
 #include "optimizers/muon.h"
 #include "optimizers/routing.h"
 #include "optimizers/schedule.h"
@@ -40,8 +41,6 @@
 #include "optimizers/state.h"
 
 namespace orthoshard::optimizers {
-
-enum class ClipMode { kAllBeforeMomentum, kExcludeMuon };
 
 struct ChainedConfig {
   RoutingConfig routing;

@@ -27,18 +27,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "optimizers/kinds.h"
 #include "optimizers/ns_schedule.h"
 #include "optimizers/slot_optimizer.h"
 
 namespace orthoshard::optimizers {
-
-enum class MuonScaleRule {
-  kOriginal,       // sqrt(max(1, rows / cols))            (Keller Jordan; PyTorch "original")
-  kMatchRmsAdamW,  // 0.2 * sqrt(max(rows, cols))          (Moonshot, arXiv:2502.16982)
-  kSpectral,       // extra_scale * sqrt(max(rows, cols))  (Megatron-LM "spectral")
-};
-
-enum class NsDType { kBFloat16, kFloat32 };
 
 struct NewtonSchulzOptions {
   // The coefficient schedule: iteration i uses coefficients[min(i, size - 1)], so one triple is

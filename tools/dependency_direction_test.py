@@ -30,7 +30,7 @@ ALLOWED = {
     "model": {"common", "collectives"},
     "data": {"common", "checkpoint"},
     # integration/'s sub-packages sit below the trainer: they never include integration/ itself.
-    "integration/config": {"common", "model", "optimizers"},
+    "integration/config": {"common", "layout", "model", "optimizers"},
     "integration/metrics": {"common", "collectives", "checkpoint", "optimizers",
                             "integration/config"},
 }

@@ -1,14 +1,17 @@
-// Fuzz target for the text-format config parser (integration/config/trainer_config.h): any bytes given to
-// ApplyConfigText are either rejected with kInvalidArgument ("config 'NAME': ...") leaving the config
-// untouched, or accepted with exactly the fields present in the text changed. Every accepted config
-// then goes through ValidateTrainerConfig at several world sizes, which either rejects it with a
-// message or accepts it with every documented bound holding (what Train and the checkpoint code
-// then rely on).
+// Fuzz target for the text-format config parser (integration/config/trainer_config.h): any bytes
+// given to ApplyConfigText are either rejected with kInvalidArgument ("config 'NAME': ...") leaving
+// the config untouched — because the text does not parse, or because a fixed-choice field names a
+// value its table (choices.h) does not hold — or accepted with exactly the fields present in the
+// text changed. Every accepted config then goes through ValidateTrainerConfig at several world
+// sizes, which either rejects it with a message or accepts it with every documented bound holding
+// (what Train and the checkpoint code then rely on). The seed corpus (testdata/fuzz/config) names
+// every accepted value of every fixed-choice field; trainer_config_test checks that it does.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -21,14 +24,11 @@
 #include "integration/config/trainer_config.h"
 #include "model/gpt_config.h"
 
+namespace orthoshard::integration {
 namespace {
 
-using ::orthoshard::integration::ApplyConfigText;
 using ::orthoshard::model::GptConfig;
 using ::orthoshard::model::GptPreset;
-using ::orthoshard::integration::PretrainConfig;
-using ::orthoshard::integration::TrainerConfig;
-using ::orthoshard::integration::ValidateTrainerConfig;
 
 #define ORTHOSHARD_COUNT(type, name, default_value, help) +1
 constexpr int kNumFields = 0 ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_COUNT);
@@ -52,6 +52,37 @@ void SetDistinct(int& v, int i) { v = -101 - i; }
 void SetDistinct(uint64_t& v, int i) { v = 0xfeedfacecafe0000ULL + i; }
 void SetDistinct(double& v, int i) { v = -1.5 - i; }
 void SetDistinct(bool& v, int) { v = !v; }
+// A fixed-choice field: the table's next value (every table has at least two).
+template <typename E, std::enable_if_t<kIsChoice<E>, int> = 0>
+void SetDistinct(E& v, int) {
+  const auto& values = ChoiceTable<E>::kValues;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i].value == v) {
+      v = values[(i + 1) % values.size()].value;
+      return;
+    }
+  }
+}
+
+// What a proto field's value becomes in TrainerConfig (a choice's name: its value; the text named
+// an accepted one, or ApplyConfigText would have failed).
+template <typename T, typename S>
+T Applied(const S& spelled) {
+  T value{};
+  Check(SetFromSpelling("field", spelled, &value).ok());
+  return value;
+}
+
+// Whether some fixed-choice field of `proto` names a value its table does not hold.
+bool NamesAnUnknownChoice(const PretrainConfig& proto) {
+  bool unknown = false;
+  TrainerConfig scratch;
+#define ORTHOSHARD_UNKNOWN(type, name, default_value, help) \
+  unknown = unknown || (proto.has_##name() && !SetFromSpelling(#name, proto.name(), &scratch.name).ok());
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_UNKNOWN)
+#undef ORTHOSHARD_UNKNOWN
+  return unknown;
+}
 
 // A config whose every field differs from both TrainerConfig's and the proto's defaults, so a field
 // the parser writes without the text naming it shows up.
@@ -81,13 +112,9 @@ bool SameConfig(const TrainerConfig& a, const TrainerConfig& b) {
 
 // The documented bounds of an accepted config (trainer_config.h, ValidateTrainerConfig).
 void CheckAccepted(const TrainerConfig& c, int world_size) {
-  Check(c.dist == "replicated" || c.dist == "layerwise" || c.dist == "distopt");
-  Check(c.device == "cpu" || c.device == "cuda");
-  Check(c.optimizer == "muon" || c.optimizer == "adamw");
-  Check(c.schedule == "constant" || c.schedule == "cosine" || c.schedule == "linear" ||
-        c.schedule == "wsd");
-  Check(!(c.dist == "distopt" && c.optimizer == "muon"));
-  Check(!((c.resume != "false" || c.save_every > 0) && c.save_dir.empty()));
+  Check(!(SpecOf(c.dist).muon_strategy == layout::Strategy::kDistOpt &&
+          c.optimizer == OptimizerChoice::kMuon));
+  Check(!((c.resume != ResumeMode::kFalse || c.save_every > 0) && c.save_dir.empty()));
   const absl::StatusOr<GptConfig> preset = GptPreset(c.model);
   Check(preset.ok());
   Check(c.steps >= 1 && c.global_batch >= 1 && c.micro_batches >= 1 && c.eval_batches >= 1 &&
@@ -99,8 +126,7 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
         c.max_bucket_padding <= 1);
   Check(c.save_every >= 0 && c.stop_after >= 0 && c.stop_after <= c.steps &&
         c.keep_checkpoints >= 0 && c.max_consecutive_skips >= 0);
-  Check((c.on_save_failure == "stop" || c.on_save_failure == "continue") &&
-        c.max_consecutive_failed_saves >= 0);
+  Check(c.max_consecutive_failed_saves >= 0);
   // global_batch / world_size / micro_batches samples per micro-batch, exactly.
   Check(c.global_batch % world_size == 0 && (c.global_batch / world_size) % c.micro_batches == 0);
   Check(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1);
@@ -111,9 +137,7 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   Check(!std::isnan(c.max_grad_norm));
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+int TestOneInput(const uint8_t* data, size_t size) {
   Check(PretrainConfig::descriptor()->field_count() == kNumFields);  // a new field is listed above
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
 
@@ -132,12 +156,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(absl::StartsWith(status.message(), "config 'fuzz.textproto': ") &&
           status.message().size() > sizeof("config 'fuzz.textproto': ") - 1);
     Check(SameConfig(applied, base));
-    Check(!parses);
+    Check(!parses || NamesAnUnknownChoice(proto));
     return 0;
   }
   Check(parses);
 #define ORTHOSHARD_APPLIED(type, name, default_value, help)                     \
-  Check(proto.has_##name() ? Same(applied.name, static_cast<type>(proto.name())) \
+  Check(proto.has_##name() ? Same(applied.name, Applied<type>(proto.name()))     \
                            : Same(applied.name, base.name));
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLIED)
 #undef ORTHOSHARD_APPLIED
@@ -155,4 +179,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   return 0;
+}
+
+}  // namespace
+}  // namespace orthoshard::integration
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return orthoshard::integration::TestOneInput(data, size);
 }

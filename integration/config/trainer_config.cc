@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "common/status_macros.h"
 #include "integration/config/pretrain_config.pb.h"
 #include "model/gpt_config.h"
 #include "optimizers/ns_schedule.h"
@@ -50,27 +51,11 @@ absl::Status NonNegative(absl::string_view field, int64_t value) {
 
 }  // namespace
 
-const char* DistModeName(DistMode mode) {
-  switch (mode) {
-    case DistMode::kReplicated:
-      return "replicated";
-    case DistMode::kLayerwise:
-      return "layerwise";
-    case DistMode::kDistOpt:
-      return "distopt";
-    case DistMode::kFsdp:
-      return "fsdp";
+const DistModeSpec& SpecOf(DistMode mode) {
+  for (const DistModeSpec& spec : kDistModes) {
+    if (spec.value == mode) return spec;
   }
-  return "?";
-}
-
-absl::StatusOr<DistMode> ParseDistMode(absl::string_view name) {
-  for (DistMode mode :
-       {DistMode::kReplicated, DistMode::kLayerwise, DistMode::kDistOpt, DistMode::kFsdp}) {
-    if (name == DistModeName(mode)) return mode;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--dist '", name, "': expected replicated, layerwise, distopt or fsdp"));
+  return kDistModes[static_cast<size_t>(DistMode::kLayerwise)];  // unreachable for a DistMode
 }
 
 absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
@@ -84,47 +69,38 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
         absl::StrCat("config '", name, "': ", errors.first().empty() ? "does not parse"
                                                                     : errors.first()));
   }
-  TrainerConfig& c = *config;
+  TrainerConfig c = *config;
+  absl::Status status;
 #define ORTHOSHARD_APPLY(type, name, default_value, help) \
-  if (proto.has_##name()) c.name = proto.name();
+  if (status.ok() && proto.has_##name()) status = SetFromSpelling(#name, proto.name(), &c.name);
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLY)
 #undef ORTHOSHARD_APPLY
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config '", name, "': ", status.message()));
+  }
+  *config = std::move(c);
   return absl::OkStatus();
 }
 
-absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
-  if (world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world_size));
-  }
-  absl::StatusOr<DistMode> dist = ParseDistMode(c.dist);
-  if (!dist.ok()) return dist.status();
-  if (c.device != "cpu" && c.device != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device '", c.device, "': expected cpu or cuda"));
-  }
-  if (c.resume != "false" && c.resume != "true" && c.resume != "auto") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--resume '", c.resume, "': expected true, false or auto"));
-  }
-  if ((c.resume != "false" || c.save_every > 0) && c.save_dir.empty()) {
-    return absl::InvalidArgumentError(c.resume != "false"
+namespace {
+
+// Checkpointing, resume and stopping.
+absl::Status ValidateRunControl(const TrainerConfig& c) {
+  if ((c.resume != ResumeMode::kFalse || c.save_every > 0) && c.save_dir.empty()) {
+    return absl::InvalidArgumentError(c.resume != ResumeMode::kFalse
                                           ? "--resume needs --save_dir (the checkpoint root)"
-                                               : "--save_every needs --save_dir");
+                                          : "--save_every needs --save_dir");
   }
   if (c.max_consecutive_skips < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_consecutive_skips must be >= 0 (0 = never stop), got ", c.max_consecutive_skips));
-  }
-  if (c.on_save_failure != "stop" && c.on_save_failure != "continue") {
-    return absl::InvalidArgumentError(absl::StrCat("--on_save_failure '", c.on_save_failure,
-                                                   "': expected stop or continue"));
   }
   if (c.max_consecutive_failed_saves < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_consecutive_failed_saves must be >= 0 (0 = never stop), got ",
                      c.max_consecutive_failed_saves));
   }
-  if (absl::Status s = Positive("steps", c.steps); !s.ok()) return s;  // before --stop_after's bound
+  RETURN_IF_ERROR(Positive("steps", c.steps));  // before --stop_after's bound
   if (c.save_every < 0 || c.stop_after < 0 || c.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--save_every, --stop_after and --keep_checkpoints must be >= 0, got ", c.save_every, ", ",
@@ -134,24 +110,11 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stop_after ", c.stop_after, " exceeds --steps ", c.steps));
   }
-  if (c.optimizer != "muon" && c.optimizer != "adamw") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--optimizer '", c.optimizer, "': expected muon or adamw"));
-  }
-  if (c.muon_scale_rule != "original" && c.muon_scale_rule != "match_rms_adamw" &&
-      c.muon_scale_rule != "spectral") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--muon_scale_rule '", c.muon_scale_rule,
-                     "': expected original, match_rms_adamw or spectral"));
-  }
-  if (c.precision != "fp32" && c.precision != "bf16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--precision '", c.precision, "': expected fp32 or bf16"));
-  }
-  if (c.clip_mode != "all" && c.clip_mode != "exclude_muon") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--clip_mode '", c.clip_mode, "': expected all or exclude_muon"));
-  }
+  return absl::OkStatus();
+}
+
+// The optimizers' hyperparameters, and which optimizer the --dist mode can run.
+absl::Status ValidateOptimizer(const TrainerConfig& c) {
   if (absl::StatusOr<optimizers::NsSchedule> ns =
           optimizers::ParseNsSchedule(c.muon_ns_coefficients);
       !ns.ok()) {
@@ -177,115 +140,18 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--muon_extra_scale must be > 0, got ", c.muon_extra_scale));
   }
-  if (c.muon_ns_dtype != "bf16" && c.muon_ns_dtype != "fp32") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--muon_ns_dtype '", c.muon_ns_dtype, "': expected bf16 or fp32"));
-  }
-  if (c.muon_ns_form != "auto" && c.muon_ns_form != "direct" && c.muon_ns_form != "gram") {
-    return absl::InvalidArgumentError(absl::StrCat("--muon_ns_form '", c.muon_ns_form,
-                                                   "': expected auto, direct or gram"));
-  }
-  if (c.muon_ns_form == "gram" && c.muon_ns_dtype != "fp32") {
+  if (c.muon_ns_form == NsForm::kGram && c.muon_ns_dtype != optimizers::NsDType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got ", c.muon_ns_dtype,
+        "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got ", ChoiceName(c.muon_ns_dtype),
         "): the Gram form carries its Gram matrix between steps, so low-precision rounding is "
         "never corrected"));
   }
-  if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "linear" &&
-      c.schedule != "wsd") {
+  if (SpecOf(c.dist).muon_strategy == layout::Strategy::kDistOpt &&
+      c.optimizer == OptimizerChoice::kMuon) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--schedule '", c.schedule, "': expected constant, cosine, linear or wsd"));
-  }
-  if (*dist == DistMode::kDistOpt && c.optimizer == "muon") {
-    return absl::InvalidArgumentError(
-        "--dist=distopt shards every param at element level, but Muon needs whole matrices: use "
-        "--optimizer=adamw with it, or --dist=layerwise (Muon layer-wise + ZeRO-1 AdamW)");
-  }
-  absl::StatusOr<GptConfig> preset = GptPreset(c.model);
-  if (!preset.ok()) return preset.status();
-  for (auto [field, value] : {std::pair<const char*, int64_t>{"steps", c.steps},
-                              {"global_batch", c.global_batch},
-                              {"micro_batches", c.micro_batches},
-                              {"eval_batches", c.eval_batches},
-                              {"bucket_elems", c.bucket_elems},
-                              {"max_bucket_elems", c.max_bucket_elems},
-                              {"log_every", c.log_every},
-                              {"distributed_timeout_s", c.distributed_timeout_s}}) {
-    if (absl::Status s = Positive(field, value); !s.ok()) return s;
-  }
-  for (auto [field, value] : {std::pair<const char*, int64_t>{"seq_len", c.seq_len},
-                              {"warmup_steps", c.warmup_steps},
-                              {"decay_steps", c.decay_steps},
-                              {"eval_every", c.eval_every},
-                              {"check_every", c.check_every},
-                              {"num_threads", c.num_threads},
-                              {"min_buckets", c.min_buckets},
-                              {"target_buckets", c.target_buckets}}) {
-    if (absl::Status s = NonNegative(field, value); !s.ok()) return s;
-  }
-  if (c.profile_step_start < 0 || c.profile_step_end < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--profile_step_start ", c.profile_step_start, " / --profile_step_end ",
-        c.profile_step_end, ": expected steps >= 1 (0 = off / the start step)"));
-  }
-  if (c.profile_step_start > 0) {
-    if (c.profile_step_end != 0 && c.profile_step_end < c.profile_step_start) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--profile_step_end ", c.profile_step_end, " precedes --profile_step_start ",
-                       c.profile_step_start));
-    }
-    if (c.profile_step_start > c.steps) {
-      return absl::InvalidArgumentError(absl::StrCat("--profile_step_start ", c.profile_step_start,
-                                                     " is after the last step (--steps ",
-                                                     c.steps, "): nothing would be profiled"));
-    }
-    if (c.profile_dir.empty() && c.log_dir.empty()) {
-      return absl::InvalidArgumentError(
-          "--profile_step_start needs --profile_dir (or --log_dir) for the traces");
-    }
-  } else if (c.profile_step_end != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--profile_step_end ", c.profile_step_end, " without --profile_step_start"));
-  }
-  if (!(c.bucket_padding >= 0.0 && c.bucket_padding <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("--bucket_padding ", c.bucket_padding,
-                                                   ": expected a fraction in [0, 1]"));
-  }
-  if (!(c.max_bucket_padding >= 0.0 && c.max_bucket_padding <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_bucket_padding ", c.max_bucket_padding,
-                                                   ": expected a fraction in [0, 1]"));
-  }
-  if (c.seq_len > preset->max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("--seq_len ", c.seq_len, " exceeds model '",
-                                                   c.model, "' max_seq_len ",
-                                                   preset->max_seq_len));
-  }
-  // world_size x micro_batches must divide global_batch (>= 1), so it is at most global_batch;
-  // checking that by division first keeps the product from overflowing.
-  const bool fits = c.micro_batches <= c.global_batch / world_size;
-  if (!fits || c.global_batch % (static_cast<int64_t>(world_size) * c.micro_batches) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--global_batch ", c.global_batch, " is not divisible by world size ", world_size,
-        " x --micro_batches ", c.micro_batches,
-        fits ? absl::StrCat(" = ", static_cast<int64_t>(world_size) * c.micro_batches)
-             : std::string(" (the product exceeds --global_batch)")));
-  }
-  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
-  }
-  if (c.vocab_size < 0 || c.vocab_size > (int64_t{1} << 31)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--vocab_size must be 0 (the data's or the preset's) or in [1, 2^31], got ",
-                     c.vocab_size));
-  }
-  if (c.eod_token < -1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--eod_token must be a token id (>= 0) or -1 (the data's, if any), got ", c.eod_token));
-  }
-  if (!(c.eval_fraction > 0 && c.eval_fraction < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--eval_fraction must be in (0, 1), got ", c.eval_fraction));
+        "--dist=", ChoiceName(c.dist),
+        " shards every param at element level, but Muon needs whole matrices: use "
+        "--optimizer=adamw with it, or --dist=layerwise (Muon layer-wise + ZeRO-1 AdamW)"));
   }
   for (auto [field, value] : {std::pair<const char*, double>{"lr", c.lr}, {"muon_lr", c.muon_lr}}) {
     if (!(value > 0 && std::isfinite(value))) {
@@ -302,7 +168,120 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
       return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
     }
   }
+  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
+  }
   return absl::OkStatus();
+}
+
+// Counts that must be positive or non-negative, and the bucket fractions.
+absl::Status ValidateCounts(const TrainerConfig& c) {
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"steps", c.steps},
+                              {"global_batch", c.global_batch},
+                              {"micro_batches", c.micro_batches},
+                              {"eval_batches", c.eval_batches},
+                              {"bucket_elems", c.bucket_elems},
+                              {"max_bucket_elems", c.max_bucket_elems},
+                              {"log_every", c.log_every},
+                              {"distributed_timeout_s", c.distributed_timeout_s}}) {
+    RETURN_IF_ERROR(Positive(field, value));
+  }
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"seq_len", c.seq_len},
+                              {"warmup_steps", c.warmup_steps},
+                              {"decay_steps", c.decay_steps},
+                              {"eval_every", c.eval_every},
+                              {"check_every", c.check_every},
+                              {"num_threads", c.num_threads},
+                              {"min_buckets", c.min_buckets},
+                              {"target_buckets", c.target_buckets}}) {
+    RETURN_IF_ERROR(NonNegative(field, value));
+  }
+  for (auto [field, value] : {std::pair<const char*, double>{"bucket_padding", c.bucket_padding},
+                              {"max_bucket_padding", c.max_bucket_padding}}) {
+    if (!(value >= 0.0 && value <= 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", field, " ", value, ": expected a fraction in [0, 1]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --profile_step_start / --profile_step_end / --profile_dir.
+absl::Status ValidateProfiling(const TrainerConfig& c) {
+  if (c.profile_step_start < 0 || c.profile_step_end < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_step_start ", c.profile_step_start, " / --profile_step_end ",
+        c.profile_step_end, ": expected steps >= 1 (0 = off / the start step)"));
+  }
+  if (c.profile_step_start == 0) {
+    if (c.profile_step_end == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_step_end ", c.profile_step_end, " without --profile_step_start"));
+  }
+  if (c.profile_step_end != 0 && c.profile_step_end < c.profile_step_start) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--profile_step_end ", c.profile_step_end, " precedes --profile_step_start ",
+                     c.profile_step_start));
+  }
+  if (c.profile_step_start > c.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("--profile_step_start ", c.profile_step_start,
+                                                   " is after the last step (--steps ", c.steps,
+                                                   "): nothing would be profiled"));
+  }
+  if (c.profile_dir.empty() && c.log_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--profile_step_start needs --profile_dir (or --log_dir) for the traces");
+  }
+  return absl::OkStatus();
+}
+
+// The model preset, the batch shape over the ranks, and the data's ids and eval split.
+absl::Status ValidateModelAndBatch(const TrainerConfig& c, int world_size) {
+  absl::StatusOr<GptConfig> preset = GptPreset(c.model);
+  if (!preset.ok()) return preset.status();
+  if (c.seq_len > preset->max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq_len ", c.seq_len, " exceeds model '",
+                                                   c.model, "' max_seq_len ",
+                                                   preset->max_seq_len));
+  }
+  // world_size x micro_batches must divide global_batch (>= 1), so it is at most global_batch;
+  // checking that by division first keeps the product from overflowing.
+  const bool fits = c.micro_batches <= c.global_batch / world_size;
+  if (!fits || c.global_batch % (static_cast<int64_t>(world_size) * c.micro_batches) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global_batch ", c.global_batch, " is not divisible by world size ", world_size,
+        " x --micro_batches ", c.micro_batches,
+        fits ? absl::StrCat(" = ", static_cast<int64_t>(world_size) * c.micro_batches)
+             : std::string(" (the product exceeds --global_batch)")));
+  }
+  if (c.vocab_size < 0 || c.vocab_size > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_size must be 0 (the data's or the preset's) or in [1, 2^31], got ",
+                     c.vocab_size));
+  }
+  if (c.eod_token < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eod_token must be a token id (>= 0) or -1 (the data's, if any), got ", c.eod_token));
+  }
+  if (!(c.eval_fraction > 0 && c.eval_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_fraction must be in (0, 1), got ", c.eval_fraction));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world_size));
+  }
+  RETURN_IF_ERROR(ValidateRunControl(c));
+  RETURN_IF_ERROR(ValidateOptimizer(c));
+  RETURN_IF_ERROR(ValidateCounts(c));
+  RETURN_IF_ERROR(ValidateProfiling(c));
+  return ValidateModelAndBatch(c, world_size);
 }
 
 namespace {
@@ -354,8 +333,9 @@ std::string TrainSummary::ToJson() const {
 }
 
 bool GramNewtonSchulz(const TrainerConfig& config) {
-  return config.muon_ns_form == "gram" ||
-         (config.muon_ns_form == "auto" && config.muon_ns_dtype == "fp32");
+  return config.muon_ns_form == NsForm::kGram ||
+         (config.muon_ns_form == NsForm::kAuto &&
+          config.muon_ns_dtype == optimizers::NsDType::kFloat32);
 }
 
 std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {
@@ -368,10 +348,11 @@ std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {
 }
 
 void ResolveResumeAuto(TrainerConfig* config) {
-  if (config->resume != "auto" || config->save_dir.empty()) return;  // validation names the latter
+  if (config->resume != ResumeMode::kAuto || config->save_dir.empty()) return;  // validation names it
   std::error_code ec;
-  config->resume =
-      std::filesystem::exists(config->save_dir + "/latest", ec) && !ec ? "true" : "false";
+  config->resume = std::filesystem::exists(config->save_dir + "/latest", ec) && !ec
+                       ? ResumeMode::kTrue
+                       : ResumeMode::kFalse;
 }
 
 }  // namespace orthoshard::integration

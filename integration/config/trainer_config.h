@@ -1,6 +1,7 @@
-// What a pretraining run is told and what it reports, as plain values with no LibTorch: the
-// distribution mode, TrainerConfig (one comment per field), the text-format config parser, the checks
-// that need no files or ranks, and TrainSummary. The run itself is Train in trainer.h.
+// What a pretraining run is told and what it reports, as plain values with no LibTorch:
+// TrainerConfig (one comment per field; fixed-choice fields typed by choices.h), the text-format
+// config parser, the checks that need no files or ranks, and TrainSummary. The run itself is Train
+// in trainer.h.
 //
 // Config comes from three places, later ones winning: TrainerConfig's defaults, a text-format
 // `PretrainConfig` proto (pretrain_config.proto, ApplyConfigText), and command-line flags.
@@ -14,14 +15,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "integration/config/choices.h"
 #include "integration/config/trainer_config_fields.h"
 
 namespace orthoshard::integration {
-
-enum class DistMode { kReplicated, kLayerwise, kDistOpt, kFsdp };
-const char* DistModeName(DistMode mode);  // "replicated", "layerwise", "distopt", "fsdp"
-// Errors: kInvalidArgument naming the accepted values.
-absl::StatusOr<DistMode> ParseDistMode(absl::string_view name);
 
 // A run's settings. Each field, its default and its meaning are in trainer_config_fields.h.
 struct TrainerConfig {
@@ -31,20 +28,22 @@ struct TrainerConfig {
 };
 
 // Fills `config` from a text-format orthoshard.integration.PretrainConfig: only fields present in
-// the text are changed. Errors: kInvalidArgument with the parser's message (line:column) for text
-// that does not parse ("config 'x': 3:1: Message type ... has no field named \"stepz\"").
+// the text are changed, and nothing is on error. Errors: kInvalidArgument with the parser's message
+// (line:column) for text that does not parse ("config 'x': 3:1: Message type ... has no field
+// named \"stepz\""), or naming a fixed-choice field's unknown value ("config 'x': --dist 'mesh':
+// expected replicated, layerwise, distopt or fsdp").
 absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, TrainerConfig* config);
 
 // Checks values that need no files or ranks. Errors: kInvalidArgument naming the field and its
-// bound (steps >= 1, known preset/optimizer/schedule, batch divisibility by world_size x
-// micro_batches, seq_len <= the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm
-// NaN, distopt with muon, --resume or --save_every without --save_dir, stop_after > steps, on_save_failure other than stop or continue, device
-// other than cpu or cuda, ...). Whether this build and machine can run cuda is the caller's check.
+// bound (steps >= 1, a known preset, batch divisibility by world_size x micro_batches, seq_len <=
+// the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm NaN, distopt with muon,
+// --resume or --save_every without --save_dir, stop_after > steps, ...). Fixed-choice fields hold
+// a valid value by their type. Whether this build and machine can run cuda is the caller's check.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
 // Whether the run continues from a checkpoint: --resume=true (after ResolveResumeAuto, also an
 // --resume=auto that found one).
-inline bool Resuming(const TrainerConfig& config) { return config.resume == "true"; }
+inline bool Resuming(const TrainerConfig& config) { return config.resume == ResumeMode::kTrue; }
 
 // Turns --resume=auto into true when --save_dir holds a `latest` pointer, else false; other values
 // are left alone. Every rank decides alike (the same file system, read before any rank writes).

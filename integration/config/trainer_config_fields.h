@@ -1,7 +1,9 @@
 // Every TrainerConfig field, defined once: X(type, name, default, help). Expanded into the struct
 // (trainer_config.h), the text-format config (ApplyConfigText: PretrainConfig's fields of the same
 // names, which trainer_config_test checks against this list), pretrain's command-line flags and
-// their --help, and the config fuzzer. A new field is one entry here plus its proto field.
+// their --help, and the config fuzzer. A new field is one entry here plus its proto field. A
+// fixed-choice field has a choices.h type (its flag and proto field are strings, parsed with the
+// type's table).
 #ifndef ORTHOSHARD_INTEGRATION_CONFIG_TRAINER_CONFIG_FIELDS_H_
 #define ORTHOSHARD_INTEGRATION_CONFIG_TRAINER_CONFIG_FIELDS_H_
 
@@ -27,18 +29,18 @@
     "drop the loss of the token predicted from an EOD (the next document's first token) " \
     "(Megatron-LM's --eod-mask-loss); the loss is then the mean over the counted tokens of " \
     "the whole step") \
-  X(std::string, optimizer, "muon", \
+  X(OptimizerChoice, optimizer, OptimizerChoice::kMuon, \
     "muon (Muon for hidden matrices, AdamW for the rest) or adamw (AdamW for all)") \
-  X(std::string, dist, "layerwise", \
+  X(DistMode, dist, DistMode::kLayerwise, \
     "distribution: replicated (grads all-reduced, every rank steps every param), layerwise " \
     "(DDP reduce-scatter + layer-wise Muon + ZeRO-1 AdamW, params all-gathered per layer " \
     "before forward), distopt (ZeRO-1 for every param; needs --optimizer=adamw) or fsdp " \
     "(layerwise with sharded params, ZeRO-3: each rank keeps only its shard of params, grads " \
     "and state; each layer's params are gathered before its forward and its backward)") \
-  X(std::string, device, "cpu", \
+  X(Device, device, Device::kCpu, \
     "cpu (Gloo) or cuda (NCCL, one GPU per rank: cuda:LOCAL_RANK; needs a build with bazel " \
     "build --config=cuda)") \
-  X(std::string, precision, "fp32", \
+  X(Precision, precision, Precision::kFp32, \
     "fp32, or bf16 mixed precision: bf16 params and activations (norms, attention softmax and " \
     "loss computed in fp32), fp32 main params and optimizer state for what each rank updates, " \
     "gradients accumulated and reduced in fp32 unless --grad_reduce_in_fp32=false. fp32 is the " \
@@ -69,7 +71,7 @@
     "Muon momentum mu, in [0, 1)") \
   X(bool, muon_nesterov, true, \
     "Muon: Nesterov momentum (the update is g + mu (B - g)); false uses the buffer B") \
-  X(std::string, muon_scale_rule, "original", \
+  X(optimizers::MuonScaleRule, muon_scale_rule, optimizers::MuonScaleRule::kOriginal, \
     "Muon lr scale per matrix shape: original (sqrt(max(1, rows/cols)), torch.optim.Muon), " \
     "match_rms_adamw (0.2 sqrt(max(rows, cols)), Moonshot) or spectral (--muon_extra_scale x " \
     "sqrt(max(rows, cols)), Megatron-LM)") \
@@ -81,7 +83,7 @@
     "Newton-Schulz coefficient schedule: simple (3.4445, -4.7750, 2.0315 every iteration), " \
     "polar_express (the 5 per-iteration quintics of arXiv:2505.16932, as modded-nanogpt), or " \
     "a,b,c[;a,b,c...] (a triple per iteration; the last repeats)") \
-  X(std::string, muon_ns_dtype, "bf16", \
+  X(optimizers::NsDType, muon_ns_dtype, optimizers::NsDType::kBFloat16, \
     "dtype of Muon's Newton-Schulz iteration: bf16 (as torch.optim.Muon) or fp32 (faster on " \
     "CPUs without bf16 arithmetic, such as AVX2-only ones)") \
   X(double, adam_beta1, 0.9, \
@@ -95,11 +97,11 @@
     "'embedding*,output_layer*'); norm weights and other non-matrix params never are") \
   X(double, max_grad_norm, 1.0, \
     "global-norm clip; <= 0 disables") \
-  X(std::string, clip_mode, "all", \
+  X(optimizers::ClipMode, clip_mode, optimizers::ClipMode::kAllBeforeMomentum, \
     "all: one global norm over every gradient clips all of them, Muon's before its momentum " \
     "(Megatron-LM); exclude_muon: the norm and clip cover AdamW's params only (Newton-Schulz " \
     "normalises Muon's update anyway)") \
-  X(std::string, schedule, "cosine", \
+  X(optimizers::ScheduleKind, schedule, optimizers::ScheduleKind::kWarmupCosine, \
     "lr schedule: constant, cosine, linear, wsd") \
   X(int64_t, warmup_steps, 20, \
     "linear warmup steps (capped at --steps)") \
@@ -136,7 +138,7 @@
     "orthogonalise a rank's same-shape Muon matrices as one batched Newton-Schulz (bmm): " \
     "several times faster on a GPU, about even on a CPU; equal to the per-matrix iteration " \
     "within its rounding") \
-  X(std::string, muon_ns_form, "auto", \
+  X(NsForm, muon_ns_form, NsForm::kAuto, \
     "how Newton-Schulz is evaluated for Muon matrices whose long side is at least twice the " \
     "short one (an MLP's): direct (torch.optim.Muon's products), gram (on the Gram matrix: the " \
     "same iteration rearranged, ~30% fewer FLOPs for [4h, h] at 5 steps; fp32 iteration only) " \
@@ -179,7 +181,7 @@
     "checkpoint root (layerwise/distopt): step_NNNNNN/ dirs + `latest`; saved at the end") \
   X(int64_t, save_every, 0, \
     "also save a checkpoint every N steps (needs --save_dir); 0 = at the end only") \
-  X(std::string, resume, "false", \
+  X(ResumeMode, resume, ResumeMode::kFalse, \
     "true (or bare --resume): continue from --save_dir's latest checkpoint (any saved rank " \
     "count); exit 2 if it is missing, corrupt or from another model/optimizer/data setup. auto: " \
     "the same when --save_dir has a `latest`, else start afresh (one command for a first " \
@@ -192,7 +194,7 @@
   X(int64_t, max_consecutive_skips, 10, \
     "stop (exit 1) after this many consecutive steps skipped for non-finite gradients, saving" \
     " a final checkpoint when --save_dir is set; 0 = never") \
-  X(std::string, on_save_failure, "stop", \
+  X(SaveFailurePolicy, on_save_failure, SaveFailurePolicy::kStop, \
     "a checkpoint save that fails (disk full, I/O error): stop (exit non-zero naming the " \
     "file) or continue (report it on every rank, count it in the JSON's failed_saves, save " \
     "again at the next --save_every; a failed final save still exits non-zero)") \

@@ -1,4 +1,13 @@
 // TrainerConfig: text-format config, validation messages and the summary's JSON.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -71,9 +80,7 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--seq_len 65 exceeds model 'tiny' max_seq_len 64")));
-  config = TrainerConfig();
-  config.optimizer = "sgd";
-  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+  EXPECT_THAT(ParseChoice<OptimizerChoice>("optimizer", "sgd"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected muon or adamw")));
   config = TrainerConfig();
   config.min_buckets = -1;
@@ -85,22 +92,23 @@ TEST(TrainerConfig, ValidationNamesTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--max_bucket_padding 1.5: expected a fraction in [0, 1]")));
   config = TrainerConfig();
-  config.muon_ns_form = "gram";  // with the default bf16 iteration
+  config.muon_ns_form = NsForm::kGram;  // with the default bf16 iteration
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got bf16)")));
-  config.muon_ns_dtype = "fp32";
+  config.muon_ns_dtype = optimizers::NsDType::kFloat32;
   EXPECT_OK(ValidateTrainerConfig(config, 2));
-  config.muon_ns_form = "polar";
-  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+  EXPECT_THAT(ApplyConfigText("muon_ns_form: \"polar\"\n", "c", &config),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--muon_ns_form 'polar': expected auto, direct or gram")));
+                       HasSubstr("config 'c': --muon_ns_form 'polar': expected auto, direct or "
+                                 "gram")));
+  EXPECT_EQ(config.muon_ns_form, NsForm::kGram);  // nothing applied
   // auto: the Gram form for the fp32 iteration only.
   config = TrainerConfig();
   EXPECT_FALSE(GramNewtonSchulz(config));  // bf16
-  config.muon_ns_dtype = "fp32";
+  config.muon_ns_dtype = optimizers::NsDType::kFloat32;
   EXPECT_TRUE(GramNewtonSchulz(config));
-  config.muon_ns_form = "direct";
+  config.muon_ns_form = NsForm::kDirect;
   EXPECT_FALSE(GramNewtonSchulz(config));
   config = TrainerConfig();
   config.model = "huge";
@@ -119,39 +127,38 @@ TEST(TrainerConfig, NanMaxGradNormIsRejected) {
 
 TEST(TrainerConfig, DistModes) {
   TrainerConfig config;
-  config.dist = "layerwise";
+  config.dist = DistMode::kLayerwise;
   EXPECT_OK(ValidateTrainerConfig(config, 2));
-  config.dist = "distopt";
+  config.dist = DistMode::kDistOpt;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--dist=distopt shards every param at element level, but Muon "
                                  "needs whole matrices")));
-  config.optimizer = "adamw";
+  config.optimizer = OptimizerChoice::kAdamW;
   EXPECT_OK(ValidateTrainerConfig(config, 2));
-  config.dist = "mesh";
-  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+  EXPECT_THAT(ParseChoice<DistMode>("dist", "mesh"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("expected replicated, layerwise, distopt or fsdp")));
+                       HasSubstr("--dist 'mesh': expected replicated, layerwise, distopt or "
+                                 "fsdp")));
 }
 
 TEST(TrainerConfig, DeviceIsCpuOrCuda) {
   TrainerConfig config;
-  config.device = "cuda";  // whether this build and machine have one is pretrain's check
+  config.device = Device::kCuda;  // whether this build and machine have one is pretrain's check
   EXPECT_OK(ValidateTrainerConfig(config, 2));
-  config.device = "tpu";
-  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+  EXPECT_THAT(ApplyConfigText("device: \"tpu\"", "c", &config),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--device 'tpu': expected cpu or cuda")));
 }
 
 TEST(TrainerConfig, CheckpointFlagsAreChecked) {
   TrainerConfig config;
-  config.resume = "true";
+  config.resume = ResumeMode::kTrue;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--resume needs --save_dir")));
   config.save_dir = "/tmp/x";
   EXPECT_OK(ValidateTrainerConfig(config, 2));
-  config.dist = "replicated";  // every mode saves and resumes
+  config.dist = DistMode::kReplicated;  // every mode saves and resumes
   EXPECT_OK(ValidateTrainerConfig(config, 2));
   config = TrainerConfig();
   config.save_every = 5;
@@ -165,14 +172,13 @@ TEST(TrainerConfig, CheckpointFlagsAreChecked) {
 
 TEST(TrainerConfig, SaveFailurePolicy) {
   TrainerConfig config;
-  EXPECT_EQ(config.on_save_failure, "stop");
+  EXPECT_EQ(config.on_save_failure, SaveFailurePolicy::kStop);
   ASSERT_OK(ApplyConfigText("on_save_failure: \"continue\"\nmax_consecutive_failed_saves: 0\n", "c",
                             &config));
-  EXPECT_EQ(config.on_save_failure, "continue");
+  EXPECT_EQ(config.on_save_failure, SaveFailurePolicy::kContinue);
   EXPECT_EQ(config.max_consecutive_failed_saves, 0);
   EXPECT_OK(ValidateTrainerConfig(config, 2));
-  config.on_save_failure = "retry";
-  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+  EXPECT_THAT(ParseChoice<SaveFailurePolicy>("on_save_failure", "retry"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--on_save_failure 'retry': expected stop or continue")));
   config = TrainerConfig();
@@ -218,11 +224,71 @@ TEST(TrainerConfig, TheFieldTableMatchesTheProto) {
     ++fields;                                                                                   \
     const google::protobuf::FieldDescriptor* f = d->FindFieldByName(#name);                     \
     ASSERT_NE(f, nullptr) << "PretrainConfig has no field " #name;                              \
-    EXPECT_EQ(std::string(f->cpp_type_name()), CppTypeName<type>()) << #name;                   \
+    EXPECT_EQ(std::string(f->cpp_type_name()), CppTypeName<SpellingOf<type>>()) << #name;       \
   }
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_FIELD)
 #undef ORTHOSHARD_CHECK_FIELD
   EXPECT_EQ(d->field_count(), fields) << "PretrainConfig has fields the table does not list";
+}
+
+// Every value of every fixed-choice field: named by its table, applied from a text config, and each
+// mode's row of the --dist table found by SpecOf.
+TEST(Choices, EveryValueOfEveryFieldRoundTrips) {
+  int values = 0;
+  auto check_field = [&values](absl::string_view field, auto member) {
+    using E = std::decay_t<decltype(TrainerConfig().*member)>;
+    if constexpr (kIsChoice<E>) {
+      for (const auto& choice : ChoiceTable<E>::kValues) {
+        ++values;
+        EXPECT_STREQ(ChoiceName(choice.value), choice.name);
+        EXPECT_EQ(Spell(choice.value), choice.name);
+        ASSERT_OK_AND_ASSIGN(const E parsed, ParseChoice<E>(field, choice.name));
+        EXPECT_EQ(parsed, choice.value) << field << " " << choice.name;
+        TrainerConfig config;
+        ASSERT_OK(ApplyConfigText(absl::StrCat(field, ": \"", choice.name, "\"\n"), "c", &config));
+        EXPECT_EQ(config.*member, choice.value) << field << " " << choice.name;
+      }
+      EXPECT_THAT(ParseChoice<E>(field, "no_such_value"),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr(absl::StrCat("--", field, " 'no_such_value': expected ",
+                                                  ChoiceList<E>()))));
+    }
+  };
+
+#define ORTHOSHARD_CHECK_CHOICE(type, name, default_value, help) \
+  check_field(#name, &TrainerConfig::name);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_CHOICE)
+#undef ORTHOSHARD_CHECK_CHOICE
+  EXPECT_EQ(values, 29);  // a new choice: add it here and a seed to the fuzz corpus
+  for (const DistModeSpec& spec : kDistModes) EXPECT_EQ(SpecOf(spec.value).name, spec.name);
+}
+
+// The config fuzzer's seed corpus names every accepted value of every fixed-choice field, so that
+// every fuzz run (and the corpus replay `bazel test` does) starts from each of them.
+TEST(Choices, TheFuzzCorpusNamesEveryValue) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  ASSERT_NE(srcdir, nullptr);
+  const std::string dir =
+      absl::StrCat(srcdir, "/orthoshard/integration/config/testdata/fuzz/config");
+  std::string corpus;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StrAppend(&corpus, text.str(), "\n");
+  }
+  auto check_field = [&corpus, &dir](absl::string_view field, auto value_of_type) {
+    using E = decltype(value_of_type);
+    if constexpr (kIsChoice<E>) {
+      for (const auto& choice : ChoiceTable<E>::kValues) {
+        const std::string line = absl::StrCat(field, ": \"", choice.name, "\"");
+        EXPECT_TRUE(absl::StrContains(corpus, line)) << "no seed in " << dir << " has " << line;
+      }
+    }
+  };
+#define ORTHOSHARD_CHECK_SEEDS(type, name, default_value, help) check_field(#name, type{});
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_SEEDS)
+#undef ORTHOSHARD_CHECK_SEEDS
 }
 
 }  // namespace

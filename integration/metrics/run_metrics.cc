@@ -53,7 +53,7 @@ RunMetrics::RunMetrics(const TrainerConfig& config, const collectives::Communica
       out_(options.out),
       summary_(summary),
       lr_(config.lr),
-      muon_lr_(config.optimizer == "muon" ? config.muon_lr : 0.0),
+      muon_lr_(config.optimizer == OptimizerChoice::kMuon ? config.muon_lr : 0.0),
       params_norm_(config.log_params_norm),
       zero_grads_(config.log_num_zeros_in_grad),
       first_step_(first_step),

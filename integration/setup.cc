@@ -1,0 +1,293 @@
+// Build (setup.h): data, model, routing, layout, DDP and the distributed optimizer of one rank.
+#include "integration/setup.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+#include "common/status_macros.h"
+#include "data/dataset.h"
+#include "integration/training_data.h"
+#include "model/gpt_config.h"
+#include "optimizers/distributed/distributed_optimizer.h"
+#include "optimizers/ns_schedule.h"
+#include "optimizers/schedule.h"
+
+namespace orthoshard::integration {
+namespace {
+
+using collectives::Communicator;
+using model::Gpt;
+using model::ModelParam;
+
+// The config fields the libraries' option structs take as they are, one mapping per struct:
+// X(field of the option struct, TrainerConfig field). Fields that need more than a copy (derived
+// from several fields, or from the --dist mode) are set next to where the mapping is applied.
+#define ORTHOSHARD_OPTIMIZER_FIELDS(X)      \
+  X(adamw.lr, lr)                           \
+  X(adamw.beta1, adam_beta1)                \
+  X(adamw.beta2, adam_beta2)                \
+  X(adamw.eps, adam_eps)                    \
+  X(adamw.weight_decay, weight_decay)       \
+  X(adamw.fused, adamw_fused)               \
+  X(muon.lr, muon_lr)                       \
+  X(muon.weight_decay, muon_weight_decay)   \
+  X(muon.momentum, muon_momentum)           \
+  X(muon.nesterov, muon_nesterov)           \
+  X(muon.scale_rule, muon_scale_rule)       \
+  X(muon.extra_scale, muon_extra_scale)     \
+  X(muon.ns.ns_steps, muon_ns_steps)        \
+  X(muon.ns.batched, muon_batched_ns)       \
+  X(muon.ns.dtype, muon_ns_dtype)           \
+  X(max_grad_norm, max_grad_norm)           \
+  X(clip_mode, clip_mode)                   \
+  X(params_norm, log_params_norm)           \
+  X(count_zero_grads, log_num_zeros_in_grad)
+#define ORTHOSHARD_LAYOUT_FIELDS(X)                \
+  X(bucket_size, bucket_elems)                     \
+  X(target_buckets, target_buckets)                \
+  X(max_bucket_size, max_bucket_elems)             \
+  X(padding_tolerance, bucket_padding)             \
+  X(min_buckets, min_buckets)                      \
+  X(max_padding_tolerance, max_bucket_padding)
+#define ORTHOSHARD_DDP_FIELDS(X)                      \
+  X(grad_reduce_in_fp32, grad_reduce_in_fp32)         \
+  X(overlap_grad_reduce, overlap_grad_reduce)         \
+  X(reshard_after_forward, reshard_after_forward)     \
+  X(prefetch, prefetch_params)
+
+// A config value into an option field of another type: counts beyond an int's range are "as many
+// as there can be" (the layout's bucket counts).
+template <typename To, typename From>
+void CopyField(const From& from, To* to) {
+  if constexpr (std::is_same_v<To, int> && std::is_same_v<From, int64_t>) {
+    *to = static_cast<int>(std::min<int64_t>(from, std::numeric_limits<int>::max()));
+  } else {
+    *to = from;
+  }
+}
+
+#define ORTHOSHARD_COPY_FIELD(option, field) CopyField(c.field, &out.option);
+
+optimizers::ScheduleConfig ScheduleOf(const TrainerConfig& c) {
+  optimizers::ScheduleConfig s;
+  s.kind = c.schedule;
+  s.warmup_steps = std::min(c.warmup_steps, c.steps);
+  s.total_steps = c.steps;
+  s.decay_steps = c.decay_steps > 0 ? c.decay_steps : std::max<int64_t>(1, c.steps / 5);
+  s.min_lr_ratio = c.min_lr_ratio;
+  return s;
+}
+
+absl::StatusOr<optimizers::ChainedConfig> OptimizerConfigOf(const TrainerConfig& c) {
+  optimizers::ChainedConfig out;
+  ORTHOSHARD_OPTIMIZER_FIELDS(ORTHOSHARD_COPY_FIELD)
+  out.no_weight_decay_patterns = NoWeightDecayPatterns(c);
+  RETURN_IF_ERROR(optimizers::SetNsSchedule(c.muon_ns_coefficients, &out.muon.ns));
+  out.muon.ns.gram = GramNewtonSchulz(c);
+  out.schedule = ScheduleOf(c);
+  return out;
+}
+
+layout::LayoutOptions LayoutOptionsOf(const TrainerConfig& c, int dp) {
+  layout::LayoutOptions out;
+  ORTHOSHARD_LAYOUT_FIELDS(ORTHOSHARD_COPY_FIELD)
+  out.dp = dp;
+  // fp32 grads for bf16 params: `.grad` is an fp32 view and AccumulateGrad's in-place add promotes
+  // each bf16 gradient (buffers/param_and_grad_buffer.h). grad_reduce_in_fp32=false: bf16 grads.
+  out.grad_dtype = c.grad_reduce_in_fp32 ? DType::kFloat32 : std::optional<DType>{};
+  out.muon_strategy = SpecOf(c.dist).muon_strategy;
+  return out;
+}
+
+ddp::DdpConfig DdpConfigOf(const TrainerConfig& c) {
+  const DistModeSpec& mode = SpecOf(c.dist);
+  ddp::DdpConfig out;
+  ORTHOSHARD_DDP_FIELDS(ORTHOSHARD_COPY_FIELD)
+  out.overlap_param_gather = mode.sharded_step && c.overlap_param_gather;
+  out.grad_sync =
+      mode.sharded_step ? buffers::GradSync::kReduceScatter : buffers::GradSync::kAllReduce;
+  out.residency = mode.sharded_params ? buffers::Residency::kSharded : buffers::Residency::kFull;
+  return out;
+}
+
+#undef ORTHOSHARD_COPY_FIELD
+
+DType ParamDType(const TrainerConfig& c) {
+  return c.precision == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat32;
+}
+
+// The routing (decided once) and the layout that publishes it, from which the optimizer reads it.
+absl::Status RouteAndLayOut(const TrainerConfig& c, const model::GptConfig& gpt, int dp,
+                            Setup& s) {
+  const std::vector<ModelParam>& params = s.model->params();
+  optimizers::RoutingConfig routing;
+  if (c.optimizer == OptimizerChoice::kAdamW) {
+    routing.overrides.push_back({"*", optimizers::Route::kAdamW});
+  }
+  std::vector<optimizers::ParamDescriptor> descriptors;
+  for (const ModelParam& p : params) {
+    descriptors.push_back(
+        {p.name, std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end())});
+  }
+  ASSIGN_OR_RETURN(s.routing, optimizers::PlanRouting(routing, descriptors));
+  std::vector<layout::ParamSpec> specs;
+  for (size_t i = 0; i < params.size(); ++i) {
+    layout::ParamSpec spec;
+    spec.name = params[i].name;
+    spec.shape = descriptors[i].shape;
+    spec.dtype = ParamDType(c);
+    spec.role = s.routing.entries[i].route == optimizers::Route::kMuon ? layout::ParamRole::kMuon
+                                                                      : layout::ParamRole::kAdam;
+    spec.shared_embedding = params[i].kind == model::ParamKind::kEmbedding && gpt.tie_embeddings;
+    specs.push_back(std::move(spec));
+  }
+  ASSIGN_OR_RETURN(s.layout, layout::ComputeFullParamLayout(specs, LayoutOptionsOf(c, dp)));
+  return absl::OkStatus();
+}
+
+// DDP over the layout's buffers, the model's layer hooks, and the initial values written straight
+// into what this rank keeps (with fsdp only its shards: no rank ever holds the whole initialised
+// model; the model was built without them).
+absl::Status BuildDataParallel(const TrainerConfig& c, Setup& s) {
+  const std::vector<ModelParam>& params = s.model->params();
+  std::vector<at::Tensor> tensors;
+  std::vector<int> param_layers;
+  std::vector<std::pair<int, int>> extra_reads;  // a tied embedding is read by the head too
+  for (size_t i = 0; i < params.size(); ++i) {
+    tensors.push_back(params[i].tensor);
+    param_layers.push_back(params[i].layer);
+    for (int layer : params[i].also_read_by) extra_reads.push_back({static_cast<int>(i), layer});
+  }
+  ASSIGN_OR_RETURN(s.ddp,
+                   ddp::DistributedDataParallel::Create(s.layout, tensors, &s.mesh->dp(),
+                                                        &s.mesh->expt_dp(), DdpConfigOf(c)));
+  ASSIGN_OR_RETURN(ddp::LayerHooks hooks, s.ddp->MakeLayerHooks(param_layers, extra_reads));
+  s.model->set_layer_hooks({std::move(hooks.pre_forward), std::move(hooks.post_forward)});
+  RETURN_IF_ERROR(s.model->ForEachInitialValue(
+      c.seed, [&s](int i, const at::Tensor& value) { return s.ddp->SetParam(i, value); }));
+  for (int i = 0; i < s.ddp->num_buffers(); ++i) s.buffers.push_back(&s.ddp->buffer(i));
+  return absl::OkStatus();
+}
+
+// The distributed optimizer over the buffers. Each fused weight's split (QKV, SwiGLU fc1) is passed
+// on: Muon orthogonalises it per block in every mode.
+absl::Status BuildOptimizer(const TrainerConfig& c, Setup& s) {
+  const std::vector<ModelParam>& params = s.model->params();
+  std::map<std::string, optimizers::FusedSplit> splits;
+  for (const ModelParam& p : params) {
+    if (p.split.block_rows.empty()) continue;
+    splits[p.name] = {p.split.num_groups, p.split.block_rows};
+  }
+  ASSIGN_OR_RETURN(const optimizers::ChainedConfig config, OptimizerConfigOf(c));
+  ASSIGN_OR_RETURN(s.optimizer, optimizers::distributed::CreateDistributedOptimizer(
+                                    s.buffers, &s.mesh->dp(), config,
+                                    SpecOf(c.dist).sharded_step
+                                        ? optimizers::distributed::DistributedMode::kSharded
+                                        : optimizers::distributed::DistributedMode::kReplicated,
+                                    splits));
+  // The step updates this rank's part of the bucket groups in param gather order and starts each
+  // group's all-gather as soon as its part is done, hidden behind the update of the next groups.
+  if (c.overlap_param_gather && s.ddp->num_param_sync_stages() > 0) {
+    auto stage_of_name = std::make_shared<absl::flat_hash_map<std::string, int>>();
+    for (size_t i = 0; i < params.size(); ++i) {
+      (*stage_of_name)[params[i].name] = s.ddp->ParamSyncStage(static_cast<int>(i));
+    }
+    ddp::DistributedDataParallel* ddp = s.ddp.get();
+    s.stages.num_stages = ddp->num_param_sync_stages();
+    s.stages.stage_of = [stage_of_name](const optimizers::Slot& slot) {
+      const auto it = stage_of_name->find(slot.name);
+      return it == stage_of_name->end() ? -1 : it->second;
+    };
+    s.stages.on_done = [ddp](int stage) { return ddp->ParamSyncStageDone(stage); };
+  }
+  return absl::OkStatus();
+}
+
+// The train and eval loaders of this rank.
+absl::Status BuildLoaders(const TrainerConfig& c, const TrainingData& data, Setup& s) {
+  const Communicator& dp = s.mesh->dp();  // data is split over the data-parallel ranks
+  data::LoaderOptions lo;
+  lo.seq_len = s.seq_len;
+  lo.micro_batch_size = s.micro_batch_size;
+  lo.micro_batches = c.micro_batches;
+  lo.rank = dp.rank();
+  lo.world_size = dp.size();
+  lo.seed = c.seed;
+  lo.eod_token = data.eod_token;
+  lo.reset_at_eod = s.documents;
+  lo.mask_eod_loss = c.eod_mask_loss;
+  ASSIGN_OR_RETURN(data::DataLoader train, data::DataLoader::Create(data.train, lo));
+  lo.micro_batches = c.eval_batches;
+  lo.shuffle = false;
+  ASSIGN_OR_RETURN(data::DataLoader eval, data::DataLoader::Create(data.eval, lo));
+  s.train = std::make_unique<data::DataLoader>(std::move(train));
+  s.eval = std::make_unique<data::DataLoader>(std::move(eval));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string LayoutSummary(const layout::FullParamLayout& full) {
+  std::string out;
+  for (const layout::PerBufferParamLayout& b : full.buffers) {
+    std::vector<int64_t> sizes;
+    for (const layout::Bucket& bucket : b.buckets) sizes.push_back(bucket.numel());
+    const int64_t padding = b.numel() - b.unpadded_numel;
+    absl::StrAppendFormat(
+        &out,
+        "layout: buffer %s (%s, dp %d): %d params, %d elements + %d padding (%.2f%%), "
+        "%d buckets [%s]\n",
+        b.key.ToString(), layout::StrategyName(b.strategy), b.dp, b.params.size(),
+        b.unpadded_numel, padding, b.numel() > 0 ? 100.0 * padding / b.numel() : 0.0,
+        b.buckets.size(), absl::StrJoin(sizes, ", "));
+  }
+  return out;
+}
+
+absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
+  Setup s;
+  s.mode = c.dist;
+  ASSIGN_OR_RETURN(collectives::Mesh mesh,
+                   collectives::Mesh::Create(comm, collectives::DataParallelGrid(comm.size())));
+  s.mesh = std::make_unique<collectives::Mesh>(std::move(mesh));
+  ASSIGN_OR_RETURN(TrainingData data, LoadTrainingData(c));
+  const model::GptConfig& gpt = data.model.config;
+  s.seq_len = c.seq_len > 0 ? c.seq_len : gpt.max_seq_len;
+  s.micro_batch_size =
+      c.global_batch / (static_cast<int64_t>(s.mesh->dp().size()) * c.micro_batches);
+  s.unigram_entropy = data::UnigramEntropy(data.train->tokens);
+  s.train_tokens = data.train->tokens.size();
+  s.eval_tokens = data.eval->tokens.size();
+  s.vocab_source = data.model.vocab_source;
+  s.eval_source = data.eval_source;
+  s.eod_token = data.eod_token;
+  s.documents = c.reset_attention_mask && data.eod_token >= 0;
+  s.per_token_loss = c.eod_mask_loss;
+  RETURN_IF_ERROR(BuildLoaders(c, data, s));
+  // Built without values; BuildDataParallel writes them (drawn from the seed on the CPU, so every
+  // device starts from the same weights) into the buffers.
+  ASSIGN_OR_RETURN(Gpt model, Gpt::CreateUninitialized(
+                                  gpt, c.precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat,
+                                  comm.device()));
+  s.model = std::make_unique<Gpt>(std::move(model));
+  RETURN_IF_ERROR(RouteAndLayOut(c, gpt, s.mesh->dp().size(), s));
+  RETURN_IF_ERROR(BuildDataParallel(c, s));
+  RETURN_IF_ERROR(BuildOptimizer(c, s));
+  return s;
+}
+
+}  // namespace orthoshard::integration

@@ -1,0 +1,68 @@
+// What one rank builds before its first step (Build): the data and its loaders, the model, and how
+// the model is trained on this rank — the routing (which params Muon updates), the layout that
+// publishes it, DDP over the layout's buffers, and the distributed optimizer. What each --dist mode
+// implies comes from one table (choices.h, kDistModes); the config fields reach the libraries'
+// option structs through one mapping each (setup.cc).
+#ifndef ORTHOSHARD_INTEGRATION_SETUP_H_
+#define ORTHOSHARD_INTEGRATION_SETUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "buffers/param_and_grad_buffer.h"
+#include "collectives/communicator.h"
+#include "collectives/mesh.h"
+#include "data/loader.h"
+#include "ddp/distributed_data_parallel.h"
+#include "integration/config/trainer_config.h"
+#include "layout/layout.h"
+#include "model/model.h"
+#include "optimizers/chained.h"
+#include "optimizers/routing.h"
+
+namespace orthoshard::integration {
+
+// Everything one rank builds before the first step.
+struct Setup {
+  int64_t seq_len = 0;
+  int64_t micro_batch_size = 0;
+  double unigram_entropy = 0;
+  int64_t train_tokens = 0, eval_tokens = 0;
+  std::string vocab_source, eval_source;
+  int64_t eod_token = -1;
+  bool documents = false;       // rows carry their documents (attention stops at EOD)
+  bool per_token_loss = false;  // --eod_mask_loss: the step's loss is a mean over counted targets
+  DistMode mode = DistMode::kReplicated;
+  // The ranks' named groups over the world communicator. Today's grid is 1-D (dp = world size), so
+  // mesh->dp() is the world communicator itself; DDP, the layout and the optimizer take the dp
+  // group (expert buffers would take expt_dp), never the world.
+  std::unique_ptr<collectives::Mesh> mesh;
+  std::unique_ptr<model::Gpt> model;
+  layout::FullParamLayout layout;
+  // DDP owns the buffers (grads reduce-scattered, or all-reduced for kReplicated); the distributed
+  // optimizer steps this rank's part (every param, in kReplicated).
+  std::unique_ptr<ddp::DistributedDataParallel> ddp;
+  std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
+  // The optimizer's step in param sync stages (num_stages 0: one unstaged step).
+  optimizers::StepStages stages;
+  optimizers::RoutingReport routing;  // decided once, before the layout publishes it
+  std::vector<buffers::ParamAndGradBuffer*> buffers;  // parallel to layout.buffers
+  std::unique_ptr<data::DataLoader> train, eval;
+};
+
+// The data, the model and how it is trained on this rank of `comm` (the world communicator, which
+// must outlive the result). Every rank calls it with the same config. Errors: as Mesh::Create,
+// LoadTrainingData,
+// DataLoader::Create, Gpt::CreateUninitialized, PlanRouting, ComputeFullParamLayout,
+// DistributedDataParallel::Create and CreateDistributedOptimizer.
+absl::StatusOr<Setup> Build(const TrainerConfig& config, collectives::Communicator& comm);
+
+// One line per buffer of `full`: key, strategy, params, elements, padding and bucket sizes.
+std::string LayoutSummary(const layout::FullParamLayout& full);
+
+}  // namespace orthoshard::integration
+
+#endif  // ORTHOSHARD_INTEGRATION_SETUP_H_
