@@ -386,7 +386,7 @@ absl::Status AllReduceGradSyncPhase(const Model& model, int world, int rank, Com
       before.push_back(run->ddp->buffer(b).param_data().clone());
     }
     run->events.clear();
-    RETURN_IF_ERROR(run->ddp->StartParamSync());
+    RETURN_IF_ERROR(run->ddp->bucket_groups().StartParamSync());
     RETURN_IF_ERROR(run->ddp->FinishParamSync());
     if (Count(run->events, SyncEvent::Kind::kParamGatherLaunched) != 0) {
       return absl::InternalError("all-reduce grad sync: a param gather was launched");
@@ -438,12 +438,22 @@ absl::StatusOr<int> ExpectedStage(const DistributedDataParallel& ddp, const Mode
   return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "' is in no group"));
 }
 
+// The param sync stage of the param named `name` (BucketGroupSync::ParamSyncStage of its bucket).
+int StageOf(DistributedDataParallel& ddp, const std::string& name) {
+  for (int b = 0; b < ddp.num_buffers(); ++b) {
+    const layout::ParamPlacement* p = ddp.buffer(b).layout().Find(name);
+    if (p != nullptr) return ddp.bucket_groups().ParamSyncStage(b, p->bucket);
+  }
+  return -1;
+}
+
 // Each rank writes the expected values only into its own shards (garbage elsewhere); param sync
 // must make all of param_data the expected values. With overlap_param_gather, checks per layer
 // that the hook waited on every group of that layer, kept at most one gather in flight beyond
 // those waited on (unstaged), and launched in forward order. `staged`: the step's stages are
-// reported first (BeginParamSync, ParamSyncStageDone for the first half of the stages), as a
-// staged optimizer step does; each launches its group's gather at once.
+// reported first (the bucket groups' BeginParamSync, ParamSyncStageDone for the first half of the
+// stages), as a staged optimizer step does; each launches its group's gather at once. Without
+// overlap there are no stages.
 absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicator* comm,
                             Communicator* expert_comm, bool overlap, int buckets_per_group = 1,
                             bool staged = false) {
@@ -468,8 +478,13 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
   run->events.clear();
   const auto orders = ddp.GradReduceOrder();
   int staged_launches = 0;
-  if (staged) {
-    const int n = ddp.num_param_sync_stages();
+  if (staged && !overlap) {
+    // Without overlap_param_gather the param sync is one launch-and-wait after the step: no stages.
+    if (ddp.bucket_groups().num_param_sync_stages() != 0) {
+      return absl::InternalError("param sync stages without overlap_param_gather");
+    }
+  } else if (staged) {
+    const int n = ddp.bucket_groups().num_param_sync_stages();
     int groups = 0;
     for (const auto& order : orders) groups += static_cast<int>(order.size());
     if (n != groups) {
@@ -479,22 +494,22 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
     for (size_t i = 0; i < model.specs.size(); ++i) {
       ASSIGN_OR_RETURN(const int want, ExpectedStage(ddp, model, static_cast<int>(i),
                                                      buckets_per_group));
-      if (ddp.ParamSyncStage(static_cast<int>(i)) != want) {
-        return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "': stage ",
-                                                ddp.ParamSyncStage(static_cast<int>(i)),
+      const int got = StageOf(ddp, model.specs[i].name);
+      if (got != want) {
+        return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "': stage ", got,
                                                 ", expected ", want));
       }
     }
-    if (ddp.ParamSyncStageDone(0).code() != absl::StatusCode::kInvalidArgument) {
+    if (ddp.bucket_groups().ParamSyncStageDone(0).code() != absl::StatusCode::kInvalidArgument) {
       return absl::InternalError("a stage done before BeginParamSync was accepted");
     }
-    RETURN_IF_ERROR(ddp.BeginParamSync());
-    if (ddp.ParamSyncStageDone(n).code() != absl::StatusCode::kInvalidArgument) {
+    RETURN_IF_ERROR(ddp.bucket_groups().BeginParamSync());
+    if (ddp.bucket_groups().ParamSyncStageDone(n).code() != absl::StatusCode::kInvalidArgument) {
       return absl::InternalError("a stage out of range was accepted");
     }
     staged_launches = (n + 1) / 2;
     for (int stage = 0; stage < staged_launches; ++stage) {
-      RETURN_IF_ERROR(ddp.ParamSyncStageDone(stage));
+      RETURN_IF_ERROR(ddp.bucket_groups().ParamSyncStageDone(stage));
       // Each stage launches exactly its own group's gather, at once.
       const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
       if (launched != stage + 1 ||
@@ -504,7 +519,7 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
       }
     }
   }
-  RETURN_IF_ERROR(ddp.StartParamSync());
+  RETURN_IF_ERROR(ddp.bucket_groups().StartParamSync());
   auto waited = [&](std::pair<int, int> group) {
     for (const SyncEvent& e : run->events) {
       if (e.kind == SyncEvent::Kind::kParamGatherWaited && e.buffer == group.first &&
@@ -659,7 +674,7 @@ absl::Status ShardedPhase(const Model& model, int world, int rank, Communicator*
     if (!reshard && released_in_forward != 0) {
       return absl::InternalError(what + ": groups released during forward");
     }
-    RETURN_IF_ERROR(run->ddp->StartParamSync());
+    RETURN_IF_ERROR(run->ddp->bucket_groups().StartParamSync());
     RETURN_IF_ERROR(check_released(absl::StrCat("after step ", step)));
   }
   const DdpMemory memory = run->ddp->memory();

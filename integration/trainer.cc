@@ -148,8 +148,6 @@ struct Setup {
   // optimizer steps this rank's part (every param, in kReplicated).
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
   std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
-  // The optimizer's step in param sync stages (num_stages 0: one unstaged step).
-  optimizers::StepStages stages;
   optimizers::RoutingReport routing;  // decided once, before the layout publishes it
   std::vector<buffers::ParamAndGradBuffer*> buffers;  // parallel to layout.buffers
   std::unique_ptr<DataLoader> train, eval;
@@ -270,22 +268,7 @@ absl::Status BuildDistribution(const TrainerConfig& c, const GptConfig& gpt, Com
                        s.buffers, &comm, cc,
                        replicated ? optimizers::distributed::DistributedMode::kReplicated
                                   : optimizers::distributed::DistributedMode::kSharded,
-                       splits));
-  // The step updates this rank's part of the bucket groups in param gather order and starts each
-  // group's all-gather as soon as its part is done, hidden behind the update of the next groups.
-  if (c.overlap_param_gather && s.ddp->num_param_sync_stages() > 0) {
-    auto stage_of_name = std::make_shared<absl::flat_hash_map<std::string, int>>();
-    for (size_t i = 0; i < params.size(); ++i) {
-      (*stage_of_name)[params[i].name] = s.ddp->ParamSyncStage(static_cast<int>(i));
-    }
-    ddp::DistributedDataParallel* ddp = s.ddp.get();
-    s.stages.num_stages = ddp->num_param_sync_stages();
-    s.stages.stage_of = [stage_of_name](const optimizers::Slot& slot) {
-      const auto it = stage_of_name->find(slot.name);
-      return it == stage_of_name->end() ? -1 : it->second;
-    };
-    s.stages.on_done = [ddp](int stage) { return ddp->ParamSyncStageDone(stage); };
-  }
+                       splits, &s.ddp->bucket_groups()));  // its Step runs the param sync
   return absl::OkStatus();
 }
 
@@ -673,12 +656,9 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     RECORD_USER_SCOPE("step/optimizer");
     const absl::Time optimizer_start = absl::Now();
     at::NoGradGuard no_grad;  // the optimizers update leaf params in place
-    RETURN_IF_ERROR(s.ddp->BeginParamSync());
-    ASSIGN_OR_RETURN(out.result,
-                     s.optimizer->Step(s.stages.num_stages > 0 ? &s.stages : nullptr));
+    ASSIGN_OR_RETURN(out.result, s.optimizer->Step());  // starts the param sync
     out.cost.optimizer_s = absl::ToDoubleSeconds(absl::Now() - optimizer_start);
   }
-  RETURN_IF_ERROR(s.ddp->StartParamSync());
   out.cost.time = absl::Now() - start;
   out.cost.cpu_s = ProcessCpuSeconds() - cpu_start;
   out.cost.comm_bytes = TotalBytes(comm) - bytes_before;
