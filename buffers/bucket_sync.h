@@ -8,9 +8,10 @@
 //   param sync  this rank's shard of each bucket of param_data is all-gathered into the bucket, so
 //               every rank holds what every owner updated.
 //
-// DDP launches these ops per bucket group as backward and forward go; the whole-buffer helpers
-// below launch the same ops for code that drives the sync itself (the distributed optimizers'
-// param sync, checkpoint loads, tests, benchmarks).
+// The bucket groups (buffers/bucket_group.h) launch these ops group by group as backward, the
+// optimizer's step and forward go (driven by DDP's hooks and the distributed optimizer); the
+// whole-buffer helpers below launch the same ops for code that drives the sync itself outside a
+// training step (checkpoint loads, tests, benchmarks).
 //
 // Cross-rank contract: every rank launches the same ops for the same buckets in the same order.
 #ifndef ORTHOSHARD_BUFFERS_BUCKET_SYNC_H_

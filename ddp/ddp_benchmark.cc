@@ -162,7 +162,7 @@ absl::Status RunRank(const Flags& flags) {
         const absl::Time t2 = absl::Now();
         RETURN_IF_ERROR(ddp->FinishGradSync());
         const absl::Time t3 = absl::Now();
-        RETURN_IF_ERROR(ddp->StartParamSync());
+        RETURN_IF_ERROR(ddp->bucket_groups().StartParamSync());
         const absl::Time t4 = absl::Now();
         if (it == 0) continue;
         samples[m].push_back(

@@ -10,10 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "ddp/internal/group_state.h"
 
 namespace orthoshard::ddp {
 
@@ -55,6 +52,11 @@ class DistributedDataParallel::GradHook : public torch::autograd::FunctionPostHo
   DistributedDataParallel* ddp_;
   int param_index_;
 };
+
+absl::Status DistributedDataParallel::Ddp(absl::Status status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("ddp: ", status.message()));
+}
 
 DistributedDataParallel::DistributedDataParallel(const DdpConfig& config)
     : config_(config), transient_(std::make_shared<buffers::TransientMemory>()) {}
@@ -142,80 +144,47 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
   options.device = dense_comm->device();
   options.residency = config_.residency;
   options.transient = transient_;
+  std::vector<Communicator*> comms;  // parallel to buffers_
   for (const layout::PerBufferParamLayout& buf : layout.buffers) {
     Communicator* comm = buf.key.expert ? expert_comm : dense_comm;
     options.rank = comm->rank();
     ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
                      buffers::ParamAndGradBuffer::Create(buf, params, options));
     buffers_.push_back(std::move(buffer));
-    buffer_comms_.push_back(comm);
+    comms.push_back(comm);
   }
-
-  BuildGroups(num_params);
-  BuildSequences(dense_comm, expert_comm);
+  RETURN_IF_ERROR(BuildSync(comms, num_params));
   return HookGradients(params, names);
 }
 
-// Groups, and which group every param belongs to.
-void DistributedDataParallel::BuildGroups(int num_params) {
+// The bucket groups (dense buffers chained apart from expert ones when their communicators
+// differ), and which group every param belongs to.
+absl::Status DistributedDataParallel::BuildSync(const std::vector<Communicator*>& comms,
+                                                int num_params) {
+  buffers::BucketGroupOptions options;
+  options.grad_sync = config_.grad_sync;
+  options.average_gradients = config_.average_gradients;
+  options.overlap_grad_reduce = config_.overlap_grad_reduce;
+  options.overlap_param_gather = config_.overlap_param_gather;
+  options.timeout = config_.timeout;
+  options.on_event = [this](const buffers::BucketGroupEvent& e) { OnSyncEvent(e); };
+  std::vector<buffers::ParamAndGradBuffer*> raw;
+  for (auto& buffer : buffers_) raw.push_back(buffer.get());
+  ASSIGN_OR_RETURN(sync_, buffers::BucketGroupSync::Create(std::move(raw), comms,
+                                                           std::move(options)));
   param_group_.assign(num_params, {-1, -1});
   param_placement_.assign(num_params, {-1, -1});
+  param_ready_.assign(num_params, false);
   for (int b = 0; b < num_buffers(); ++b) {
     const std::vector<layout::ParamPlacement>& placed = buffers_[b]->layout().params;
     for (int i = 0; i < static_cast<int>(placed.size()); ++i) {
       param_placement_[placed[i].param_index] = {b, i};
+      param_group_[placed[i].param_index] = {b, sync_->GroupOfBucket(b, placed[i].bucket)};
     }
+    last_reader_.emplace_back(sync_->num_groups(b), -1);
+    accumulated_.emplace_back(sync_->num_groups(b), 0);
   }
-  param_ready_.assign(num_params, false);
-  groups_.resize(buffers_.size());
-  for (int b = 0; b < num_buffers(); ++b) {
-    const buffers::ParamAndGradBuffer& buf = *buffers_[b];
-    const std::vector<buffers::BucketGroup>& bucket_groups = buf.bucket_groups();
-    for (int g = 0; g < static_cast<int>(bucket_groups.size()); ++g) {
-      auto group = std::make_unique<Group>();
-      group->buffer = b;
-      group->group = g;
-      group->min_param_index = num_params;
-      for (int bucket : bucket_groups[g].buckets) {
-        for (int i : buf.BucketParams(bucket)) {
-          const int index = buf.layout().params[i].param_index;
-          param_group_[index] = {b, g};
-          ++group->expected;
-          group->min_param_index = std::min(group->min_param_index, index);
-        }
-      }
-      groups_[b].push_back(std::move(group));
-    }
-  }
-}
-
-// One launch sequence per communicator: a merge of the buffers' groups (each list stays in bucket
-// order), picking the head whose earliest param comes latest in forward order.
-void DistributedDataParallel::BuildSequences(Communicator* dense_comm, Communicator* expert_comm) {
-  std::vector<Communicator*> comms = {dense_comm};
-  if (expert_comm != dense_comm) comms.push_back(expert_comm);
-  for (Communicator* comm : comms) {
-    Sequence seq;
-    seq.comm = comm;
-    std::vector<int> heads(buffers_.size(), 0);
-    while (true) {
-      int best = -1;
-      for (int b = 0; b < num_buffers(); ++b) {
-        if (buffer_comms_[b] != comm || heads[b] >= static_cast<int>(groups_[b].size())) continue;
-        if (best < 0 ||
-            groups_[b][heads[b]]->min_param_index > groups_[best][heads[best]]->min_param_index) {
-          best = b;
-        }
-      }
-      if (best < 0) break;
-      Group& group = *groups_[best][heads[best]];
-      group.sequence = static_cast<int>(sequences_.size());
-      group.position = static_cast<int>(seq.order.size());
-      seq.order.push_back({best, heads[best]});
-      ++heads[best];
-    }
-    if (!seq.order.empty()) sequences_.push_back(std::move(seq));
-  }
+  return absl::OkStatus();
 }
 
 // Gradient hooks on every param's AccumulateGrad node (as c10d's reducer.cpp). The tensor holds its
@@ -247,10 +216,33 @@ absl::Status DistributedDataParallel::HookGradients(const std::vector<at::Tensor
   return absl::OkStatus();
 }
 
-std::vector<std::vector<std::pair<int, int>>> DistributedDataParallel::GradReduceOrder() const {
-  std::vector<std::vector<std::pair<int, int>>> orders;
-  for (const Sequence& seq : sequences_) orders.push_back(seq.order);
-  return orders;
+void DistributedDataParallel::OnSyncEvent(const buffers::BucketGroupEvent& e) {
+  using In = buffers::BucketGroupEvent::Kind;
+  using Out = SyncEvent::Kind;
+  Out kind = Out::kGradReduceLaunched;
+  switch (e.kind) {
+    case In::kGradSyncLaunched:
+      kind = Out::kGradReduceLaunched;
+      break;
+    case In::kGradSyncWaited:
+      kind = Out::kGradReduceWaited;
+      waits_.grad_sync_s += e.wait_s;
+      break;
+    case In::kParamSyncLaunched:
+      kind = Out::kParamGatherLaunched;
+      break;
+    case In::kParamSyncWaited:
+      kind = Out::kParamGatherWaited;
+      waits_.param_gather_s += e.wait_s;
+      break;
+    case In::kParamsReleased:
+      kind = Out::kParamsReleased;
+      break;
+    case In::kGradsReleased:
+      kind = Out::kGradsReleased;
+      break;
+  }
+  Emit(kind, e.buffer, e.group, event_layer_);
 }
 
 void DistributedDataParallel::Emit(SyncEvent::Kind kind, int buffer, int group, int layer) {
@@ -283,12 +275,11 @@ void DistributedDataParallel::OnGradAboutToAccumulate(int param_index) {
 }
 
 void DistributedDataParallel::OnGradReady(int param_index) {
+  const auto [b, g] = param_group_[param_index];
   if (sharded()) {
     // Every gradient of the group is in: nothing reads its params again in this backward.
-    const auto [b, g] = param_group_[param_index];
-    Group& group = *groups_[b][g];
-    if (++group.accumulated == group.expected) {
-      absl::Status status = ReleaseParams(b, g, -1);
+    if (++accumulated_[b][g] == group({b, g}).num_params()) {
+      absl::Status status = Ddp(group({b, g}).ReleaseParams());
       if (!status.ok()) RecordError(std::move(status));
     }
   }
@@ -301,124 +292,29 @@ void DistributedDataParallel::OnGradReady(int param_index) {
     return;
   }
   param_ready_[param_index] = true;
-  const auto [b, g] = param_group_[param_index];
-  Group& group = *groups_[b][g];
-  ++group.ready;
-  if (config_.overlap_grad_reduce && group.ready == group.expected) {
-    absl::Status status = LaunchReadyGradReduces(sequences_[group.sequence]);
-    if (!status.ok()) RecordError(std::move(status));
-  }
+  absl::Status status = Ddp(sync_->RegisterGradReady(b, g));
+  if (!status.ok()) RecordError(std::move(status));
 }
 
 void DistributedDataParallel::OnBackwardEnded() {
   backward_callback_queued_ = false;
   if (sharded()) {
     // Groups with a param that got no gradient, and prefetches nobody waited on.
-    absl::Status status = ReleaseAllParams();
+    absl::Status status = Ddp(sync_->ReleaseAllParams());
     if (!status.ok()) RecordError(std::move(status));
-    for (auto& buffer_groups : groups_) {
-      for (auto& group : buffer_groups) group->accumulated = 0;
-    }
+    for (std::vector<int>& counts : accumulated_) std::fill(counts.begin(), counts.end(), 0);
   }
   if (is_last_microbatch_) Emit(SyncEvent::Kind::kBackwardEnded, -1, -1, -1);
 }
 
-absl::Status DistributedDataParallel::LaunchReadyGradReduces(Sequence& seq) {
-  while (seq.next_grad_launch < static_cast<int>(seq.order.size())) {
-    const auto [b, g] = seq.order[seq.next_grad_launch];
-    const Group& group = *groups_[b][g];
-    if (group.ready < group.expected) break;
-    RETURN_IF_ERROR(LaunchGradReduce(seq, seq.next_grad_launch));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DistributedDataParallel::LaunchGradReduce(Sequence& seq, int pos) {
-  // A param gather still in flight on this communicator is finished first, so the collective order
-  // does not depend on how far the forward got.
-  if (param_sync_in_flight_) RETURN_IF_ERROR(FinishParamSync());
-  // kSharded: at most two reduce-scatters in flight, so that full grads are released as backward
-  // goes (their input must live until they finish).
-  if (sharded() && pos >= 2) RETURN_IF_ERROR(WaitGroup(seq, pos - 2, /*gather=*/false, -1));
-  const auto [b, g] = seq.order[pos];
-  buffers::ParamAndGradBuffer& buf = *buffers_[b];
-  Group& group = *groups_[b][g];
-  const int size = seq.comm->size();
-  const int rank = seq.comm->rank();
-  const std::vector<int>& buckets = buf.bucket_groups()[g].buckets;
-  try {
-    c10::NoGradGuard no_grad;
-    // A group none of whose params got a gradient this step has no full grads yet: zeros.
-    for (int bucket : buckets) buf.MaterializeGrads(bucket);
-    // Pre-scale so that the SUM is the mean (Megatron's gradient_scaling_factor).
-    if (config_.average_gradients && size > 1) {
-      for (int bucket : buckets) buf.GradBucket(bucket).mul_(1.0 / size);
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("ddp: scaling the gradients of buffer ", b,
-                                            " bucket group ", g,
-                                            " failed: ", e.what_without_backtrace()));
-  }
-  ASSIGN_OR_RETURN(group.work, seq.comm->LaunchGroup(buffers::GradSyncOps(
-                                   buf, buckets, config_.grad_sync, collectives::ReduceOp::kSum,
-                                   rank)));
-  seq.next_grad_launch = pos + 1;
-  Emit(SyncEvent::Kind::kGradReduceLaunched, b, g, -1);
-  return absl::OkStatus();
-}
-
-absl::Status DistributedDataParallel::WaitWork(std::unique_ptr<collectives::Work>& work,
-                                               const Sequence& seq, int b, int g, bool gather,
-                                               int layer) {
-  if (work == nullptr) return absl::OkStatus();
-  const absl::Time start = absl::Now();
-  const absl::Status status = work->Wait(config_.timeout.value_or(seq.comm->timeout()));
-  (gather ? waits_.param_gather_s : waits_.grad_sync_s) +=
-      absl::ToDoubleSeconds(absl::Now() - start);
-  if (!status.ok()) {
-    return absl::Status(
-        status.code(),
-        absl::StrCat("ddp: ", gather ? "param all-gather" : "grad reduce-scatter", " of buffer ", b,
-                     " (", buffers_[b]->layout().key.ToString(), ") bucket group ", g, " (buckets ",
-                     absl::StrJoin(buffers_[b]->bucket_groups()[g].buckets, ","),
-                     ") failed: ", status.message()));
-  }
-  work.reset();
-  Emit(gather ? SyncEvent::Kind::kParamGatherWaited : SyncEvent::Kind::kGradReduceWaited, b, g,
-       layer);
-  return absl::OkStatus();
-}
-
-absl::Status DistributedDataParallel::WaitGroup(Sequence& seq, int pos, bool gather, int layer) {
-  const auto [b, g] = seq.order[pos];
-  Group& group = *groups_[b][g];
-  if (group.work == nullptr) return absl::OkStatus();
-  RETURN_IF_ERROR(WaitWork(group.work, seq, b, g, gather, layer));
-  if (sharded() && !gather) ReleaseGrads(b, g);
-  return absl::OkStatus();
-}
-
 void DistributedDataParallel::ResetGradSyncState() {
   std::fill(param_ready_.begin(), param_ready_.end(), false);
-  for (auto& buffer_groups : groups_) {
-    for (auto& group : buffer_groups) group->ready = 0;
-  }
-  for (Sequence& seq : sequences_) seq.next_grad_launch = 0;
+  sync_->ResetGradSync();
 }
 
 absl::Status DistributedDataParallel::FinishGradSync() {
   RETURN_IF_ERROR(TakeError());
-  if (param_sync_in_flight_) RETURN_IF_ERROR(FinishParamSync());
-  for (Sequence& seq : sequences_) {
-    while (seq.next_grad_launch < static_cast<int>(seq.order.size())) {
-      RETURN_IF_ERROR(LaunchGradReduce(seq, seq.next_grad_launch));
-    }
-  }
-  for (Sequence& seq : sequences_) {
-    for (int pos = 0; pos < static_cast<int>(seq.order.size()); ++pos) {
-      RETURN_IF_ERROR(WaitGroup(seq, pos, /*gather=*/false, -1));
-    }
-  }
+  RETURN_IF_ERROR(Ddp(sync_->FinishGradSync()));
   ResetGradSyncState();
   return absl::OkStatus();
 }
@@ -464,144 +360,17 @@ DdpMemory DistributedDataParallel::memory() const {
 void DistributedDataParallel::ResetPeakMemory() { transient_->ResetPeak(); }
 
 // ---------------------------------------------------------------------------------------------
-// Param sync. Forward position f of a sequence is backprop position size - 1 - f.
-
-absl::Status DistributedDataParallel::LaunchParamGather(Sequence& seq, int f, int layer) {
-  const int pos = static_cast<int>(seq.order.size()) - 1 - f;
-  const auto [b, g] = seq.order[pos];
-  const buffers::ParamAndGradBuffer& buf = *buffers_[b];
-  ASSIGN_OR_RETURN(groups_[b][g]->work,
-                   seq.comm->LaunchGroup(buffers::ParamSyncOps(
-                       buf, buf.bucket_groups()[g].buckets, seq.comm->rank())));
-  seq.next_gather_launch = f + 1;
-  Emit(SyncEvent::Kind::kParamGatherLaunched, b, g, layer);
-  return absl::OkStatus();
-}
-
-int DistributedDataParallel::num_param_sync_stages() const {
-  if (config_.grad_sync == buffers::GradSync::kAllReduce || sharded()) return 0;
-  int n = 0;
-  for (const Sequence& seq : sequences_) n += static_cast<int>(seq.order.size());
-  return n;
-}
-
-int DistributedDataParallel::ParamSyncStage(int param_index) const {
-  if (num_param_sync_stages() == 0 || param_index < 0 ||
-      param_index >= static_cast<int>(param_group_.size())) {
-    return -1;
-  }
-  const auto [b, g] = param_group_[param_index];
-  const Group& group = *groups_[b][g];
-  int stage = 0;
-  for (int q = 0; q < group.sequence; ++q) stage += static_cast<int>(sequences_[q].order.size());
-  const int n = static_cast<int>(sequences_[group.sequence].order.size());
-  return stage + (n - 1 - group.position);  // the forward position
-}
-
-absl::Status DistributedDataParallel::BeginParamSync() {
-  RETURN_IF_ERROR(TakeError());
-  if (num_param_sync_stages() == 0) return absl::OkStatus();
-  if (param_sync_in_flight_) RETURN_IF_ERROR(FinishParamSync());
-  for (Sequence& seq : sequences_) {
-    seq.next_gather_launch = 0;
-    seq.next_gather_wait = 0;
-  }
-  param_sync_in_flight_ = true;
-  param_sync_begun_ = true;
-  return absl::OkStatus();
-}
-
-absl::Status DistributedDataParallel::ParamSyncStageDone(int stage) {
-  RETURN_IF_ERROR(TakeError());
-  const int num_stages = num_param_sync_stages();
-  if (num_stages == 0) return absl::OkStatus();
-  if (!param_sync_begun_ || stage < 0 || stage >= num_stages) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ddp: param sync stage ", stage,
-        !param_sync_begun_ ? " done before BeginParamSync"
-                           : absl::StrCat(" out of range [0, ", num_stages, ")")));
-  }
-  for (Sequence& seq : sequences_) {
-    const int n = static_cast<int>(seq.order.size());
-    if (stage < n) {
-      // Launch order is forward order on every rank: a stage launches the ones before it too.
-      while (seq.next_gather_launch <= stage) {
-        RETURN_IF_ERROR(LaunchParamGather(seq, seq.next_gather_launch, -1));
-      }
-      return absl::OkStatus();
-    }
-    stage -= n;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DistributedDataParallel::StartParamSync() {
-  RETURN_IF_ERROR(TakeError());
-  // Replicated optimizers updated every param on every rank: nothing to gather.
-  if (config_.grad_sync == buffers::GradSync::kAllReduce) return absl::OkStatus();
-  // Sharded: whatever is still gathered predates the step; the next forward gathers per layer.
-  if (sharded()) return ReleaseAllParams();
-  if (!param_sync_begun_) RETURN_IF_ERROR(BeginParamSync());
-  param_sync_begun_ = false;
-  if (!config_.overlap_param_gather) return FinishParamSync();
-  for (Sequence& seq : sequences_) {
-    if (seq.next_gather_launch == 0 && !seq.order.empty()) {
-      RETURN_IF_ERROR(LaunchParamGather(seq, 0, -1));
-    }
-  }
-  return absl::OkStatus();
-}
+// Param sync: the bucket groups' (buffers/bucket_group.h); the hooks ask them per layer.
 
 absl::Status DistributedDataParallel::FinishParamSync() {
   RETURN_IF_ERROR(TakeError());
-  if (sharded()) {
-    for (int b = 0; b < num_buffers(); ++b) {
-      for (int g = 0; g < static_cast<int>(groups_[b].size()); ++g) {
-        if (groups_[b][g]->params == Group::Params::kInFlight) {
-          RETURN_IF_ERROR(EnsureGathered(b, g, -1));
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-  if (!param_sync_in_flight_) return absl::OkStatus();
-  // Cleared first: LaunchGradReduce must not come back here.
-  param_sync_in_flight_ = false;
-  for (Sequence& seq : sequences_) {
-    const int n = static_cast<int>(seq.order.size());
-    while (seq.next_gather_launch < n) {
-      RETURN_IF_ERROR(LaunchParamGather(seq, seq.next_gather_launch, -1));
-    }
-    for (; seq.next_gather_wait < n; ++seq.next_gather_wait) {
-      RETURN_IF_ERROR(WaitGroup(seq, n - 1 - seq.next_gather_wait, /*gather=*/true, -1));
-    }
-  }
-  return absl::OkStatus();
+  return Ddp(sync_->FinishParamSync());
 }
 
 absl::Status DistributedDataParallel::PreForward(int layer) {
-  if (!param_sync_in_flight_) return absl::OkStatus();
   for (const auto& [b, g] : layer_groups_[layer]) {
-    const Group& group = *groups_[b][g];
-    Sequence& seq = sequences_[group.sequence];
-    const int n = static_cast<int>(seq.order.size());
-    const int f = n - 1 - group.position;
-    if (f < seq.next_gather_wait) continue;  // already waited on
-    while (seq.next_gather_launch <= f) {
-      RETURN_IF_ERROR(LaunchParamGather(seq, seq.next_gather_launch, layer));
-    }
-    for (; seq.next_gather_wait <= f; ++seq.next_gather_wait) {
-      RETURN_IF_ERROR(WaitGroup(seq, n - 1 - seq.next_gather_wait, /*gather=*/true, layer));
-    }
-    if (seq.next_gather_launch < n) {
-      RETURN_IF_ERROR(LaunchParamGather(seq, seq.next_gather_launch, layer));
-    }
+    RETURN_IF_ERROR(Ddp(sync_->FinishParamSyncFor(b, g)));
   }
-  bool all_waited = true;
-  for (const Sequence& seq : sequences_) {
-    all_waited = all_waited && seq.next_gather_wait == static_cast<int>(seq.order.size());
-  }
-  if (all_waited) param_sync_in_flight_ = false;
   return absl::OkStatus();
 }
 
@@ -636,23 +405,21 @@ absl::StatusOr<LayerHooks> DistributedDataParallel::MakeLayerHooks(
     reads.push_back({param, layer});
   }
   layer_groups_.assign(num_layers, {});
-  for (auto& buffer_groups : groups_) {
-    for (auto& group : buffer_groups) group->last_reader = -1;
-  }
+  for (std::vector<int>& readers : last_reader_) std::fill(readers.begin(), readers.end(), -1);
   for (const auto& [param, layer] : reads) {
     std::vector<std::pair<int, int>>& groups = layer_groups_[layer];
     const auto [b, g] = param_group_[param];
     if (std::find(groups.begin(), groups.end(), param_group_[param]) == groups.end()) {
       groups.push_back(param_group_[param]);
     }
-    groups_[b][g]->last_reader = std::max(groups_[b][g]->last_reader, layer);
+    last_reader_[b][g] = std::max(last_reader_[b][g], layer);
   }
-  // Each layer's groups in forward order, so that every rank launches them alike.
+  // Each layer's groups in forward order (chain by chain), so that every rank launches them alike.
   for (std::vector<std::pair<int, int>>& groups : layer_groups_) {
     std::sort(groups.begin(), groups.end(), [this](const auto& x, const auto& y) {
-      const Group& a = *groups_[x.first][x.second];
-      const Group& b = *groups_[y.first][y.second];
-      return std::make_pair(a.sequence, -a.position) < std::make_pair(b.sequence, -b.position);
+      const auto [cx, px] = sync_->ChainPosition(x.first, x.second);
+      const auto [cy, py] = sync_->ChainPosition(y.first, y.second);
+      return std::make_pair(cx, -px) < std::make_pair(cy, -py);
     });
   }
   num_layers_ = num_layers;
@@ -665,11 +432,13 @@ absl::StatusOr<LayerHooks> DistributedDataParallel::MakeLayerHooks(
   LayerHooks hooks;
   hooks.pre_forward = [this, check](int layer) {
     if (!check(layer)) return;
+    EventLayer scope(this, layer);
     absl::Status status = sharded() ? ShardedPreForward(layer) : PreForward(layer);
     if (!status.ok()) RecordError(std::move(status));
   };
   hooks.post_forward = [this, check](int layer, const at::Tensor& output) {
     if (!sharded() || !check(layer)) return;
+    EventLayer scope(this, layer);
     absl::Status status = ShardedPostForward(layer, output);
     if (!status.ok()) RecordError(std::move(status));
   };

@@ -3,23 +3,34 @@
 // accumulates gradients straight into the grad buffers; grad sync reduce-scatters every bucket so
 // each rank holds the mean gradient of its shard (or all-reduces it, for replicated optimizers);
 // param sync all-gathers every bucket straight into param_data after the optimizer updated each
-// rank's shard. The collectives are buffers/bucket_sync.h's.
+// rank's shard. DDP keeps the hooks, the layer bookkeeping, the micro-batch state and the memory
+// accounting; the bucket groups themselves -- starting and finishing each group's grad sync and
+// param sync, whether each is in flight, and the order every rank launches them in -- are one
+// buffers::BucketGroupSync (buffers/bucket_group.h), which DDP's hooks and the distributed
+// optimizer ask (bucket_groups()).
 //
 // One training step, as the caller drives it:
 //   ddp.ZeroGradBuffers();
 //   for each micro-batch m of M:
 //     ddp.set_is_last_microbatch(m == M - 1);    // no communication before the last one
-//     forward (calling ddp.PreForwardHook()(layer) before each layer), loss.backward();
+//     forward (the layer hooks before/after each layer), loss.backward();
 //   RETURN_IF_ERROR(ddp.FinishGradSync());      // each rank: mean grads of its shards
-//   optimizer steps the shards this rank owns, writing ParamShard(bucket, rank) of each buffer;
-//   RETURN_IF_ERROR(ddp.StartParamSync());      // the next forward's hooks wait per layer
+//   optimizer->Step();                          // an optimizer given ddp.bucket_groups()
+//                                               // (optimizers/distributed) starts each group's
+//                                               // param sync as its part is written, and the rest
+//                                               // at the end of the step; the next forward's hooks
+//                                               // wait per layer
+//   ddp.FinishParamSync() before reading params outside a forward (checkpoints, checksums).
+// Without such an optimizer, whoever writes the shards calls bucket_groups().BeginParamSync()
+// before and bucket_groups().StartParamSync() after.
 //
 // Cross-rank contract: every rank calls these methods in the same order with the same model, the
 // same layout, the same config and the same `is_last_microbatch` sequence, and runs forward and
 // backward over the same graph (gradients of the same params). The collectives each call launches
 // are then the same on every rank: for each communicator, the bucket groups of all buffers on it
 // are launched in one fixed order computed from the layout (see GradReduceOrder()), whatever the
-// order in which gradients become ready, so ranks never launch mismatched collectives.
+// order in which gradients become ready, so ranks never launch mismatched collectives (the chains
+// of buffers/bucket_group.h).
 //
 // Parameter sharding (DdpConfig::residency = kSharded; ZeRO-3 / FSDP). Between uses each rank keeps
 // only its shard of every bucket, of params and of grads (buffers::Residency::kSharded); full
@@ -40,8 +51,8 @@
 //             released once the reduce-scatter finished (at the latest in FinishGradSync). With
 //             micro-batches the full grads of a step stay until that reduce-scatter, so the
 //             mean gradient is computed exactly as with kFull (accumulated, then reduced once).
-//   step      the optimizer updates this rank's shards; StartParamSync gathers nothing (the next
-//             forward gathers what it needs).
+//   step      the optimizer updates this rank's shards; the param sync at its end gathers nothing
+//             and releases whatever is still gathered (the next forward gathers what it needs).
 // The gathers and reduce-scatters are the same collectives as kFull's, on the same buckets, so a
 // sharded run computes the same values in the same order as a full one: bitwise the same params.
 // Cross-rank: in kSharded, backward launches collectives from autograd hooks in the order the
@@ -66,6 +77,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "buffers/bucket_group.h"
 #include "buffers/bucket_sync.h"
 #include "buffers/param_and_grad_buffer.h"
 #include "collectives/communicator.h"
@@ -87,7 +99,7 @@ struct SyncEvent {
   };
   // kSharded residency only:
   //   kParamsReleased: a bucket group's gathered params were freed (buffer, group, layer: the
-  //     layer after whose forward, or -1 during backward or at StartParamSync).
+  //     layer after whose forward, or -1 during backward or at the step's param sync).
   //   kGradsReleased: a bucket group's full grads were freed after their reduce-scatter.
   Kind kind = Kind::kBackwardEnded;
   int buffer = -1;  // index into FullParamLayout::buffers (-1 for kBackwardEnded)
@@ -102,15 +114,15 @@ struct DdpConfig {
   // group (and of every group before it in GradReduceOrder()) was accumulated in the last
   // micro-batch. Off: FinishGradSync launches every reduce-scatter.
   bool overlap_grad_reduce = true;
-  // StartParamSync launches only the first bucket group's all-gather (in forward order); the
+  // The step's param sync (BucketGroupSync::StartParamSync) launches only the first bucket group's
+  // all-gather (in forward order), or the groups whose part the step wrote (a staged step); the
   // pre-forward hook waits on each group just before the first layer that needs it and launches the
-  // next one. Off: StartParamSync launches every all-gather and waits for all of them.
+  // next one. Off: the param sync launches every all-gather and waits for all of them.
   bool overlap_param_gather = false;
   // How gradients reach the optimizer (buffers/bucket_sync.h): kReduceScatter for the sharded
   // optimizers (each rank ends with the mean of its own shards; params return by the param sync),
   // kAllReduce for replicated ones (every rank ends with the whole mean and updates every param
-  // itself, so there is no param sync: StartParamSync, FinishParamSync and the pre-forward hook do
-  // nothing).
+  // itself, so there is no param sync: the param sync calls and the pre-forward hook do nothing).
   buffers::GradSync grad_sync = buffers::GradSync::kReduceScatter;
   // Consecutive buckets communicated as one group (one LaunchGroup, one Work); >= 1.
   int buckets_per_group = 1;
@@ -149,8 +161,8 @@ struct DdpConfig {
 //                           backward starts from (the layer's output: all of L's backward runs
 //                           after the gradient of `output` is computed). May be undefined, e.g.
 //                           under no-grad. kFull residency ignores it.
-// Failures are recorded and returned by the next FinishGradSync / StartParamSync /
-// FinishParamSync (the forward then ran on stale params and must be discarded). The functions
+// Failures are recorded and returned by the next FinishGradSync / FinishParamSync (the forward
+// then ran on stale params and must be discarded). The functions
 // refer to the DistributedDataParallel that made them: never call them after it is destroyed.
 struct LayerHooks {
   std::function<void(int layer)> pre_forward;
@@ -236,36 +248,17 @@ class DistributedDataParallel {
   // communicator is unusable (see communicator.h).
   absl::Status FinishGradSync();
 
-  // All-gathers every bucket: each rank's ParamShard(bucket, rank) becomes that shard on every
-  // rank, in place in param_data (nothing with kAllReduce). Without overlap_param_gather, launches
-  // everything and waits before returning. With it, launches the first bucket group in forward
-  // order and returns; the pre-forward hook waits on the rest (FinishParamSync waits on whatever is
-  // left). A param sync still in flight is finished first. kSharded: releases whatever is still
-  // gathered (its contents predate the step) and launches nothing: the next forward gathers per
-  // layer. Errors: as FinishGradSync, for the all-gathers.
-  absl::Status StartParamSync();
+  // The bucket groups of every buffer and their grad and param syncs (buffers/bucket_group.h):
+  // give them to the optimizer that writes the shards (optimizers/distributed's
+  // CreateDistributedOptimizer), so that its step starts the param sync. Valid as long as this
+  // object; indices are buffer(i)'s.
+  buffers::BucketGroupSync& bucket_groups() { return *sync_; }
+  const buffers::BucketGroupSync& bucket_groups() const { return *sync_; }
 
-  // Staged param sync, for an optimizer step that finishes this rank's part of the bucket groups
-  // one after another (optimizers::StepStages): each group's all-gather can then start as soon as
-  // this rank's part of it is updated, hidden behind the update of the groups after it:
-  //   RETURN_IF_ERROR(ddp.BeginParamSync());         // before the step; launches nothing
-  //   ... the step calls ParamSyncStageDone(s) for s = 0, 1, ..., in order, each once its stage's
-  //       slots are updated (every rank calls it for every stage, owning slots in it or not) ...
-  //   RETURN_IF_ERROR(ddp.StartParamSync());         // launches what no stage did (a skipped step)
-  // Stage s is forward position s of the param gather order (the dense communicator's groups
-  // first, then the expert one's), so the first layer's params are gathered first;
-  // ParamSyncStage(i) is params[i]'s (the list given to Create). With kAllReduce or kSharded there
-  // is nothing to stage: num_param_sync_stages() is 0, ParamSyncStage -1, and Begin/StageDone do
-  // nothing. Errors: as StartParamSync; kInvalidArgument for a stage out of range or before
-  // BeginParamSync.
-  int num_param_sync_stages() const;
-  int ParamSyncStage(int param_index) const;
-  absl::Status BeginParamSync();
-  absl::Status ParamSyncStageDone(int stage);
-
-  // Launches and waits on every bucket group's all-gather not waited on yet. kSharded: waits on
-  // the gathers in flight (no full params are kept between steps). Errors: as StartParamSync,
-  // including one recorded by the pre-forward hook.
+  // Launches and waits on every bucket group's all-gather not waited on yet
+  // (BucketGroupSync::FinishParamSync), for readers of params outside a forward. kSharded: waits
+  // on the gathers in flight (no full params are kept between steps). Errors: one recorded by a
+  // layer hook; from the all-gathers, as FinishGradSync.
   absl::Status FinishParamSync();
 
   // The layer hooks (see LayerHooks) for a model whose params[i] (the list given to Create) is
@@ -287,15 +280,26 @@ class DistributedDataParallel {
 
   // For each communicator (dense first, then expert if it differs), the (buffer, group) pairs in
   // the order their reduce-scatters are launched: a merge of every buffer's groups in bucket order
-  // (= backprop order), by the forward index of the earliest param in the group, latest first.
-  // All-gathers with overlap_param_gather are launched in the reverse order.
-  std::vector<std::vector<std::pair<int, int>>> GradReduceOrder() const;
+  // (= backprop order), by the forward index of the earliest param in the group, latest first
+  // (BucketGroupSync::GradSyncOrder). All-gathers with overlap_param_gather go in reverse order.
+  std::vector<std::vector<std::pair<int, int>>> GradReduceOrder() const {
+    return sync_->GradSyncOrder();
+  }
 
  private:
-  struct Group;     // per (buffer, bucket group) state
-  struct Sequence;  // per communicator: the groups in launch order
   class GradHook;
-  class GradPreHook;
+  // Sets the layer that SyncEvents carry while a layer hook runs.
+  class EventLayer {
+   public:
+    EventLayer(DistributedDataParallel* ddp, int layer) : ddp_(ddp), saved_(ddp->event_layer_) {
+      ddp_->event_layer_ = layer;
+    }
+    ~EventLayer() { ddp_->event_layer_ = saved_; }
+
+   private:
+    DistributedDataParallel* ddp_;
+    int saved_;
+  };
 
   explicit DistributedDataParallel(const DdpConfig& config);
 
@@ -308,58 +312,52 @@ class DistributedDataParallel {
                                 const std::vector<at::Tensor>& params,
                                 collectives::Communicator* dense_comm,
                                 collectives::Communicator* expert_comm);
-  void BuildGroups(int num_params);
-  void BuildSequences(collectives::Communicator* dense_comm,
-                      collectives::Communicator* expert_comm);
+  absl::Status BuildSync(const std::vector<collectives::Communicator*>& comms, int num_params);
   absl::Status HookGradients(const std::vector<at::Tensor>& params,
                              const std::vector<std::string>& names);
   void ResetGradSyncState();
+  void OnSyncEvent(const buffers::BucketGroupEvent& event);
   void Emit(SyncEvent::Kind kind, int buffer, int group, int layer);
-  absl::Status LaunchGradReduce(Sequence& seq, int pos);
-  absl::Status LaunchReadyGradReduces(Sequence& seq);
-  absl::Status WaitGroup(Sequence& seq, int pos, bool gather, int layer);
-  // Waits on `work` (null: nothing to wait on) of group g of buffer b, naming them on failure.
-  absl::Status WaitWork(std::unique_ptr<collectives::Work>& work, const Sequence& seq, int b, int g,
-                        bool gather, int layer);
-  absl::Status LaunchParamGather(Sequence& seq, int pos, int layer);
   absl::Status PreForward(int layer);
+  buffers::ParamAndGradBucketGroup& group(std::pair<int, int> bg) const {
+    return sync_->group(bg.first, bg.second);
+  }
   bool sharded() const { return config_.residency == buffers::Residency::kSharded; }
   // kSharded (distributed_data_parallel_sharded.cc).
-  absl::Status LaunchGather(int b, int g, int layer);
-  absl::Status EnsureGathered(int b, int g, int layer);
   absl::Status PrefetchLayer(int layer);
-  absl::Status ReleaseParams(int b, int g, int layer);
-  absl::Status ReleaseAllParams();
-  void ReleaseGrads(int b, int g);
   absl::Status ShardedPreForward(int layer);
   absl::Status ShardedPostForward(int layer, const at::Tensor& output);
   absl::Status ShardedPreBackward(int layer);
   void RecordError(absl::Status status);
   absl::Status TakeError();
+  // The bucket groups' errors name the buffer, group, buckets and collective; DDP's say "ddp: ".
+  static absl::Status Ddp(absl::Status status);
 
   DdpConfig config_;
   std::vector<std::unique_ptr<buffers::ParamAndGradBuffer>> buffers_;
-  std::vector<collectives::Communicator*> buffer_comms_;     // parallel to buffers_
-  std::vector<std::vector<std::unique_ptr<Group>>> groups_;  // [buffer][group]
-  std::vector<Sequence> sequences_;
-  // Per model param: (buffer, group); and its grad accumulator (the tensor only holds it weakly).
+  std::unique_ptr<buffers::BucketGroupSync> sync_;  // the bucket groups of buffers_
+  // Per model param: (buffer, group) and (buffer, placement index).
   std::vector<std::pair<int, int>> param_group_;
-  std::vector<std::pair<int, int>> param_placement_;  // per model param: (buffer, placement index)
+  std::vector<std::pair<int, int>> param_placement_;
   std::vector<bool> param_ready_;  // gradient ready in the current step's last micro-batch
+  // Each param's grad accumulator (the tensor only holds it weakly) and its hook.
   std::vector<std::shared_ptr<void>> grad_accumulators_;  // torch::autograd::Node
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<std::vector<std::pair<int, int>>> layer_groups_;  // [layer] -> (buffer, group)
+  // kSharded, per [buffer][group]: the last forward layer that reads it (MakeLayerHooks), and the
+  // params whose gradient was accumulated in the current backward.
+  std::vector<std::vector<int>> last_reader_;
+  std::vector<std::vector<int>> accumulated_;
   // kSharded: each param's tensor hook (runs before its gradient is accumulated) and the param.
   std::vector<unsigned> pre_hook_keys_;
   std::vector<at::Tensor> hooked_params_;
   int num_layers_ = 0;
   bool forward_grad_enabled_ = false;  // kSharded: grad mode of the forward pass in progress
+  int event_layer_ = -1;  // the layer whose hook is running (SyncEvent::layer), or -1
   DdpWaits waits_;
   std::shared_ptr<buffers::TransientMemory> transient_;
   bool is_last_microbatch_ = true;
   bool backward_callback_queued_ = false;
-  bool param_sync_in_flight_ = false;
-  bool param_sync_begun_ = false;  // BeginParamSync ran; StartParamSync has not yet
   absl::Status pending_error_;
 };
 

@@ -386,7 +386,7 @@ absl::Status AllReduceGradSyncPhase(const Model& model, int world, int rank, Com
       before.push_back(run->ddp->buffer(b).param_data().clone());
     }
     run->events.clear();
-    RETURN_IF_ERROR(run->ddp->StartParamSync());
+    RETURN_IF_ERROR(run->ddp->bucket_groups().StartParamSync());
     RETURN_IF_ERROR(run->ddp->FinishParamSync());
     if (Count(run->events, SyncEvent::Kind::kParamGatherLaunched) != 0) {
       return absl::InternalError("all-reduce grad sync: a param gather was launched");
@@ -438,12 +438,102 @@ absl::StatusOr<int> ExpectedStage(const DistributedDataParallel& ddp, const Mode
   return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "' is in no group"));
 }
 
+// The param sync stage of the param named `name` (BucketGroupSync::ParamSyncStage of its bucket).
+int StageOf(DistributedDataParallel& ddp, const std::string& name) {
+  for (int b = 0; b < ddp.num_buffers(); ++b) {
+    const layout::ParamPlacement* p = ddp.buffer(b).layout().Find(name);
+    if (p != nullptr) return ddp.bucket_groups().ParamSyncStage(b, p->bucket);
+  }
+  return -1;
+}
+
+// The stages of a staged step, as the optimizer reports them: checks each param's stage, the
+// errors before BeginParamSync and out of range, and that each of the first half of the stages
+// launches exactly its group's gather at once. Returns the stages reported. Without overlap there
+// are no stages.
+absl::StatusOr<int> ReportStages(const Model& model, Run& run, bool overlap,
+                                 int buckets_per_group) {
+  DistributedDataParallel& ddp = *run.ddp;
+  const auto orders = ddp.GradReduceOrder();
+  if (!overlap) {
+    // Without overlap_param_gather the param sync is one launch-and-wait after the step: no stages.
+    if (ddp.bucket_groups().num_param_sync_stages() != 0) {
+      return absl::InternalError("param sync stages without overlap_param_gather");
+    }
+    return 0;
+  }
+  const int n = ddp.bucket_groups().num_param_sync_stages();
+  int groups = 0;
+  for (const auto& order : orders) groups += static_cast<int>(order.size());
+  if (n != groups) {
+    return absl::InternalError(absl::StrCat(n, " param sync stages, expected one per group (",
+                                            groups, ")"));
+  }
+  for (size_t i = 0; i < model.specs.size(); ++i) {
+    ASSIGN_OR_RETURN(const int want, ExpectedStage(ddp, model, static_cast<int>(i),
+                                                   buckets_per_group));
+    const int got = StageOf(ddp, model.specs[i].name);
+    if (got != want) {
+      return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "': stage ", got,
+                                              ", expected ", want));
+    }
+  }
+  if (ddp.bucket_groups().ParamSyncStageDone(0).code() != absl::StatusCode::kInvalidArgument) {
+    return absl::InternalError("a stage done before BeginParamSync was accepted");
+  }
+  RETURN_IF_ERROR(ddp.bucket_groups().BeginParamSync());
+  if (ddp.bucket_groups().ParamSyncStageDone(n).code() != absl::StatusCode::kInvalidArgument) {
+    return absl::InternalError("a stage out of range was accepted");
+  }
+  const int staged_launches = (n + 1) / 2;
+  for (int stage = 0; stage < staged_launches; ++stage) {
+    RETURN_IF_ERROR(ddp.bucket_groups().ParamSyncStageDone(stage));
+    // Each stage launches exactly its own group's gather, at once.
+    const int launched = Count(run.events, SyncEvent::Kind::kParamGatherLaunched);
+    if (launched != stage + 1 ||
+        run.events.back().kind != SyncEvent::Kind::kParamGatherLaunched) {
+      return absl::InternalError(absl::StrCat("after stage ", stage, ": ", launched,
+                                              " gathers launched, expected ", stage + 1));
+    }
+  }
+  return staged_launches;
+}
+
+// After the step's StartParamSync: with overlap, one gather per communicator not yet started by a
+// stage was added and none waited on.
+absl::Status CheckStartLaunches(const Run& run, bool overlap, bool staged, int staged_launches) {
+  const auto orders = run.ddp->GradReduceOrder();
+  if (overlap && staged) {
+    // StartParamSync adds the first gather of a communicator no stage reached.
+    int want = staged_launches;
+    for (size_t q = 0, before = 0; q < orders.size(); before += orders[q].size(), ++q) {
+      if (static_cast<int>(before) >= staged_launches) ++want;
+    }
+    const int launched = Count(run.events, SyncEvent::Kind::kParamGatherLaunched);
+    if (launched != want || Count(run.events, SyncEvent::Kind::kParamGatherWaited) != 0) {
+      return absl::InternalError(absl::StrCat("after a staged StartParamSync: ", launched,
+                                              " gathers launched, expected ", want,
+                                              " and none waited"));
+    }
+  } else if (overlap) {
+    const int launched = Count(run.events, SyncEvent::Kind::kParamGatherLaunched);
+    if (launched != static_cast<int>(orders.size()) ||
+        Count(run.events, SyncEvent::Kind::kParamGatherWaited) != 0) {
+      return absl::InternalError(absl::StrCat("after StartParamSync: ", launched,
+                                              " gathers launched, expected one per communicator (",
+                                              orders.size(), ") and none waited"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Each rank writes the expected values only into its own shards (garbage elsewhere); param sync
 // must make all of param_data the expected values. With overlap_param_gather, checks per layer
 // that the hook waited on every group of that layer, kept at most one gather in flight beyond
 // those waited on (unstaged), and launched in forward order. `staged`: the step's stages are
-// reported first (BeginParamSync, ParamSyncStageDone for the first half of the stages), as a
-// staged optimizer step does; each launches its group's gather at once.
+// reported first (the bucket groups' BeginParamSync, ParamSyncStageDone for the first half of the
+// stages), as a staged optimizer step does; each launches its group's gather at once. Without
+// overlap there are no stages.
 absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicator* comm,
                             Communicator* expert_comm, bool overlap, int buckets_per_group = 1,
                             bool staged = false) {
@@ -469,42 +559,9 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
   const auto orders = ddp.GradReduceOrder();
   int staged_launches = 0;
   if (staged) {
-    const int n = ddp.num_param_sync_stages();
-    int groups = 0;
-    for (const auto& order : orders) groups += static_cast<int>(order.size());
-    if (n != groups) {
-      return absl::InternalError(absl::StrCat(n, " param sync stages, expected one per group (",
-                                              groups, ")"));
-    }
-    for (size_t i = 0; i < model.specs.size(); ++i) {
-      ASSIGN_OR_RETURN(const int want, ExpectedStage(ddp, model, static_cast<int>(i),
-                                                     buckets_per_group));
-      if (ddp.ParamSyncStage(static_cast<int>(i)) != want) {
-        return absl::InternalError(absl::StrCat("param '", model.specs[i].name, "': stage ",
-                                                ddp.ParamSyncStage(static_cast<int>(i)),
-                                                ", expected ", want));
-      }
-    }
-    if (ddp.ParamSyncStageDone(0).code() != absl::StatusCode::kInvalidArgument) {
-      return absl::InternalError("a stage done before BeginParamSync was accepted");
-    }
-    RETURN_IF_ERROR(ddp.BeginParamSync());
-    if (ddp.ParamSyncStageDone(n).code() != absl::StatusCode::kInvalidArgument) {
-      return absl::InternalError("a stage out of range was accepted");
-    }
-    staged_launches = (n + 1) / 2;
-    for (int stage = 0; stage < staged_launches; ++stage) {
-      RETURN_IF_ERROR(ddp.ParamSyncStageDone(stage));
-      // Each stage launches exactly its own group's gather, at once.
-      const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
-      if (launched != stage + 1 ||
-          run->events.back().kind != SyncEvent::Kind::kParamGatherLaunched) {
-        return absl::InternalError(absl::StrCat("after stage ", stage, ": ", launched,
-                                                " gathers launched, expected ", stage + 1));
-      }
-    }
+    ASSIGN_OR_RETURN(staged_launches, ReportStages(model, *run, overlap, buckets_per_group));
   }
-  RETURN_IF_ERROR(ddp.StartParamSync());
+  RETURN_IF_ERROR(ddp.bucket_groups().StartParamSync());
   auto waited = [&](std::pair<int, int> group) {
     for (const SyncEvent& e : run->events) {
       if (e.kind == SyncEvent::Kind::kParamGatherWaited && e.buffer == group.first &&
@@ -514,27 +571,7 @@ absl::Status ParamSyncPhase(const Model& model, int world, int rank, Communicato
     }
     return false;
   };
-  if (overlap && staged) {
-    // StartParamSync adds the first gather of a communicator no stage reached.
-    int want = staged_launches;
-    for (size_t q = 0, before = 0; q < orders.size(); before += orders[q].size(), ++q) {
-      if (static_cast<int>(before) >= staged_launches) ++want;
-    }
-    const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
-    if (launched != want || Count(run->events, SyncEvent::Kind::kParamGatherWaited) != 0) {
-      return absl::InternalError(absl::StrCat("after a staged StartParamSync: ", launched,
-                                              " gathers launched, expected ", want,
-                                              " and none waited"));
-    }
-  } else if (overlap) {
-    const int launched = Count(run->events, SyncEvent::Kind::kParamGatherLaunched);
-    if (launched != static_cast<int>(orders.size()) ||
-        Count(run->events, SyncEvent::Kind::kParamGatherWaited) != 0) {
-      return absl::InternalError(absl::StrCat("after StartParamSync: ", launched,
-                                              " gathers launched, expected one per communicator (",
-                                              orders.size(), ") and none waited"));
-    }
-  }
+  RETURN_IF_ERROR(CheckStartLaunches(*run, overlap, staged, staged_launches));
   const int num_layers = model.layers.back() + 1;
   for (int layer = 0; layer < num_layers; ++layer) {
     hook(layer);
@@ -659,7 +696,7 @@ absl::Status ShardedPhase(const Model& model, int world, int rank, Communicator*
     if (!reshard && released_in_forward != 0) {
       return absl::InternalError(what + ": groups released during forward");
     }
-    RETURN_IF_ERROR(run->ddp->StartParamSync());
+    RETURN_IF_ERROR(run->ddp->bucket_groups().StartParamSync());
     RETURN_IF_ERROR(check_released(absl::StrCat("after step ", step)));
   }
   const DdpMemory memory = run->ddp->memory();

@@ -8,9 +8,10 @@
 //   torchrun --no-python --nproc-per-node=2 bazel-bin/examples/layerwise_mlp
 //
 // The steps a training loop must follow (see ddp/distributed_data_parallel.h):
-//   plan a layout -> wrap params in DDP -> create the optimizer over DDP's buffers -> per step:
-//   ZeroGradBuffers, forward (calling DDP's pre-forward hook per layer) + backward, FinishGradSync,
-//   optimizer Step, StartParamSync; FinishParamSync before reading params outside a forward.
+//   plan a layout -> wrap params in DDP -> create the optimizer over DDP's buffers and bucket
+//   groups -> per step: ZeroGradBuffers, forward (calling DDP's pre-forward hook per layer) +
+//   backward, FinishGradSync, optimizer Step (which starts the param sync); FinishParamSync before
+//   reading params outside a forward.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cross_entropy_loss.h>
@@ -138,8 +139,11 @@ absl::Status Train(orthoshard::collectives::Communicator& comm) {
   opt_config.muon.lr = 2e-2;
   opt_config.max_grad_norm = 1.0;
   // Which params Muon updates comes from the layout (ParamSpec::role above).
-  ASSIGN_OR_RETURN(auto optimizer, dist::CreateDistributedOptimizer(
-                                       buffers, &comm, opt_config, dist::DistributedMode::kSharded));
+  // Its Step starts each bucket group's all-gather as soon as this rank's part of it is updated.
+  ASSIGN_OR_RETURN(auto optimizer,
+                   dist::CreateDistributedOptimizer(buffers, &comm, opt_config,
+                                                    dist::DistributedMode::kSharded, {},
+                                                    &ddp_model->bucket_groups()));
   if (comm.rank() == 0) {
     std::printf("layerwise_mlp: %d ranks; this rank owns %lld of the Muon matrices\n", comm.size(),
                 static_cast<long long>(optimizer->muon().num_slots()));
@@ -161,7 +165,6 @@ absl::Status Train(orthoshard::collectives::Communicator& comm) {
       c10::NoGradGuard no_grad;
       RETURN_IF_ERROR(optimizer->Step().status());
     }
-    RETURN_IF_ERROR(ddp_model->StartParamSync());
     // Mean loss over ranks, for the log line.
     at::Tensor mean = loss.detach().reshape({1}).clone();
     orthoshard::collectives::AllReduceOptions avg;

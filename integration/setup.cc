@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
@@ -184,7 +183,9 @@ absl::Status BuildDataParallel(const TrainerConfig& c, Setup& s) {
 }
 
 // The distributed optimizer over the buffers. Each fused weight's split (QKV, SwiGLU fc1) is passed
-// on: Muon orthogonalises it per block in every mode.
+// on: Muon orthogonalises it per block in every mode. Given DDP's bucket groups, its Step() starts
+// each group's param sync as soon as this rank's part of it is updated (overlap_param_gather) and
+// every remaining one at the end of the step.
 absl::Status BuildOptimizer(const TrainerConfig& c, Setup& s) {
   const std::vector<ModelParam>& params = s.model->params();
   std::map<std::string, optimizers::FusedSplit> splits;
@@ -198,22 +199,7 @@ absl::Status BuildOptimizer(const TrainerConfig& c, Setup& s) {
                                     SpecOf(c.dist).sharded_step
                                         ? optimizers::distributed::DistributedMode::kSharded
                                         : optimizers::distributed::DistributedMode::kReplicated,
-                                    splits));
-  // The step updates this rank's part of the bucket groups in param gather order and starts each
-  // group's all-gather as soon as its part is done, hidden behind the update of the next groups.
-  if (c.overlap_param_gather && s.ddp->num_param_sync_stages() > 0) {
-    auto stage_of_name = std::make_shared<absl::flat_hash_map<std::string, int>>();
-    for (size_t i = 0; i < params.size(); ++i) {
-      (*stage_of_name)[params[i].name] = s.ddp->ParamSyncStage(static_cast<int>(i));
-    }
-    ddp::DistributedDataParallel* ddp = s.ddp.get();
-    s.stages.num_stages = ddp->num_param_sync_stages();
-    s.stages.stage_of = [stage_of_name](const optimizers::Slot& slot) {
-      const auto it = stage_of_name->find(slot.name);
-      return it == stage_of_name->end() ? -1 : it->second;
-    };
-    s.stages.on_done = [ddp](int stage) { return ddp->ParamSyncStageDone(stage); };
-  }
+                                    splits, &s.ddp->bucket_groups()));
   return absl::OkStatus();
 }
 

@@ -46,8 +46,6 @@ struct Setup {
   // optimizer steps this rank's part (every param, in kReplicated).
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
   std::unique_ptr<optimizers::ChainedOptimizer> optimizer;
-  // The optimizer's step in param sync stages (num_stages 0: one unstaged step).
-  optimizers::StepStages stages;
   optimizers::RoutingReport routing;  // decided once, before the layout publishes it
   std::vector<buffers::ParamAndGradBuffer*> buffers;  // parallel to layout.buffers
   std::unique_ptr<data::DataLoader> train, eval;

@@ -442,12 +442,9 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     RECORD_USER_SCOPE("step/optimizer");
     const absl::Time optimizer_start = absl::Now();
     at::NoGradGuard no_grad;  // the optimizers update leaf params in place
-    RETURN_IF_ERROR(s.ddp->BeginParamSync());
-    ASSIGN_OR_RETURN(out.result,
-                     s.optimizer->Step(s.stages.num_stages > 0 ? &s.stages : nullptr));
+    ASSIGN_OR_RETURN(out.result, s.optimizer->Step());  // starts the param sync
     out.cost.optimizer_s = absl::ToDoubleSeconds(absl::Now() - optimizer_start);
   }
-  RETURN_IF_ERROR(s.ddp->StartParamSync());
   out.cost.time = absl::Now() - start;
   out.cost.cpu_s = ProcessCpuSeconds() - cpu_start;
   out.cost.comm_bytes = TotalBytes(comm) - bytes_before;

@@ -41,7 +41,8 @@ double MuonClipScale(const ChainedConfig& config, const StepResult& result) {
 
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
     ChainedConfig config, RoutingReport routing, std::vector<Slot> slots,
-    const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer) {
+    const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer,
+    std::unique_ptr<StepSync> sync) {
   RETURN_IF_ERROR(ValidateSchedule(config.schedule));
   absl::flat_hash_map<std::string, Route> routes;
   for (const RoutingReport::Entry& e : routing.entries) routes[e.name] = e.route;
@@ -81,6 +82,13 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
   opt->config_ = std::move(config);
   opt->routing_ = std::move(routing);
   opt->reducer_ = std::move(reducer);
+  opt->sync_ = std::move(sync);
+  if (opt->sync_ != nullptr && opt->sync_->num_stages() > 0) {
+    StepSync* raw = opt->sync_.get();
+    opt->sync_stages_.num_stages = raw->num_stages();
+    opt->sync_stages_.stage_of = [raw](const Slot& slot) { return raw->StageOf(slot); };
+    opt->sync_stages_.on_done = [raw](int stage) { return raw->StageDone(stage); };
+  }
   return opt;
 }
 
@@ -140,6 +148,16 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SlotsPerStage(const SlotOptimi
 
 absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& global,
                                                            const StepStages* stages) {
+  if (sync_ == nullptr) return Update(global, stages);
+  RETURN_IF_ERROR(sync_->BeginStep());
+  if (stages == nullptr && sync_stages_.num_stages > 0) stages = &sync_stages_;
+  ASSIGN_OR_RETURN(const StepResult result, Update(global, stages));
+  RETURN_IF_ERROR(sync_->EndStep());
+  return result;
+}
+
+absl::StatusOr<StepResult> ChainedOptimizer::Update(const GradStats& global,
+                                                    const StepStages* stages) {
   const StepResult result = DecideStep(config_, global, steps_);
   if (result.skipped) {
     ++skipped_;

@@ -111,18 +111,39 @@ struct Param {
 };
 
 // A step cut into stages run in order, for a caller that communicates each stage's result while
-// the next one is computed (DDP starts the param all-gather of a bucket group as soon as this
-// rank's part of it is updated: ddp::DistributedDataParallel::ParamSyncStageDone). Stage s updates
-// every slot with stage_of(slot) == s, AdamW's then Muon's, then calls on_done(s); every stage in
-// [0, num_stages) is run and reported, with slots or without, so ranks that own different slots
-// report the same stages in the same order. The values computed are those of an unstaged step
-// (each slot's update reads only its own gradient and state). A gradient that no longer matches its
-// param is found when its stage runs, so earlier stages are already updated then (as an error in
-// Muon's half leaves AdamW's updated in an unstaged step): callers treat step errors as fatal.
+// the next one is computed (a data-parallel rank starts the param all-gather of a bucket group as
+// soon as its part of it is updated: see StepSync). Stage s updates every slot with
+// stage_of(slot) == s, AdamW's then Muon's, then calls on_done(s); every stage in [0, num_stages)
+// is run and reported, with slots or without, so ranks that own different slots report the same
+// stages in the same order. The values computed are those of an unstaged step (each slot's update
+// reads only its own gradient and state). A gradient that no longer matches its param is found when
+// its stage runs, so earlier stages are already updated then (as an error in Muon's half leaves
+// AdamW's updated in an unstaged step): callers treat step errors as fatal.
 struct StepStages {
   int num_stages = 0;
   std::function<int(const Slot& slot)> stage_of;   // in [0, num_stages)
   std::function<absl::Status(int stage)> on_done;  // may be empty
+};
+
+// Whoever returns a step's updated params to the other ranks (the param sync of
+// optimizers/distributed over the buffers' bucket groups), told by the optimizer as every step goes:
+//   BeginStep()          before any slot is written (e.g. an all-gather still reading the params
+//                        is finished first);
+//   StageDone(s)         with num_stages() > 0, after stage s (StageOf) of the update, in order,
+//                        every stage, whichever slots this rank owns (StepStages);
+//   EndStep()            after the update, and after a skipped step too (nothing written).
+// Cross-rank contract: the optimizer calls them in the same order on every rank (the step is
+// skipped or not on all alike), so an implementation may launch collectives from them.
+class StepSync {
+ public:
+  virtual ~StepSync() = default;
+  // The stages of the update (0: not staged) and each slot's, in [0, num_stages()).
+  virtual int num_stages() const = 0;
+  virtual int StageOf(const Slot& slot) const = 0;
+  // Errors: the implementation's (the collective's; the job must stop).
+  virtual absl::Status BeginStep() = 0;
+  virtual absl::Status StageDone(int stage) = 0;
+  virtual absl::Status EndStep() = 0;
 };
 
 class ChainedOptimizer final : public OptimizerState {
@@ -132,12 +153,14 @@ class ChainedOptimizer final : public OptimizerState {
   // whole matrices); `splits` gives fused Muon params their blocks (absent: one matrix; splits of
   // AdamW params are ignored). AdamW slots of params that are not 2-D get
   // config.adamw_non_matrix_weight_decay. `reducer` combines statistics across ranks (nullptr:
-  // this process sees every gradient). Errors: kInvalidArgument from the schedule,
-  // hyperparameters, a slot of an unknown param, a split of an unknown param, or the slots
-  // themselves (see AdamW::Create, Muon::Create).
+  // this process sees every gradient). `sync` (may be null) is told every step's progress (see
+  // StepSync); with sync->num_stages() > 0 every step is staged by it. Errors: kInvalidArgument
+  // from the schedule, hyperparameters, a slot of an unknown param, a split of an unknown param,
+  // or the slots themselves (see AdamW::Create, Muon::Create).
   static absl::StatusOr<std::unique_ptr<ChainedOptimizer>> Create(
       ChainedConfig config, RoutingReport routing, std::vector<Slot> slots,
-      const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer);
+      const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer,
+      std::unique_ptr<StepSync> sync = nullptr);
 
   // A single process: routes `params` with config.routing and gives each one whole slot.
   // Errors: as PlanRouting and the general Create.
@@ -154,8 +177,9 @@ class ChainedOptimizer final : public OptimizerState {
   // Errors: as SlotOptimizer::Step (then, if the AdamW half had already stepped, state is
   // partially updated; a caller treats this as fatal).
   // With `stages`, the update runs stage by stage (see StepStages); a skipped step runs none.
-  // Errors: also kInvalidArgument for a slot whose stage is out of range (nothing updated), and
-  // on_done's.
+  // Without, the StepSync's stages if it has any. With a StepSync, its BeginStep comes first and
+  // its EndStep last, skipped or not. Errors: also kInvalidArgument for a slot whose stage is out
+  // of range (nothing updated), on_done's and the StepSync's.
   absl::StatusOr<StepResult> StepWithStats(const GradStats& global,
                                            const StepStages* stages = nullptr);
 
@@ -179,12 +203,16 @@ class ChainedOptimizer final : public OptimizerState {
 
  private:
   ChainedOptimizer() = default;
+  // StepWithStats without the StepSync's begin and end.
+  absl::StatusOr<StepResult> Update(const GradStats& global, const StepStages* stages);
 
   ChainedConfig config_;
   RoutingReport routing_;
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<Muon> muon_;
   std::unique_ptr<StatsReducer> reducer_;
+  std::unique_ptr<StepSync> sync_;
+  StepStages sync_stages_;  // the stages of sync_ (num_stages 0: none)
   int64_t steps_ = 0;
   int64_t skipped_ = 0;
 };

@@ -783,6 +783,70 @@ TEST_F(OptimizersTest, StagedStepEqualsTheWholeStep) {
   EXPECT_THAT((*staged)->Step(&stages).status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("peer gone")));
 }
 
+// A StepSync that logs what the optimizer told it, staging each slot as `stages` says.
+class LoggingStepSync final : public StepSync {
+ public:
+  LoggingStepSync(std::vector<std::string>* log, std::map<std::string, int> stages, int n)
+      : log_(log), stages_(std::move(stages)), n_(n) {}
+  int num_stages() const override { return n_; }
+  int StageOf(const Slot& slot) const override { return stages_.at(slot.name); }
+  absl::Status BeginStep() override { return Log("begin"); }
+  absl::Status StageDone(int stage) override { return Log(absl::StrCat("stage ", stage)); }
+  absl::Status EndStep() override { return Log("end"); }
+
+ private:
+  absl::Status Log(std::string what) {
+    log_->push_back(std::move(what));
+    return absl::OkStatus();
+  }
+  std::vector<std::string>* log_;
+  std::map<std::string, int> stages_;
+  int n_;
+};
+
+// The general Create over `params` whole, with `sync`.
+absl::StatusOr<std::unique_ptr<ChainedOptimizer>> WithSync(std::vector<Param>& params,
+                                                           std::unique_ptr<StepSync> sync) {
+  std::vector<ParamDescriptor> descriptors;
+  std::vector<Slot> slots;
+  for (const Param& p : params) {
+    descriptors.push_back({p.name, p.param.sizes().vec()});
+    slots.push_back(Slot::Whole(p.name, p.param, p.grad));
+  }
+  ChainedConfig config;
+  auto routing = PlanRouting(config.routing, descriptors);
+  if (!routing.ok()) return routing.status();
+  return ChainedOptimizer::Create(config, *routing, std::move(slots), {}, nullptr,
+                                  std::move(sync));
+}
+
+// A StepSync is told every step: BeginStep before the update, each of its stages in order (the
+// step staged by it, bitwise the unstaged step), EndStep after; a skipped step is begun and ended.
+TEST_F(OptimizersTest, StepSyncIsToldEveryStepSkippedOrNot) {
+  std::vector<Param> whole_params = ToyParams(), synced_params = ToyParams();
+  auto whole = ChainedOptimizer::Create(whole_params, ChainedConfig{});
+  std::vector<std::string> log;
+  const std::map<std::string, int> stage_of = {{"embed.weight", 2},
+                                               {"layers.0.norm.weight", 1},
+                                               {"layers.0.fc1.weight", 1},
+                                               {"layers.0.fc2.weight", 0},
+                                               {"layers.0.fc2.bias", 0}};
+  auto synced =
+      WithSync(synced_params, std::make_unique<LoggingStepSync>(&log, stage_of, /*n=*/3));
+  ASSERT_TRUE(whole.ok() && synced.ok()) << synced.status();
+  ASSERT_OK((*whole)->Step().status());
+  ASSERT_OK((*synced)->Step().status());
+  EXPECT_EQ(log, (std::vector<std::string>{"begin", "stage 0", "stage 1", "stage 2", "end"}));
+  for (size_t i = 0; i < whole_params.size(); ++i) {
+    EXPECT_TRUE(at::equal(whole_params[i].param, synced_params[i].param)) << whole_params[i].name;
+  }
+  log.clear();
+  synced_params[1].grad.fill_(std::nan(""));
+  ASSERT_OK_AND_ASSIGN(const StepResult skipped, (*synced)->Step());
+  EXPECT_TRUE(skipped.skipped);
+  EXPECT_EQ(log, (std::vector<std::string>{"begin", "end"}));
+}
+
 TEST_F(OptimizersTest, ImportErrors) {
   auto adamw = AdamW::Create({{Slot::Whole("w", Det({4, 4}, 0.0), at::Tensor()), AdamWHyper{}}});
   ASSERT_TRUE(adamw.ok());

@@ -485,20 +485,26 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
                                                       : buffers::GradSync::kAllReduce;
   dc.timeout = absl::Seconds(120);
   // Counts what DDP overlapped: reduce-scatters launched before backward ended (last micro-batch)
-  // and all-gathers waited on by the pre-forward hook of a layer.
-  int grad_launches_in_backward = 0, gathers_waited_by_hook = 0;
-  bool backward_ended = false;
+  // and all-gathers waited on by the pre-forward hook of a layer; and the all-gathers the
+  // optimizer's step launched (its param sync).
+  int grad_launches_in_backward = 0, gathers_waited_by_hook = 0, gathers_launched_in_step = 0;
+  bool backward_ended = false, in_step = false;
   dc.on_event = [&](const ddp::SyncEvent& e) {
     using Kind = ddp::SyncEvent::Kind;
     if (e.kind == Kind::kBackwardEnded) backward_ended = true;
     if (e.kind == Kind::kGradReduceLaunched && !backward_ended) ++grad_launches_in_backward;
     if (e.kind == Kind::kParamGatherWaited && e.layer >= 0) ++gathers_waited_by_hook;
+    if (e.kind == Kind::kParamGatherLaunched && in_step) ++gathers_launched_in_step;
   };
   ASSIGN_OR_RETURN(auto ddp, ddp::DistributedDataParallel::Create(plan, params, &comm, nullptr, dc));
   ASSIGN_OR_RETURN(const ddp::LayerHooks hooks, ddp->MakeLayerHooks(model.layers));
   std::vector<buffers::ParamAndGradBuffer*> buffers;
   for (int b = 0; b < ddp->num_buffers(); ++b) buffers.push_back(&ddp->buffer(b));
-  ASSIGN_OR_RETURN(auto opt, CreateDistributedOptimizer(buffers, &comm, Config(), rc.mode));
+  // The optimizer's step runs the param sync over DDP's bucket groups.
+  ASSIGN_OR_RETURN(auto opt, CreateDistributedOptimizer(buffers, &comm, Config(), rc.mode, {},
+                                                        &ddp->bucket_groups()));
+  int groups = 0;
+  for (const auto& order : ddp->GradReduceOrder()) groups += static_cast<int>(order.size());
 
   TrainResult result;
   const int64_t slice = kGlobalBatch / dp, micro_rows = slice / rc.micro;
@@ -535,8 +541,19 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
     result.max_grad_diff = std::max(result.max_grad_diff, grad_diff);
     {
       c10::NoGradGuard no_grad;
+      in_step = true;
+      gathers_launched_in_step = 0;
       ASSIGN_OR_RETURN(optimizers::StepResult stepped, opt->Step());
+      in_step = false;
       if (stepped.skipped) return absl::InternalError(where + ": skipped");
+      // Full residency, sharded optimizer: the step launched every group's all-gather (as each
+      // stage was written with overlap_param_gather, all at its end without); else none.
+      const int want = rc.mode == DistributedMode::kSharded && !rc.shard_params ? groups : 0;
+      if (gathers_launched_in_step != want) {
+        return absl::InternalError(absl::StrCat(where, ": the step launched ",
+                                                gathers_launched_in_step,
+                                                " param all-gathers, expected ", want));
+      }
       result.clipped_steps += stepped.clip_scale < 1.0;
       ASSIGN_OR_RETURN(optimizers::StepResult reference, sim.Step(mean, stepped.stats));
       if (reference.clip_scale != stepped.clip_scale ||
@@ -549,9 +566,8 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
       ASSIGN_OR_RETURN(const optimizers::GradStats own, sim.LocalGradStats());
       RETURN_IF_ERROR(CheckStats(model, stepped.stats, own, where));
     }
-    // Sharded: only this rank's shards are new; DDP owns the all-gathers (waited per layer by the
-    // next forward's hook with overlap_param_gather). Replicated: nothing to gather.
-    RETURN_IF_ERROR(ddp->StartParamSync());
+    // Sharded: only this rank's shards were new; the step started their all-gathers (waited per
+    // layer by the next forward's hook with overlap_param_gather). Replicated: nothing to gather.
   }
   RETURN_IF_ERROR(ddp->FinishParamSync());
   if (rc.shard_params) {

@@ -5,6 +5,7 @@
 
 #include <ATen/ops/tensor.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "layout/layout.h"
@@ -26,6 +27,60 @@ absl::StatusOr<GradStats> AllReduceStatsReducer::Reduce(const GradStats& local) 
   const double* reduced = stats.data_ptr<double>();
   return GradStats{reduced[0], reduced[1], reduced[2] > 0.0, reduced[3], reduced[4]};
 }
+
+namespace {
+
+// The param sync of the buffers' bucket groups, run by the optimizer's step: one stage per bucket
+// group in param gather order (BucketGroupSync::ParamSyncStage), looked up by slot name.
+class BucketGroupStepSync final : public StepSync {
+ public:
+  BucketGroupStepSync(buffers::BucketGroupSync* sync, absl::flat_hash_map<std::string, int> stages)
+      : sync_(sync), stages_(std::move(stages)) {}
+
+  int num_stages() const override { return sync_->num_param_sync_stages(); }
+  int StageOf(const Slot& slot) const override {
+    const auto it = stages_.find(slot.name);
+    return it == stages_.end() ? -1 : it->second;
+  }
+  absl::Status BeginStep() override { return sync_->BeginParamSync(); }
+  absl::Status StageDone(int stage) override { return sync_->ParamSyncStageDone(stage); }
+  absl::Status EndStep() override { return sync_->StartParamSync(); }
+
+ private:
+  buffers::BucketGroupSync* sync_;
+  absl::flat_hash_map<std::string, int> stages_;  // param name -> stage
+};
+
+absl::StatusOr<std::unique_ptr<StepSync>> MakeStepSync(
+    buffers::BucketGroupSync* sync, absl::Span<ParamAndGradBuffer* const> buffers,
+    DistributedMode mode) {
+  const buffers::GradSync expected = mode == DistributedMode::kSharded
+                                         ? buffers::GradSync::kReduceScatter
+                                         : buffers::GradSync::kAllReduce;
+  if (sync->options().grad_sync != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the param sync's bucket groups use the ",
+        sync->options().grad_sync == buffers::GradSync::kReduceScatter ? "reduce-scatter"
+                                                                       : "all-reduce",
+        " grad sync; a ", mode == DistributedMode::kSharded ? "sharded" : "replicated",
+        " optimizer needs the ",
+        expected == buffers::GradSync::kReduceScatter ? "reduce-scatter" : "all-reduce"));
+  }
+  absl::flat_hash_map<std::string, int> stages;
+  for (const ParamAndGradBuffer* buffer : buffers) {
+    const int b = sync->BufferIndex(buffer);
+    if (b < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", buffer->layout().key.ToString(),
+                                                     " is not one of the param sync's buffers"));
+    }
+    for (const layout::ParamPlacement& p : buffer->layout().params) {
+      stages[p.name] = sync->ParamSyncStage(b, p.bucket);
+    }
+  }
+  return std::make_unique<BucketGroupStepSync>(sync, std::move(stages));
+}
+
+}  // namespace
 
 RoutingReport LayoutRouting(absl::Span<ParamAndGradBuffer* const> buffers) {
   RoutingReport report;
@@ -102,7 +157,8 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
 
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     std::vector<ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
-    ChainedConfig config, DistributedMode mode, const std::map<std::string, FusedSplit>& splits) {
+    ChainedConfig config, DistributedMode mode, const std::map<std::string, FusedSplit>& splits,
+    buffers::BucketGroupSync* param_sync) {
   if (comm == nullptr) return absl::InvalidArgumentError("communicator is null");
   for (const ParamAndGradBuffer* buffer : buffers) {
     if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
@@ -120,10 +176,14 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     }
   }
   ASSIGN_OR_RETURN(std::vector<Slot> slots, RankSlots(buffers, comm->rank(), mode));
+  std::unique_ptr<StepSync> step_sync;
+  if (param_sync != nullptr) {
+    ASSIGN_OR_RETURN(step_sync, MakeStepSync(param_sync, buffers, mode));
+  }
   std::unique_ptr<StatsReducer> reducer;
   if (mode == DistributedMode::kSharded) reducer = std::make_unique<AllReduceStatsReducer>(comm);
   return ChainedOptimizer::Create(std::move(config), LayoutRouting(buffers), std::move(slots),
-                                  splits, std::move(reducer));
+                                  splits, std::move(reducer), std::move(step_sync));
 }
 
 }  // namespace orthoshard::optimizers::distributed

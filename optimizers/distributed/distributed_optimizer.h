@@ -20,10 +20,17 @@
 // buffers/bucket_sync.h, as ddp/ runs it); kReplicated: the whole buffer (the all-reduce grad
 // sync).
 //
-// Param sync. The optimizer never communicates buckets. After a kSharded Step only this rank's
-// shards of param_data are new; the param sync (buffers::LaunchParamSync, or DDP's
-// StartParamSync / pre-forward hooks) gathers them. Every rank must run it after every Step,
-// skipped or not.
+// Param sync. After a kSharded Step only this rank's shards of param_data are new; the param sync
+// gathers them, and every rank must run it after every Step, skipped or not. Given the buffers'
+// bucket groups (buffers::BucketGroupSync, e.g. DDP's bucket_groups()), the optimizer's Step runs
+// it itself, through a StepSync (optimizers/chained.h): BeginParamSync before writing any shard;
+// with overlap_param_gather the update is staged in param gather order (one stage per bucket
+// group, ParamSyncStage) and each group's all-gather starts (ParamSyncStageDone) as soon as this
+// rank's part of it is written, hidden behind the update of the next groups; StartParamSync at the
+// end of every step, skipped ones included (the rest of the all-gathers, waited on by the next
+// forward's hooks, or all of them waited on without overlap; kSharded residency releases). Without
+// them the caller runs the param sync (buffers::LaunchParamSync, or the bucket groups'
+// BeginParamSync / StartParamSync around Step).
 //
 // State: the StateRecord format (optimizers/state.h) in model space, so a checkpoint resumes at
 // any data-parallel size and in either mode.
@@ -37,6 +44,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "buffers/bucket_group.h"
 #include "buffers/param_and_grad_buffer.h"
 #include "collectives/communicator.h"
 #include "optimizers/chained.h"
@@ -80,10 +88,15 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<buffers::ParamAndGradBuff
 // to its blocks (QKV, SwiGLU fc1), orthogonalised separately in both modes. `comm` and the buffers
 // must outlive the optimizer. Errors: kInvalidArgument for a buffer whose dp is not comm->size(),
 // those of RankSlots and ChainedOptimizer::Create.
+// `param_sync` (may be null; must outlive the optimizer): the bucket groups of `buffers` (and
+// possibly more), whose param sync every Step then runs (see the file comment). Errors: also
+// kInvalidArgument for a buffer that is not one of param_sync's, or a param_sync whose grad sync
+// does not match `mode` (kSharded: reduce-scatter; kReplicated: all-reduce).
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     std::vector<buffers::ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
     ChainedConfig config, DistributedMode mode,
-    const std::map<std::string, FusedSplit>& splits = {});
+    const std::map<std::string, FusedSplit>& splits = {},
+    buffers::BucketGroupSync* param_sync = nullptr);
 
 }  // namespace orthoshard::optimizers::distributed
 
