@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "checkpoint/commit.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"

@@ -6,7 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors.h"
 #include "common/status_macros.h"

@@ -12,11 +12,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/manifest.pb.h"
 
-using ::orthoshard::checkpoint::Crc32c;
+using ::orthoshard::Crc32c;
 using ::orthoshard::checkpoint::DecodeManifestFile;
 using ::orthoshard::checkpoint::EncodeManifestFile;
 using ::orthoshard::checkpoint::Manifest;

@@ -4,7 +4,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/shard.h"
 #include "checkpoint/testing/test_checkpoint.h"

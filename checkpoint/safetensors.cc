@@ -8,7 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "checkpoint/internal/json.h"
 #include "common/status_macros.h"
 

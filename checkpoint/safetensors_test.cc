@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/testing/test_checkpoint.h"
 #include "common/testing/status_matchers.h"

@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::data {
@@ -33,7 +33,7 @@ absl::Status Mismatch(absl::string_view field, const std::string& saved, const s
 uint32_t DataFingerprint(const TokenStream& tokens) {
   constexpr int64_t kBlocks = 64, kBlockTokens = 1024;
   const int64_t n = tokens.size();
-  uint32_t crc = checkpoint::Crc32c(&n, sizeof(n));
+  uint32_t crc = Crc32c(&n, sizeof(n));
   const int64_t block = std::min(kBlockTokens, n);
   std::vector<int64_t> wide(block);
   std::vector<int32_t> ids(block);
@@ -41,7 +41,7 @@ uint32_t DataFingerprint(const TokenStream& tokens) {
     const int64_t start = (n - block) * b / (kBlocks - 1);
     tokens.CopyTo(start, block, wide.data());
     std::copy(wide.begin(), wide.end(), ids.begin());
-    crc = checkpoint::Crc32cExtend(crc, ids.data(), block * sizeof(int32_t));
+    crc = Crc32cExtend(crc, ids.data(), block * sizeof(int32_t));
   }
   return crc;
 }

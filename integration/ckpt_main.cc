@@ -1,6 +1,6 @@
 // `ckpt`: inspect, verify and export checkpoints, and run the saved model on given tokens.
 // Exit codes: 0 success, 1 the command failed, 2 bad arguments. The format-level commands live in
-// checkpoint/ckpt_commands.h; this file adds what needs orthoshard's model: the Hugging Face
+// checkpoint/tool/ckpt_commands.h; this file adds what needs orthoshard's model: the Hugging Face
 // mapping of `export --format=hf` (hf_export.h) and `forward` (logits and next-token loss of the
 // saved model on given ids, the reference for interop tests).
 #include <cstdio>
@@ -23,7 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/checkpoint_reader.h"
-#include "checkpoint/ckpt_commands.h"
+#include "checkpoint/tool/ckpt_commands.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "common/status_macros.h"

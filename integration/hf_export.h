@@ -25,7 +25,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "checkpoint/ckpt_commands.h"
+#include "checkpoint/tool/ckpt_commands.h"
 #include "model/gpt_config.h"
 
 namespace orthoshard::integration {

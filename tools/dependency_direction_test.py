@@ -26,13 +26,11 @@ ALLOWED = {
     "optimizers/distributed": {"common", "layout", "collectives", "buffers", "optimizers"},
     "ddp": {"common", "layout", "collectives", "buffers"},
     "checkpoint": {"common", "layout", "collectives", "buffers", "optimizers"},
-    # data/ uses checkpoint's crc32c (the loader's data fingerprint), nothing else of checkpoint/.
     "model": {"common", "collectives"},
-    "data": {"common", "checkpoint"},
+    "data": {"common"},
     # integration/'s sub-packages sit below the trainer: they never include integration/ itself.
     "integration/config": {"common", "layout", "model", "optimizers"},
-    "integration/metrics": {"common", "collectives", "checkpoint", "optimizers",
-                            "integration/config"},
+    "integration/metrics": {"common", "collectives", "optimizers", "integration/config"},
 }
 # Packages that may use anything (the application, examples, benchmarks, build tooling).
 ANYTHING = {"integration", "integration/e2e", "examples", "bench", "tools", "third_party", ""}

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"

@@ -12,14 +12,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::integration {
 namespace {
 
 // TFRecord's checksum: the Castagnoli CRC of checkpoint/ (hardware-accelerated where available).
-uint32_t Crc32c(absl::string_view data) { return checkpoint::Crc32c(data.data(), data.size()); }
+uint32_t Crc32c(absl::string_view data) { return ::orthoshard::Crc32c(data.data(), data.size()); }
 
 // Protobuf wire format: https://protobuf.dev/programming-guides/encoding/
 enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };

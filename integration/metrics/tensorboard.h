@@ -30,7 +30,7 @@
 
 namespace orthoshard::integration {
 
-// The TFRecord mask applied to stored CRCs (Castagnoli CRC-32, checkpoint/crc32c.h).
+// The TFRecord mask applied to stored CRCs (Castagnoli CRC-32, common/crc32c.h).
 uint32_t MaskCrc(uint32_t crc);
 
 // One decoded scalar of an Event's summary.

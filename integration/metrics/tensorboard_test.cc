@@ -10,7 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,8 +31,8 @@ void WriteAll(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), bytes.size());
 }
 
-// The record checksum (checkpoint/crc32c.h, which tensorboard.cc uses).
-uint32_t Crc32c(const std::string& data) { return checkpoint::Crc32c(data.data(), data.size()); }
+// The record checksum (common/crc32c.h, which tensorboard.cc uses).
+uint32_t Crc32c(const std::string& data) { return ::orthoshard::Crc32c(data.data(), data.size()); }
 
 TEST(Crc32c, KnownVectors) {
   // RFC 3720 B.4 and the common "123456789" check value.

@@ -1,16 +1,17 @@
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of checkpoint records.
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum of checkpoint records,
+// TensorBoard event records and the loader's data fingerprint.
 //
 // Table-driven slicing-by-8 in portable C++ (Debian's abseil has no absl/crc); on x86-64 CPUs with
 // SSE4.2 the CRC32 instruction is used instead (checked once at run time), which computes the same
 // polynomial several times faster. Same value as iSCSI / ext4 / Google's crc32c library:
 // Crc32c("123456789") == 0xE3069283.
-#ifndef ORTHOSHARD_CHECKPOINT_CRC32C_H_
-#define ORTHOSHARD_CHECKPOINT_CRC32C_H_
+#ifndef ORTHOSHARD_COMMON_CRC32C_H_
+#define ORTHOSHARD_COMMON_CRC32C_H_
 
 #include <cstddef>
 #include <cstdint>
 
-namespace orthoshard::checkpoint {
+namespace orthoshard {
 
 // Extends `crc` (the CRC of the bytes seen so far; 0 for none) by `size` bytes at `data`.
 // Crc32cExtend(Crc32cExtend(0, a), b) == CRC of a followed by b.
@@ -25,6 +26,6 @@ bool Crc32cIsHardwareAccelerated();
 // CRC-32C of one buffer.
 inline uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
 
-}  // namespace orthoshard::checkpoint
+}  // namespace orthoshard
 
-#endif  // ORTHOSHARD_CHECKPOINT_CRC32C_H_
+#endif  // ORTHOSHARD_COMMON_CRC32C_H_

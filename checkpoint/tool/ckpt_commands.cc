@@ -1,4 +1,4 @@
-#include "checkpoint/ckpt_commands.h"
+#include "checkpoint/tool/ckpt_commands.h"
 
 #include <algorithm>
 #include <map>

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "checkpoint/ckpt_commands.h"
+#include "checkpoint/tool/ckpt_commands.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
@@ -32,7 +32,7 @@ using ::orthoshard::checkpoint::testing::TestCheckpointOptions;
 using ::orthoshard::checkpoint::testing::TestTensor;
 using ::orthoshard::checkpoint::testing::WriteTestCheckpoint;
 
-constexpr char kScript[] = "checkpoint/testdata/load_export.py";
+constexpr char kScript[] = "checkpoint/tool/testdata/load_export.py";
 
 // Every dtype of the format, a scalar and an empty tensor.
 std::vector<TestTensor> AllDTypeModel() {

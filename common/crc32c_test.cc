@@ -1,4 +1,4 @@
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 
 #include <cstring>
 #include <iostream>
@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 
-namespace orthoshard::checkpoint {
+namespace orthoshard {
 namespace {
 
 // Reference: bit-at-a-time CRC-32C, straight from the definition.
@@ -79,4 +79,4 @@ TEST(Crc32cTest, ExtendEqualsWhole) {
 }
 
 }  // namespace
-}  // namespace orthoshard::checkpoint
+}  // namespace orthoshard

@@ -10,8 +10,8 @@
 //   ckpt forward DIR --tokens=IDS [--out=FILE]
 //                         (a caller's command: integration/ckpt_main.cc) logits and loss of ids
 // DIR is a checkpoint directory (holding manifest.binpb) or a root holding a `latest` pointer.
-#ifndef ORTHOSHARD_CHECKPOINT_CKPT_COMMANDS_H_
-#define ORTHOSHARD_CHECKPOINT_CKPT_COMMANDS_H_
+#ifndef ORTHOSHARD_CHECKPOINT_TOOL_CKPT_COMMANDS_H_
+#define ORTHOSHARD_CHECKPOINT_TOOL_CKPT_COMMANDS_H_
 
 #include <cstdint>
 #include <functional>
@@ -115,4 +115,4 @@ absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& ch
 
 }  // namespace orthoshard::checkpoint
 
-#endif  // ORTHOSHARD_CHECKPOINT_CKPT_COMMANDS_H_
+#endif  // ORTHOSHARD_CHECKPOINT_TOOL_CKPT_COMMANDS_H_

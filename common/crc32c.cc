@@ -1,4 +1,4 @@
-#include "checkpoint/crc32c.h"
+#include "common/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -6,7 +6,7 @@
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "slicing-by-8 loads words little-endian");
 
-namespace orthoshard::checkpoint {
+namespace orthoshard {
 namespace {
 
 constexpr uint32_t kPolynomial = 0x82F63B78u;  // Castagnoli, bit-reversed.
@@ -104,4 +104,4 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size) {
   return ~c;
 }
 
-}  // namespace orthoshard::checkpoint
+}  // namespace orthoshard
