@@ -17,6 +17,7 @@ namespace orthoshard::collectives {
 namespace {
 
 using internal_collectives::IgnoreSigpipe;
+using internal_collectives::RendezvousOf;
 using internal_collectives::ToChrono;
 using internal_collectives::WhatOf;
 
@@ -28,21 +29,6 @@ absl::Status CheckOptions(const GlooOptions& options) {
         absl::StrCat("gloo: threads must be at least 1, got ", options.threads));
   }
   return absl::OkStatus();
-}
-
-// Where this rank meets the others (internal_collectives::ConnectJobStore).
-internal_collectives::StoreRendezvous Rendezvous(const GlooOptions& options) {
-  internal_collectives::StoreRendezvous where;
-  where.engine = "gloo";
-  where.rank = options.rank;
-  where.master_addr = options.master_addr;
-  where.master_port = options.master_port;
-  where.host_store = options.host_store;
-  where.timeout = options.rendezvous_timeout;
-  where.job.job_id = options.job_id;
-  where.job.attempt = options.attempt;
-  where.job.world_size = options.size;
-  return where;
 }
 
 // How Gloo is connected with `options` (threads, hostname, timeouts), over any store and any
@@ -111,14 +97,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
         absl::StrCat("gloo: master_port ", options.master_port, " is not a usable port"));
   }
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
-                   internal_collectives::ConnectJobStore(Rendezvous(options)));
+                   internal_collectives::ConnectJobStore(RendezvousOf("gloo", options)));
   return ConnectRanks(std::move(store), options);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const GlooOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  const internal_collectives::StoreRendezvous where = Rendezvous(options);
+  const internal_collectives::StoreRendezvous where = RendezvousOf("gloo", options);
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> job_store,
                    internal_collectives::JoinJobStore(
                        std::move(store), where.job, absl::StrCat("gloo: rank ", options.rank),

@@ -17,6 +17,7 @@ namespace orthoshard::collectives {
 namespace {
 
 using internal_collectives::IgnoreSigpipe;
+using internal_collectives::RendezvousOf;
 using internal_collectives::ToChrono;
 using internal_collectives::WhatOf;
 
@@ -28,21 +29,6 @@ absl::Status CheckOptions(const NcclOptions& options) {
         absl::StrCat("nccl: device must be non-negative, got ", options.device));
   }
   return absl::OkStatus();
-}
-
-// Where this rank meets the others (internal_collectives::ConnectJobStore).
-internal_collectives::StoreRendezvous Rendezvous(const NcclOptions& options) {
-  internal_collectives::StoreRendezvous where;
-  where.engine = "nccl";
-  where.rank = options.rank;
-  where.master_addr = options.master_addr;
-  where.master_port = options.master_port;
-  where.host_store = options.host_store;
-  where.timeout = options.rendezvous_timeout;
-  where.job.job_id = options.job_id;
-  where.job.attempt = options.attempt;
-  where.job.world_size = options.size;
-  return where;
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectRanks(c10::intrusive_ptr<c10d::Store> prefixed,
@@ -71,14 +57,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclO
         absl::StrCat("nccl: master_port ", options.master_port, " is not a usable port"));
   }
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
-                   internal_collectives::ConnectJobStore(Rendezvous(options)));
+                   internal_collectives::ConnectJobStore(RendezvousOf("nccl", options)));
   return ConnectRanks(std::move(store), options);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const NcclOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  const internal_collectives::StoreRendezvous where = Rendezvous(options);
+  const internal_collectives::StoreRendezvous where = RendezvousOf("nccl", options);
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> job_store,
                    internal_collectives::JoinJobStore(
                        std::move(store), where.job, absl::StrCat("nccl: rank ", options.rank),

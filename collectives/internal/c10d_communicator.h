@@ -121,6 +121,23 @@ struct StoreRendezvous {
   JobIdentity job;
 };
 
+// The rendezvous of a rank created with `options` (GlooOptions or NcclOptions, which share these
+// fields) of engine `engine`.
+template <typename EngineOptions>
+StoreRendezvous RendezvousOf(const char* engine, const EngineOptions& options) {
+  StoreRendezvous where;
+  where.engine = engine;
+  where.rank = options.rank;
+  where.master_addr = options.master_addr;
+  where.master_port = options.master_port;
+  where.host_store = options.host_store;
+  where.timeout = options.rendezvous_timeout;
+  where.job.job_id = options.job_id;
+  where.job.attempt = options.attempt;
+  where.job.world_size = options.size;
+  return where;
+}
+
 // Connects to (or hosts) the TCPStore and joins the job's part of it (JoinJobStore), the whole
 // under RunWithDeadline(timeout + 5 s): the store's own errors come first when it answers at all.
 // Errors: as ConnectTcpStore and JoinJobStore; kDeadlineExceeded "gloo: rank 1: no answer from the
