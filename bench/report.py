@@ -786,6 +786,9 @@ def main():
             f"The other sections are from the runs described above.\n")
         with open(out_path) as f:
             text = rl.merge_sections(f.read(), text, provenance)
+    elif os.path.exists(out_path):
+        with open(out_path) as f:
+            text = rl.carry_summary(f.read(), text)
     with open(out_path, "w") as f:
         f.write(rl.wrap_markdown(text))
     print(f"[bench] wrote {out_path}" + (f" and {len(plots)} plot(s) in {plots_dir}" if plots else ""),

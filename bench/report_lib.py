@@ -658,6 +658,19 @@ def merge_sections(old_text, new_text, provenance):
     return "\n".join(c for _, c in out)
 
 
+def carry_summary(old_text, new_text):
+    """A full report `new_text` with the hand-kept "## Summary" section of `old_text` (the headline
+    ratios, with links into the sections) placed before its first "## " section, so that a full run
+    does not drop it; `new_text` as it is when the old report has no summary or the new one has its
+    own. The summary's figures are the ones it was last edited with: its comment says so."""
+    old = dict((k, c) for k, c in _split_sections(old_text) if k is not None)
+    chunks = _split_sections(new_text)
+    if "Summary" not in old or any(k == "Summary" for k, _ in chunks):
+        return new_text
+    head, rest = chunks[0], chunks[1:]
+    return "\n".join([head[1], old["Summary"]] + [c for _, c in rest])
+
+
 # A word that must not begin a wrapped line: at the start of a line Markdown would read it as a
 # list item, heading, quote, table row, setext underline or ordered-list number.
 _NO_BREAK_BEFORE = re.compile(r"^(?:[-+*]|[#>|].*|=+|-+|\d+[.)])$")

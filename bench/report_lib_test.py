@@ -399,6 +399,21 @@ class MergeSectionsTest(unittest.TestCase):
         self.assertEqual(rl.merge_sections("", self.NEW, "x"), self.NEW)
 
 
+class CarrySummaryTest(unittest.TestCase):
+    OLD = "# b\n\nold header\n\n## Summary\n\n| what | figure |\n\n## 1. Layout\n\nold one\n"
+    NEW = "# b\n\nnew header\n\n## Machine\n\nm\n\n## 1. Layout\n\nnew one\n"
+
+    def test_a_full_run_keeps_the_summary_before_its_sections(self):
+        carried = rl.carry_summary(self.OLD, self.NEW)
+        self.assertIn("new header\n\n## Summary\n\n| what | figure |\n\n## Machine", carried)
+        self.assertIn("new one", carried)
+        self.assertNotIn("old one", carried)
+
+    def test_nothing_to_carry(self):
+        self.assertEqual(rl.carry_summary("# b\n\n## 1. Layout\n", self.NEW), self.NEW)
+        self.assertEqual(rl.carry_summary(self.OLD, self.OLD), self.OLD)
+
+
 class WrapMarkdownTest(unittest.TestCase):
     def test_wraps_prose_and_list_items_only(self):
         prose = " ".join(["word"] * 60)
