@@ -91,6 +91,8 @@ optimizers::ScheduleConfig ScheduleOf(const TrainerConfig& c) {
   return s;
 }
 
+}  // namespace
+
 absl::StatusOr<optimizers::ChainedConfig> OptimizerConfigOf(const TrainerConfig& c) {
   optimizers::ChainedConfig out;
   ORTHOSHARD_OPTIMIZER_FIELDS(ORTHOSHARD_COPY_FIELD)
@@ -124,6 +126,8 @@ ddp::DdpConfig DdpConfigOf(const TrainerConfig& c) {
 }
 
 #undef ORTHOSHARD_COPY_FIELD
+
+namespace {
 
 DType ParamDType(const TrainerConfig& c) {
   return c.precision == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat32;

@@ -58,6 +58,13 @@ struct Setup {
 // DistributedDataParallel::Create and CreateDistributedOptimizer.
 absl::StatusOr<Setup> Build(const TrainerConfig& config, collectives::Communicator& comm);
 
+// The libraries' option structs a config implies (setup.cc's field mappings plus what is derived
+// from several fields or from the --dist mode's row of kDistModes). Errors (OptimizerConfigOf):
+// kInvalidArgument for --muon_ns_coefficients that do not parse.
+absl::StatusOr<optimizers::ChainedConfig> OptimizerConfigOf(const TrainerConfig& config);
+layout::LayoutOptions LayoutOptionsOf(const TrainerConfig& config, int dp);
+ddp::DdpConfig DdpConfigOf(const TrainerConfig& config);
+
 // One line per buffer of `full`: key, strategy, params, elements, padding and bucket sizes.
 std::string LayoutSummary(const layout::FullParamLayout& full);
 
