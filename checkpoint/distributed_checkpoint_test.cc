@@ -16,6 +16,8 @@
 //                           names step 3, which loads and resumes bitwise
 //   CorruptedShard          one flipped byte in rank1.safetensors: load fails on every rank naming
 //                           the file, and nothing (params, optimizer state) changed
+//   ManifestFlips           a flipped bit in every byte of the manifest is refused by the load
+//                           that --resume runs (kDataLoss naming manifest.binpb); nothing changed
 //   Fsdp*                   a run with sharded residency (ZeRO-3: each rank keeps only its shards,
 //                           the snapshot gathers buckets whose params straddle shards) saved at dp
 //                           2 resumes bitwise with full residency at dp 3, a full one saved at dp 3
@@ -194,6 +196,32 @@ absl::Status RunScenario(const Options& o, collectives::Communicator& comm) {
     ASSIGN_OR_RETURN(const std::vector<at::Tensor> after, odt::WholeParams(comm, model));
     return CompareParamsBitwise(specs, after, before, "after a failed load");
   }
+  if (s == "manifest_flips") {
+    // One rank (a load at any dp reads the manifest alike): every byte of step 3's manifest with
+    // one bit flipped (bit byte % 8: each bit position across the file; manifest_test flips all
+    // 8 per byte through the same decoder, a load per flip costs ~1 ms more), each load refused
+    // before anything is changed; then the good manifest loads.
+    ASSIGN_OR_RETURN(const std::vector<at::Tensor> before, odt::WholeParams(comm, model));
+    const std::string path = JoinPath(o.root, "step_000003/manifest.binpb");
+    ASSIGN_OR_RETURN(const std::string good, ReadFileToString(path));
+    for (size_t byte = 0; byte < good.size(); ++byte) {
+      const size_t bit = byte * 8 + byte % 8;
+      std::string bad = good;
+      bad[byte] ^= static_cast<char>(1 << (byte % 8));
+      RETURN_IF_ERROR(WriteFileAtomically(path, bad));
+      const absl::StatusOr<SharedState> loaded =
+          LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm);
+      RETURN_IF_ERROR(Check(loaded.status().code() == absl::StatusCode::kDataLoss &&
+                                absl::StrContains(loaded.status().message(), "manifest.binpb"),
+                            absl::StrCat("bit ", bit, " of ", good.size() * 8, ": the load gave ",
+                                         loaded.status().ToString())));
+    }
+    RETURN_IF_ERROR(Check(opt->steps_taken() == 0, "optimizer state changed by a refused load"));
+    ASSIGN_OR_RETURN(const std::vector<at::Tensor> after, odt::WholeParams(comm, model));
+    RETURN_IF_ERROR(CompareParamsBitwise(specs, after, before, "after the refused loads"));
+    RETURN_IF_ERROR(WriteFileAtomically(path, good));
+    return LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm).status();
+  }
   if (s == "resume") {
     ASSIGN_OR_RETURN(SharedState got, LoadDistributedCheckpoint(o.root, model.buffers, *opt, comm));
     const SharedState want = Shared(o.steps);
@@ -334,6 +362,15 @@ TEST(DistributedCheckpointTest, CorruptedShardFailsNamingItAndChangesNothing) {
     std::fclose(f);
   }
   RunJob("corrupt", root, 2);  // every rank: the load fails naming the shard, nothing changed
+}
+
+// The resume path refuses a flipped bit in every byte of a manifest, as `ckpt verify`
+// (manifest_test's EveryBitFlipIsRefused: every bit) does; pretrain_reliability_test runs three
+// of them through the binary.
+TEST(DistributedCheckpointTest, ManifestFlipsAreRefusedByTheLoad) {
+  const std::string root = FreshRoot("manifest_flips");
+  RunJob("save", root, 2);
+  RunJob("manifest_flips", root, 1);
 }
 
 }  // namespace

@@ -103,7 +103,8 @@ TEST(PretrainReliability, ResumeFollowsLatestAndReplacesNewerCheckpoints) {
 
 // A flipped bit anywhere in manifest.binpb (here: at the start, in the middle, in the trailer) is
 // refused by --resume with exit 2; before the CRC trailer a flip in the step or the data position
-// resumed silently elsewhere. (manifest_test flips every bit of a manifest through the same reader.)
+// resumed silently elsewhere. (manifest_test flips every bit of a manifest through the same decoder;
+// distributed_checkpoint_test flips a bit in every byte through the load that --resume runs.)
 TEST(PretrainReliability, ACorruptManifestIsRefused) {
   const std::string dir = TempDir() + "/manifest";
   const RunResult save =
