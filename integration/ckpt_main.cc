@@ -39,6 +39,19 @@ using ::orthoshard::model::ModelParam;
 using ::orthoshard::model::Gpt;
 namespace {
 
+// What an export without --tokenizer cannot do (docs/checkpoints.md#hugging-face-export).
+std::string TokenizerlessExportNote(int64_t eod) {
+  return absl::StrCat(
+      "ckpt: note: export without --tokenizer: no tokenizer files, so "
+      "AutoTokenizer.from_pretrained fails on it; tokenize with the data's own tokenizer and pass "
+      "token ids. ",
+      eod >= 0 ? absl::StrCat("eos_token_id is ", eod,
+                              ", the checkpoint's end-of-document token (config.json, "
+                              "generation_config.json).\n")
+               : "The checkpoint records no end-of-document token: eos_token_id is null and "
+                 "generate() stops only at max_length or max_new_tokens.\n");
+}
+
 // --tokens: "ID,ID,..." or "@FILE" (ids separated by commas or blanks).
 absl::StatusOr<std::vector<int64_t>> ParseTokens(const std::string& spec, int64_t vocab) {
   std::string text = spec;
@@ -131,7 +144,12 @@ int Main(int argc, char** argv) {
   extensions.hf_mapping = [](const std::string& model_config, const checkpoint::CkptCommand& c)
       -> absl::StatusOr<checkpoint::ExportMapping> {
     ASSIGN_OR_RETURN(const SavedModel saved, ParseSavedModel(model_config));
-    return LlamaExportMapping(saved, c.tokenizer);
+    ASSIGN_OR_RETURN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, c.tokenizer));
+    if (c.tokenizer.empty()) {
+      ASSIGN_OR_RETURN(const int64_t eod, SavedEodToken(saved));
+      std::cerr << TokenizerlessExportNote(eod);
+    }
+    return mapping;
   };
   extensions.forward = Forward;
   const absl::Status status = checkpoint::RunCkptCommand(*command, std::cout, extensions);

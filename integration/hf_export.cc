@@ -2,21 +2,33 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "checkpoint/file_util.h"
+#include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "data/dataset.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace orthoshard::integration {
 
-using ::orthoshard::model::GptConfig;
-using ::orthoshard::model::SavedModel;
-using ::orthoshard::model::FormatSavedModel;
+using ::google::protobuf::ListValue;
+using ::google::protobuf::Struct;
+using ::google::protobuf::Value;
 using ::orthoshard::data::PreparedInfo;
 using ::orthoshard::data::ReadPreparedInfo;
+using ::orthoshard::model::FormatSavedModel;
+using ::orthoshard::model::GptConfig;
+using ::orthoshard::model::SavedModel;
 namespace {
 
 // checkpoint/'s whole-file read, its failure reported as bad input naming the file.
@@ -29,52 +41,76 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path, absl::string_view
   return contents;
 }
 
-// %.17g: every double written as JSON reads back as the same double.
-std::string Number(double v) { return absl::StrFormat("%.17g", v); }
-
-std::string ConfigJson(const SavedModel& saved, int64_t eod) {
-  const GptConfig& c = saved.config;
-  const std::string token_ids =
-      eod >= 0 ? absl::StrCat("  \"bos_token_id\": ", eod, ",\n  \"eos_token_id\": ", eod, ",\n")
-               : "  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n";
-  return absl::StrCat(
-      "{\n"
-      "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-      "  \"model_type\": \"llama\",\n"
-      "  \"vocab_size\": ", c.vocab_size, ",\n"
-      "  \"hidden_size\": ", c.hidden, ",\n"
-      "  \"intermediate_size\": ", c.ffn_hidden, ",\n"
-      "  \"num_hidden_layers\": ", c.num_layers, ",\n"
-      "  \"num_attention_heads\": ", c.num_heads, ",\n"
-      "  \"num_key_value_heads\": ", c.num_kv_heads, ",\n"
-      "  \"head_dim\": ", c.hidden / c.num_heads, ",\n"
-      "  \"hidden_act\": \"silu\",\n"
-      "  \"max_position_embeddings\": ", c.max_seq_len, ",\n"
-      "  \"rms_norm_eps\": ", Number(c.norm_eps), ",\n"
-      "  \"rope_theta\": ", Number(c.rope_theta), ",\n"
-      "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": ", Number(c.rope_theta),
-      "},\n"
-      "  \"attention_bias\": false,\n"
-      "  \"mlp_bias\": false,\n"
-      "  \"tie_word_embeddings\": ", c.tie_embeddings ? "true" : "false", ",\n",
-      token_ids,
-      "  \"initializer_range\": ", Number(c.init_std), ",\n"
-      "  \"dtype\": \"", saved.precision == "bf16" ? "bfloat16" : "float32", "\",\n"
-      "  \"orthoshard_model\": \"", FormatSavedModel(saved), "\"\n"
-      "}\n");
+// `text` parsed as any JSON value (protobuf's JSON parser into google.protobuf.Value: objects,
+// arrays, strings, numbers as doubles, booleans, null).
+absl::StatusOr<Value> ParseAnyJson(const std::string& text) {
+  Value value;
+  if (const auto status = google::protobuf::util::JsonStringToMessage(text, &value); !status.ok()) {
+    // Its first line only: protobuf follows it with the offending text, which may be binary.
+    const std::string message(status.message());
+    return absl::InvalidArgumentError(message.substr(0, message.find('\n')));
+  }
+  return value;
 }
 
-}  // namespace
-
-absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const SavedModel& saved,
-                                                             const std::string& tokenizer) {
+// The model's config.json: LlamaConfig's fields, bos/eos the end-of-document id (null when unknown).
+absl::StatusOr<std::string> ConfigJson(const SavedModel& saved, int64_t eod) {
   const GptConfig& c = saved.config;
+  const JsonNode token_id = eod >= 0 ? JsonNode::Int(eod) : JsonNode();
+  JsonNode rope = JsonNode::Object();
+  rope.Add("rope_type", JsonNode::String("default"))
+      .Add("rope_theta", JsonNode::Double(c.rope_theta));
+  JsonNode config = JsonNode::Object();
+  config.Add("architectures", JsonNode::Array({JsonNode::String("LlamaForCausalLM")}))
+      .Add("model_type", JsonNode::String("llama"))
+      .Add("vocab_size", JsonNode::Int(c.vocab_size))
+      .Add("hidden_size", JsonNode::Int(c.hidden))
+      .Add("intermediate_size", JsonNode::Int(c.ffn_hidden))
+      .Add("num_hidden_layers", JsonNode::Int(c.num_layers))
+      .Add("num_attention_heads", JsonNode::Int(c.num_heads))
+      .Add("num_key_value_heads", JsonNode::Int(c.num_kv_heads))
+      .Add("head_dim", JsonNode::Int(c.hidden / c.num_heads))
+      .Add("hidden_act", JsonNode::String("silu"))
+      .Add("max_position_embeddings", JsonNode::Int(c.max_seq_len))
+      .Add("rms_norm_eps", JsonNode::Double(c.norm_eps))
+      .Add("rope_theta", JsonNode::Double(c.rope_theta))
+      .Add("rope_parameters", std::move(rope))
+      .Add("attention_bias", JsonNode::Bool(false))
+      .Add("mlp_bias", JsonNode::Bool(false))
+      .Add("tie_word_embeddings", JsonNode::Bool(c.tie_embeddings))
+      .Add("bos_token_id", token_id)
+      .Add("eos_token_id", token_id)
+      .Add("initializer_range", JsonNode::Double(c.init_std))
+      .Add("dtype", JsonNode::String(saved.precision == "bf16" ? "bfloat16" : "float32"))
+      .Add("orthoshard_model", JsonNode::String(FormatSavedModel(saved)));
+  return WriteJson(config);
+}
+
+// generation_config.json: generate() stops at the end-of-document token.
+absl::StatusOr<std::string> GenerationConfigJson(int64_t eod) {
+  JsonNode config = JsonNode::Object();
+  config.Add("bos_token_id", JsonNode::Int(eod)).Add("eos_token_id", JsonNode::Int(eod));
+  return WriteJson(config);
+}
+
+// tokenizer_config.json for a bare tokenizer.json: transformers' fast tokenizer over it, with the
+// end-of-document token's text as bos and eos when known ("" otherwise).
+absl::StatusOr<std::string> TokenizerConfigJson(const std::string& eod_text) {
+  JsonNode config = JsonNode::Object();
+  config.Add("tokenizer_class", JsonNode::String("PreTrainedTokenizerFast"))
+      .Add("clean_up_tokenization_spaces", JsonNode::Bool(false));
+  if (!eod_text.empty()) {
+    config.Add("bos_token", JsonNode::String(eod_text)).Add("eos_token", JsonNode::String(eod_text));
+  }
+  return WriteJson(config);
+}
+
+void AddLlamaTensors(const GptConfig& c, checkpoint::ExportMapping* mapping) {
   const int64_t H = c.num_heads, KV = c.num_kv_heads, D = c.hidden / c.num_heads, R = H / KV;
   const int64_t F = c.ffn_hidden;
-  checkpoint::ExportMapping mapping;
   auto add = [&](std::string name, std::string source,
                  std::vector<std::pair<int64_t, int64_t>> rows = {}) {
-    mapping.tensors.push_back({std::move(name), std::move(source), std::move(rows)});
+    mapping->tensors.push_back({std::move(name), std::move(source), std::move(rows)});
   };
   add("model.embed_tokens.weight", "embedding.weight");
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -98,33 +134,215 @@ absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const SavedModel& s
   }
   add("model.norm.weight", "final_norm.weight");
   if (!c.tie_embeddings) add("lm_head.weight", "output_layer.weight");
+}
 
-  int64_t eod = -1;
-  if (!tokenizer.empty()) {
-    struct stat st;
-    if (::stat(tokenizer.c_str(), &st) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tokenizer '", tokenizer, "': no such file or directory"));
-    }
-    if (S_ISDIR(st.st_mode)) {
-      ASSIGN_OR_RETURN(const PreparedInfo info, ReadPreparedInfo(tokenizer));
-      if (info.vocab_size > c.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--tokenizer '", tokenizer, "': its vocabulary (", info.vocab_size,
-            ") is larger than the model's (", c.vocab_size, ")"));
-      }
-      eod = info.eod_token;
-      ASSIGN_OR_RETURN(mapping.files["tokenizer.json"], ReadWhole(info.tokenizer_path, "tokenizer"));
-      ASSIGN_OR_RETURN(mapping.files["tokenizer_config.json"],
-                       ReadWhole(tokenizer + "/tokenizer_config.json", "tokenizer config"));
-    } else {
-      ASSIGN_OR_RETURN(mapping.files["tokenizer.json"], ReadWhole(tokenizer, "tokenizer"));
-      mapping.files["tokenizer_config.json"] =
-          "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
-          "  \"clean_up_tokenization_spaces\": false\n}\n";
+// A token id as tokenizers stores it (u32): an integral JSON number in [0, 2^32).
+bool AsTokenId(const Value& v, int64_t* id) {
+  if (v.kind_case() != Value::kNumberValue) return false;
+  const double d = v.number_value();
+  if (!(d >= 0.0 && d < 4294967296.0) || std::trunc(d) != d) return false;
+  *id = static_cast<int64_t>(d);
+  return true;
+}
+
+const Value* Member(const Struct& object, const std::string& key) {
+  const auto it = object.fields().find(key);
+  return it == object.fields().end() ? nullptr : &it->second;
+}
+
+// Reads the model's vocabulary into `info`; "" or what is wrong with it.
+std::string ReadModelVocab(const Struct& model, TokenizerJsonInfo* info) {
+  const Value* type = Member(model, "type");
+  std::string kind;
+  if (type != nullptr) {
+    kind = type->string_value();
+    if (kind != "BPE" && kind != "WordPiece" && kind != "WordLevel" && kind != "Unigram") {
+      return "model.type is not one of BPE, WordPiece, WordLevel, Unigram";
     }
   }
-  mapping.files["config.json"] = ConfigJson(saved, eod);
+  const Value* vocab = Member(model, "vocab");
+  if (vocab == nullptr) return "no model.vocab";
+  if (kind == "Unigram" || (kind.empty() && vocab->kind_case() == Value::kListValue)) {
+    if (vocab->kind_case() != Value::kListValue) return "Unigram model.vocab is not an array";
+    const ListValue& pieces = vocab->list_value();
+    for (int i = 0; i < pieces.values_size(); ++i) {
+      const Value& piece = pieces.values(i);
+      if (piece.kind_case() != Value::kListValue || piece.list_value().values_size() != 2 ||
+          piece.list_value().values(0).kind_case() != Value::kStringValue ||
+          piece.list_value().values(1).kind_case() != Value::kNumberValue) {
+        return absl::StrCat("Unigram model.vocab[", i, "] is not [token, score]");
+      }
+      info->tokens.emplace(i, piece.list_value().values(0).string_value());
+    }
+    info->id_count = pieces.values_size();
+    return "";
+  }
+  if (vocab->kind_case() != Value::kStructValue) return "model.vocab is not an object";
+  for (const auto& [token, id_value] : vocab->struct_value().fields()) {
+    int64_t id;
+    if (!AsTokenId(id_value, &id)) {
+      return absl::StrCat("model.vocab maps '", token, "' to something not a token id");
+    }
+    info->tokens.emplace(id, token);
+    info->id_count = std::max(info->id_count, id + 1);
+  }
+  if (kind == "BPE") {
+    const Value* merges = Member(model, "merges");
+    if (merges == nullptr || merges->kind_case() != Value::kListValue) {
+      return "BPE model has no merges array";
+    }
+  }
+  return "";
+}
+
+// Reads "added_tokens" into `info` (they take precedence over the vocabulary); "" or what is wrong.
+std::string ReadAddedTokens(const Struct& top, TokenizerJsonInfo* info) {
+  const Value* added = Member(top, "added_tokens");
+  if (added == nullptr) return "";
+  if (added->kind_case() != Value::kListValue) return "added_tokens is not an array";
+  for (int i = 0; i < added->list_value().values_size(); ++i) {
+    const Value& token = added->list_value().values(i);
+    const Value* id = token.kind_case() == Value::kStructValue ? Member(token.struct_value(), "id")
+                                                               : nullptr;
+    const Value* content = token.kind_case() == Value::kStructValue
+                               ? Member(token.struct_value(), "content")
+                               : nullptr;
+    int64_t id_value;
+    if (id == nullptr || !AsTokenId(*id, &id_value) || content == nullptr ||
+        content->kind_case() != Value::kStringValue) {
+      return absl::StrCat("added_tokens[", i, "] is not {\"id\": ID, \"content\": TEXT, ...}");
+    }
+    info->tokens[id_value] = content->string_value();
+    info->id_count = std::max(info->id_count, id_value + 1);
+  }
+  return "";
+}
+
+// What is wrong with a parsed tokenizer.json ("" if nothing); fills `info`.
+std::string TokenizerJsonProblem(const Value& root, TokenizerJsonInfo* info) {
+  if (root.kind_case() != Value::kStructValue) return "the top level is not a JSON object";
+  const Struct& top = root.struct_value();
+  const Value* version = Member(top, "version");
+  if (version == nullptr || version->string_value() != "1.0") {
+    return "no \"version\": \"1.0\" (tokenizers' format version)";
+  }
+  const Value* model = Member(top, "model");
+  if (model == nullptr || model->kind_case() != Value::kStructValue) return "no model object";
+  for (const char* part :
+       {"normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding"}) {
+    const Value* v = Member(top, part);
+    if (v != nullptr && v->kind_case() != Value::kNullValue && v->kind_case() != Value::kStructValue) {
+      return absl::StrCat(part, " is neither null nor an object");
+    }
+  }
+  if (std::string problem = ReadModelVocab(model->struct_value(), info); !problem.empty()) {
+    return problem;
+  }
+  if (std::string problem = ReadAddedTokens(top, info); !problem.empty()) return problem;
+  if (info->id_count == 0) return "an empty vocabulary";
+  return "";
+}
+
+// The tokenizer files of `tokenizer` (a prepared directory or a tokenizer.json) into `files`, checked
+// against the model; `eod` is the checkpoint's end-of-document id (-1: none), set from a prepared
+// directory's when the checkpoint has none.
+absl::Status AddTokenizerFiles(const SavedModel& saved, const std::string& tokenizer, int64_t* eod,
+                               std::map<std::string, std::string>* files) {
+  struct stat st;
+  if (::stat(tokenizer.c_str(), &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokenizer '", tokenizer, "': no such file or directory"));
+  }
+  const int64_t vocab = saved.config.vocab_size;
+  std::string json_path = tokenizer;
+  if (S_ISDIR(st.st_mode)) {
+    absl::StatusOr<PreparedInfo> prepared = ReadPreparedInfo(tokenizer);
+    if (!prepared.ok()) {  // a directory without dataset.json (kNotFound) is bad input too
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tokenizer '", tokenizer, "': not a prepared data directory: ",
+          prepared.status().message()));
+    }
+    const PreparedInfo& info = *prepared;
+    if (*eod >= 0 && info.eod_token != *eod) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tokenizer '", tokenizer, "': its end-of-document token is ", info.eod_token,
+          ", the checkpoint was trained with ", *eod, " (the tokenizer of other data?)"));
+    }
+    *eod = info.eod_token;
+    json_path = info.tokenizer_path;
+    const std::string config_path = tokenizer + "/tokenizer_config.json";
+    ASSIGN_OR_RETURN((*files)["tokenizer_config.json"], ReadWhole(config_path, "tokenizer config"));
+    absl::StatusOr<Value> config = ParseAnyJson((*files)["tokenizer_config.json"]);
+    if (!config.ok() || config->kind_case() != Value::kStructValue) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokenizer '", tokenizer, "': ", config_path, " is not a JSON object"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadWhole(json_path, "--tokenizer"));
+  ASSIGN_OR_RETURN(const TokenizerJsonInfo info, CheckTokenizerJson(json_path, text));
+  if (info.id_count > vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer '", json_path, "': its token ids go up to ", info.id_count - 1,
+        ", past the model's vocabulary of ", vocab));
+  }
+  std::string eod_text;
+  if (*eod >= 0) {
+    const auto it = info.tokens.find(*eod);
+    if (it == info.tokens.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tokenizer '", json_path, "': has no token with id ", *eod,
+          ", the checkpoint's end-of-document token (the tokenizer of other data?)"));
+    }
+    eod_text = it->second;
+  }
+  (*files)["tokenizer.json"] = std::move(text);
+  if (!S_ISDIR(st.st_mode)) {
+    ASSIGN_OR_RETURN((*files)["tokenizer_config.json"], TokenizerConfigJson(eod_text));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> SavedEodToken(const SavedModel& saved) {
+  if (saved.documents.empty()) return -1;
+  absl::string_view first = saved.documents;
+  first = first.substr(0, first.find(','));
+  int64_t eod = -1;
+  if (!absl::ConsumePrefix(&first, "eod") || !absl::SimpleAtoi(first, &eod) || eod < 0 ||
+      eod >= saved.config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saved model config \"", FormatSavedModel(saved), "\": documents=", saved.documents,
+        " does not start with eod<id> for an id below the vocabulary (", saved.config.vocab_size,
+        ")"));
+  }
+  return eod;
+}
+
+absl::StatusOr<TokenizerJsonInfo> CheckTokenizerJson(absl::string_view path,
+                                                     const std::string& text) {
+  const std::string where = absl::StrCat("--tokenizer '", path, "': not a Hugging Face tokenizer.json: ");
+  absl::StatusOr<Value> root = ParseAnyJson(text);
+  if (!root.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "not JSON (", root.status().message(), ")"));
+  }
+  TokenizerJsonInfo info;
+  if (const std::string problem = TokenizerJsonProblem(*root, &info); !problem.empty()) {
+    return absl::InvalidArgumentError(where + problem);
+  }
+  return info;
+}
+
+absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const SavedModel& saved,
+                                                             const std::string& tokenizer) {
+  checkpoint::ExportMapping mapping;
+  AddLlamaTensors(saved.config, &mapping);
+  ASSIGN_OR_RETURN(int64_t eod, SavedEodToken(saved));
+  if (!tokenizer.empty()) RETURN_IF_ERROR(AddTokenizerFiles(saved, tokenizer, &eod, &mapping.files));
+  ASSIGN_OR_RETURN(mapping.files["config.json"], ConfigJson(saved, eod));
+  if (eod >= 0) {
+    ASSIGN_OR_RETURN(mapping.files["generation_config.json"], GenerationConfigJson(eod));
+  }
   return mapping;
 }
 

@@ -16,26 +16,56 @@
 //   layers.i.mlp.fc2.weight        -> model.layers.i.mlp.down_proj.weight
 //   final_norm.weight              -> model.norm.weight
 //   output_layer.weight            -> lm_head.weight (absent when tied: tie_word_embeddings)
-// plus config.json and, given a tokenizer, tokenizer.json and tokenizer_config.json, so that
-// AutoModelForCausalLM.from_pretrained(dir) and AutoTokenizer.from_pretrained(dir) load it.
+// plus config.json (and generation_config.json) whose bos/eos id is the checkpoint's end-of-document
+// token when it records one (SavedModel::documents "eod<N>..."), and, given a tokenizer, tokenizer.json
+// and tokenizer_config.json, so that AutoModelForCausalLM.from_pretrained(dir) and
+// AutoTokenizer.from_pretrained(dir) load it. A tokenizer is checked before anything is written: it
+// must have the structure of a Hugging Face tokenizers file, ids within the model's vocabulary and,
+// where the checkpoint records one, a token at the end-of-document id.
 // LibTorch-free: the split is by rows of the saved bytes.
 #ifndef ORTHOSHARD_INTEGRATION_HF_EXPORT_H_
 #define ORTHOSHARD_INTEGRATION_HF_EXPORT_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "checkpoint/tool/ckpt_commands.h"
 #include "model/gpt_config.h"
 
 namespace orthoshard::integration {
 
 // The export of a model of `saved`'s shape. `tokenizer`: "" (no tokenizer files), a directory
-// written by tools/prepare_data.py (its tokenizer files are copied and its EOD token becomes the
-// config's bos/eos id) or a tokenizer.json file. Errors: kInvalidArgument for an unreadable or
-// malformed tokenizer path or dataset.json, naming it.
+// written by tools/prepare_data.py (its tokenizer files are copied) or a tokenizer.json file (copied,
+// with a tokenizer_config.json naming the end-of-document token as eos when the checkpoint records
+// it). Errors: kInvalidArgument naming the path for an unreadable tokenizer path or dataset.json, a
+// tokenizer.json that CheckTokenizerJson refuses, ids past the model's vocabulary, a prepared
+// directory whose end-of-document token is not the checkpoint's, or a tokenizer without a token at
+// the checkpoint's end-of-document id; those of SavedEodToken.
 absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const model::SavedModel& saved,
                                                              const std::string& tokenizer);
+
+// The end-of-document token id `saved` records (documents "eod<N>[,...]"), or -1 when it has none.
+// Errors: kInvalidArgument when documents does not start with "eod" and an id below the vocabulary.
+absl::StatusOr<int64_t> SavedEodToken(const model::SavedModel& saved);
+
+// What an export needs to know of a tokenizer.json.
+struct TokenizerJsonInfo {
+  int64_t id_count = 0;                  // 1 + the largest id of the vocabulary and added tokens
+  std::map<int64_t, std::string> tokens;  // id -> text, added tokens over the model's vocabulary
+};
+
+// Checks that `text` has the structure Hugging Face tokenizers (Tokenizer.from_file, and so
+// transformers' PreTrainedTokenizerFast) reads: a JSON object with "version": "1.0"; a "model" object
+// whose "type", when present, is BPE, WordPiece, WordLevel or Unigram, with a "vocab" (an object of
+// token -> id, or for Unigram an array of [token, score]) and for BPE "merges" (an array); optional
+// "added_tokens" (an array of objects with an integer "id" and a string "content"); optional
+// "normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation" and "padding", each null
+// or an object. `path` names the file in messages. Errors: kInvalidArgument "--tokenizer 'PATH': not
+// a Hugging Face tokenizer.json: <what is missing or malformed>".
+absl::StatusOr<TokenizerJsonInfo> CheckTokenizerJson(absl::string_view path, const std::string& text);
 
 }  // namespace orthoshard::integration
 

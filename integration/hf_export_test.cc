@@ -1,5 +1,7 @@
 #include "integration/hf_export.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -15,9 +17,33 @@ using ::orthoshard::model::FormatSavedModel;
 using ::orthoshard::model::ParseSavedModel;
 using ::orthoshard::model::SavedModel;
 using ::orthoshard::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::Pair;
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string WriteTemp(const std::string& name, const std::string& contents) {
+  const std::string path = TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << contents;
+  return path;
+}
+
+// A tokenizer.json as Hugging Face tokenizers writes it: BPE over 4 ids, id 3 an added token.
+constexpr char kTokenizerJson[] = R"({
+  "version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [{"id": 3, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true}],
+  "normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},
+  "post_processor": null, "decoder": null,
+  "model": {"type": "BPE", "dropout": null, "unk_token": null, "fuse_unk": false,
+            "vocab": {"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}, "merges": [["a", "b"]]}
+})";
 
 // The untied grouped-query case (no preset small enough for the interop test has it): q/k/v rows
 // per KV group, gate/up halves, lm_head present, and the config saying so.
@@ -66,6 +92,111 @@ TEST(LlamaExportMapping, TiedHasNoHeadAndBadTokenizerIsNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected model=<preset>")));
   EXPECT_THAT(ParseSavedModel("model=tiny seq_len=64 colour=red"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"colour=red\"")));
+}
+
+// The checkpoint's end-of-document token is eos (and bos) in config.json and generation_config.json;
+// without one they are null and there is no generation_config.json.
+TEST(LlamaExportMapping, EodTokenIsEosWhenTheCheckpointKnowsIt) {
+  ASSERT_OK_AND_ASSIGN(SavedModel saved,
+                       ParseSavedModel("model=tiny seq_len=64 documents=eod7,reset,mask_loss"));
+  ASSERT_OK_AND_ASSIGN(const int64_t eod, SavedEodToken(saved));
+  EXPECT_EQ(eod, 7);
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, ""));
+  EXPECT_THAT(mapping.files["config.json"], HasSubstr("  \"bos_token_id\": 7,\n  \"eos_token_id\": 7,\n"));
+  EXPECT_THAT(mapping.files["config.json"],
+              HasSubstr("\"orthoshard_model\": \"model=tiny seq_len=64 documents=eod7,reset,mask_loss\"\n}\n"));
+  EXPECT_EQ(mapping.files["generation_config.json"],
+            "{\n  \"bos_token_id\": 7,\n  \"eos_token_id\": 7\n}\n");
+
+  ASSERT_OK_AND_ASSIGN(SavedModel plain, ParseSavedModel("model=tiny seq_len=64"));
+  ASSERT_OK_AND_ASSIGN(const int64_t none, SavedEodToken(plain));
+  EXPECT_EQ(none, -1);
+  ASSERT_OK_AND_ASSIGN(mapping, LlamaExportMapping(plain, ""));
+  EXPECT_THAT(mapping.files["config.json"], HasSubstr("\"eos_token_id\": null,"));
+  EXPECT_EQ(mapping.files.count("generation_config.json"), 0u);
+
+  for (const char* documents : {"eodx", "eod-1", "eod999999"}) {
+    ASSERT_OK_AND_ASSIGN(SavedModel bad,
+                         ParseSavedModel(std::string("model=tiny seq_len=64 documents=") + documents));
+    EXPECT_THAT(LlamaExportMapping(bad, ""),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(std::string("documents=") + documents + " does not start with eod<id>")));
+  }
+}
+
+// A tokenizer.json file is copied only when it has the structure tokenizers reads, ids within the
+// model's vocabulary and a token at the checkpoint's end-of-document id, which becomes eos_token.
+TEST(LlamaExportMapping, TokenizerFileIsCheckedAndNamesTheEosToken) {
+  ASSERT_OK_AND_ASSIGN(SavedModel saved, ParseSavedModel("model=tiny seq_len=64 documents=eod3"));
+  const std::string good = WriteTemp("good_tokenizer.json", kTokenizerJson);
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, good));
+  EXPECT_EQ(mapping.files["tokenizer.json"], kTokenizerJson);
+  EXPECT_EQ(mapping.files["tokenizer_config.json"],
+            "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
+            "  \"clean_up_tokenization_spaces\": false,\n"
+            "  \"bos_token\": \"<|endoftext|>\",\n  \"eos_token\": \"<|endoftext|>\"\n}\n");
+
+  EXPECT_THAT(LlamaExportMapping(saved, TempDir()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("': not a prepared data directory: ")));
+  ASSERT_OK_AND_ASSIGN(SavedModel other_eod, ParseSavedModel("model=tiny seq_len=64 documents=eod9"));
+  EXPECT_THAT(LlamaExportMapping(other_eod, good),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("good_tokenizer.json': has no token with id 9, the checkpoint's "
+                                 "end-of-document token")));
+  ASSERT_OK_AND_ASSIGN(SavedModel small_vocab, ParseSavedModel("model=tiny seq_len=64 vocab=3"));
+  EXPECT_THAT(LlamaExportMapping(small_vocab, good),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("its token ids go up to 3, past the model's vocabulary of 3")));
+}
+
+TEST(CheckTokenizerJson, NamesWhatIsMissing) {
+  struct Case {
+    std::string json;
+    const char* error;
+  };
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0}, "merges": []})";
+  for (const Case& c : std::vector<Case>{
+           {"PK\x03\x04 not json", "not JSON ("},
+           {"[1, 2]", "the top level is not a JSON object"},
+           {"{" + model + "}", "no \"version\": \"1.0\""},
+           {R"({"version": "2.0", )" + model + "}", "no \"version\": \"1.0\""},
+           {R"({"version": "1.0"})", "no model object"},
+           {R"({"version": "1.0", "model": []})", "no model object"},
+           {R"({"version": "1.0", "model": {"type": "BPE"}})", "no model.vocab"},
+           {R"({"version": "1.0", "model": {"type": "Magic", "vocab": {}}})",
+            "model.type is not one of BPE"},
+           {R"({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}}})",
+            "BPE model has no merges array"},
+           {R"({"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": -1}}})",
+            "model.vocab maps 'a' to something not a token id"},
+           {R"({"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 1.5}}})",
+            "model.vocab maps 'a' to something not a token id"},
+           {R"({"version": "1.0", "model": {"type": "Unigram", "vocab": {"a": 0}}})",
+            "Unigram model.vocab is not an array"},
+           {R"({"version": "1.0", "model": {"type": "Unigram", "vocab": [["a", -1.0], ["b"]]}})",
+            "Unigram model.vocab[1] is not [token, score]"},
+           {R"({"version": "1.0", "model": {"type": "WordLevel", "vocab": {}}})", "an empty vocabulary"},
+           {R"({"version": "1.0", "decoder": 3, )" + model + "}",
+            "decoder is neither null nor an object"},
+           {R"({"version": "1.0", "added_tokens": [{"id": 1}], )" + model + "}",
+            "added_tokens[0] is not {\"id\": ID, \"content\": TEXT, ...}"},
+       }) {
+    EXPECT_THAT(CheckTokenizerJson("t.json", c.json),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("--tokenizer 't.json': not a Hugging Face tokenizer.json: "),
+                               HasSubstr(c.error))))
+        << c.json;
+  }
+  ASSERT_OK_AND_ASSIGN(TokenizerJsonInfo unigram, CheckTokenizerJson("t.json", R"({
+      "version": "1.0", "model": {"type": "Unigram", "vocab": [["<unk>", 0.0], ["a", -1.5]]},
+      "added_tokens": [{"id": 5, "content": "<eod>"}]})"));
+  EXPECT_EQ(unigram.id_count, 6);
+  EXPECT_EQ(unigram.tokens[1], "a");
+  EXPECT_EQ(unigram.tokens[5], "<eod>");
+  ASSERT_OK_AND_ASSIGN(TokenizerJsonInfo bpe, CheckTokenizerJson("t.json", kTokenizerJson));
+  EXPECT_EQ(bpe.id_count, 4);
+  EXPECT_THAT(bpe.tokens, Not(::testing::IsEmpty()));
 }
 
 }  // namespace

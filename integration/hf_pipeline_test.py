@@ -7,7 +7,11 @@
    with documents and the EOD loss mask -> `ckpt export --format=hf` -> transformers'
    AutoModelForCausalLM / AutoTokenizer load it, and its loss on the held-out windows, each document
    computed on its own as pretrain's document mask does, equals pretrain's eval loss.
-2. Logits, per preset (tiny: tied, multi-head; small: tied, grouped-query with 4 query heads per KV
+2. Export checks: a --tokenizer file that is not a tokenizers file, or whose ids pass the model's
+   vocabulary, exits 2 and writes nothing; a bare tokenizer.json loads in AutoTokenizer with the
+   checkpoint's EOD as eos; without --tokenizer, stderr says so and GenerationConfig reads the EOD as
+   eos_token_id.
+3. Logits, per preset (tiny: tied, multi-head; small: tied, grouped-query with 4 query heads per KV
    head), one exported whole and one in shards with an index: LlamaForCausalLM's logits and loss on
    the same ids equal `ckpt forward`'s, which runs orthoshard's own model on the checkpoint.
 
@@ -23,6 +27,7 @@ largest logit difference, so the losses get the same bound plus 5e-7 for pretrai
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,7 +87,7 @@ assert "attention and positions restart after each" in out, out
 export = os.path.join(root, "hf")
 run(ckpt, "export", f"{root}/ckpt", f"--to={export}", "--format=hf", f"--tokenizer={data}")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402 (after the runs: slow import)
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402 (after the runs: slow import)
 from tokenizers import Tokenizer  # noqa: E402
 
 model = AutoModelForCausalLM.from_pretrained(export).eval()
@@ -123,7 +128,57 @@ print(f"PASS: pipeline: prepare -> pretrain 2 ranks ({summary['initial_eval_loss
       f"{summary['eval_loss']:.6f} eval) -> export -> transformers eval loss {hf_loss:.6f} "
       f"on {counted} held-out targets (|diff| {abs(hf_loss - summary['eval_loss']):.1e})")
 
-# ---- 2. Logits per preset ------------------------------------------------------------------------
+# ---- 2. What an export checks and says ------------------------------------------------------------
+pipeline_ckpt = f"{root}/ckpt"
+
+
+def export_result(*flags):
+    out_dir = os.path.join(work, "export_check")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    result = subprocess.run([ckpt, "export", pipeline_ckpt, f"--to={out_dir}", "--format=hf", *flags],
+                            capture_output=True, text=True)
+    return result, out_dir
+
+
+# A --tokenizer that transformers could not load, or that does not fit the model: exit 2 naming the
+# file and what is wrong, and nothing written.
+good_tokenizer = json.load(open(os.path.join(data, "tokenizer.json")))
+too_big = dict(good_tokenizer, added_tokens=good_tokenizer.get("added_tokens", []) + [
+    {"id": 100000, "content": "<big>", "single_word": False, "lstrip": False, "rstrip": False,
+     "normalized": False, "special": True}])
+for name, contents, error in (
+        ("zip.json", "PK\x03\x04 not a tokenizer", "not JSON"),
+        ("config.json", json.dumps({"model_type": "llama", "vocab_size": vocab}), "no \"version\": \"1.0\""),
+        ("no_model.json", json.dumps({"version": "1.0", "added_tokens": []}), "no model object"),
+        ("too_big.json", json.dumps(too_big), f"ids go up to 100000, past the model's vocabulary of {vocab}")):
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        f.write(contents)
+    result, out_dir = export_result(f"--tokenizer={path}")
+    assert result.returncode == 2, (name, result.returncode, result.stderr)
+    assert f"--tokenizer '{path}'" in result.stderr and error in result.stderr, (name, result.stderr)
+    assert not os.path.exists(out_dir) and not os.path.exists(out_dir + ".export-tmp"), name
+
+# A bare tokenizer.json: copied, with the checkpoint's EOD as the tokenizer's eos token.
+result, out_dir = export_result(f"--tokenizer={data}/tokenizer.json")
+assert result.returncode == 0, result.stderr
+file_tokenizer = AutoTokenizer.from_pretrained(out_dir)
+assert file_tokenizer.eos_token_id == eod, (file_tokenizer.eos_token, eod)
+assert file_tokenizer(sample)["input_ids"] == tokenizer(sample)["input_ids"]
+
+# No tokenizer: the EOD is still eos for the model and for generate(), and stderr says what is missing.
+result, out_dir = export_result()
+assert result.returncode == 0, result.stderr
+assert "export without --tokenizer" in result.stderr and f"eos_token_id is {eod}" in result.stderr, result.stderr
+assert "tokenizer.json" not in os.listdir(out_dir), os.listdir(out_dir)
+assert json.load(open(os.path.join(out_dir, "config.json")))["eos_token_id"] == eod
+generation = GenerationConfig.from_pretrained(out_dir)
+assert generation.eos_token_id == eod and generation.bos_token_id == eod, generation
+print(f"PASS: export refuses 4 bad --tokenizer files (exit 2, nothing written); a bare tokenizer.json "
+      f"loads with eos {file_tokenizer.eos_token!r}; without a tokenizer generation_config.json has "
+      f"eos_token_id {generation.eos_token_id}")
+
+# ---- 3. Logits per preset ------------------------------------------------------------------------
 ids = [int(v) for v in val[:48]]
 for preset, shard_bytes in (("tiny", None), ("small", 300_000)):
     root = os.path.join(work, preset)

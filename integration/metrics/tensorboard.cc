@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
+#include "integration/metrics/event.pb.h"
+#include "integration/metrics/summary.pb.h"
 
 namespace orthoshard::integration {
 namespace {
@@ -21,113 +24,11 @@ namespace {
 // TFRecord's checksum: the Castagnoli CRC of checkpoint/ (hardware-accelerated where available).
 uint32_t Crc32c(absl::string_view data) { return ::orthoshard::Crc32c(data.data(), data.size()); }
 
-// Protobuf wire format: https://protobuf.dev/programming-guides/encoding/
-enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
-
-void PutVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-void PutTag(std::string* out, uint32_t field, WireType type) { PutVarint(out, (field << 3) | type); }
-
 template <typename T>
 void PutFixed(std::string* out, T v) {
   char bytes[sizeof(T)];
   std::memcpy(bytes, &v, sizeof(T));  // little-endian host assumed (x86-64, aarch64)
   out->append(bytes, sizeof(T));
-}
-
-void PutBytes(std::string* out, uint32_t field, absl::string_view bytes) {
-  PutTag(out, field, kLengthDelimited);
-  PutVarint(out, bytes.size());
-  out->append(bytes.data(), bytes.size());
-}
-
-// A cursor over serialized protobuf bytes.
-class WireReader {
- public:
-  explicit WireReader(absl::string_view data) : data_(data) {}
-  bool done() const { return pos_ >= data_.size(); }
-
-  absl::StatusOr<uint64_t> Varint() {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (pos_ >= data_.size()) return absl::DataLossError("protobuf: truncated varint");
-      const uint8_t byte = static_cast<uint8_t>(data_[pos_++]);
-      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
-      if ((byte & 0x80) == 0) return v;
-    }
-    return absl::DataLossError("protobuf: varint longer than 10 bytes");
-  }
-  template <typename T>
-  absl::StatusOr<T> Fixed() {
-    if (data_.size() - pos_ < sizeof(T)) return absl::DataLossError("protobuf: truncated fixed field");
-    T v;
-    std::memcpy(&v, data_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-  absl::StatusOr<absl::string_view> Bytes() {
-    ASSIGN_OR_RETURN(const uint64_t n, Varint());
-    if (n > data_.size() - pos_) {
-      return absl::DataLossError(absl::StrCat("protobuf: length-delimited field of ", n,
-                                              " bytes, only ", data_.size() - pos_, " left"));
-    }
-    absl::string_view v = data_.substr(pos_, n);
-    pos_ += n;
-    return v;
-  }
-  absl::Status Skip(uint32_t type) {
-    switch (type) {
-      case kVarint: return Varint().status();
-      case kFixed64: return Fixed<uint64_t>().status();
-      case kLengthDelimited: return Bytes().status();
-      case kFixed32: return Fixed<uint32_t>().status();
-      default: return absl::DataLossError(absl::StrCat("protobuf: unsupported wire type ", type));
-    }
-  }
-
- private:
-  absl::string_view data_;
-  size_t pos_ = 0;
-};
-
-absl::StatusOr<ScalarValue> DecodeValue(absl::string_view data) {
-  ScalarValue value;
-  WireReader r(data);
-  while (!r.done()) {
-    ASSIGN_OR_RETURN(const uint64_t key, r.Varint());
-    const uint32_t field = key >> 3, type = key & 7;
-    if (field == 1 && type == kLengthDelimited) {
-      ASSIGN_OR_RETURN(absl::string_view tag, r.Bytes());
-      value.tag = std::string(tag);
-    } else if (field == 2 && type == kFixed32) {
-      ASSIGN_OR_RETURN(value.value, r.Fixed<float>());
-    } else {
-      RETURN_IF_ERROR(r.Skip(type));
-    }
-  }
-  return value;
-}
-
-absl::Status DecodeSummary(absl::string_view data, std::vector<ScalarValue>* out) {
-  WireReader r(data);
-  while (!r.done()) {
-    ASSIGN_OR_RETURN(const uint64_t key, r.Varint());
-    const uint32_t field = key >> 3, type = key & 7;
-    if (field == 1 && type == kLengthDelimited) {
-      ASSIGN_OR_RETURN(absl::string_view bytes, r.Bytes());
-      ASSIGN_OR_RETURN(ScalarValue value, DecodeValue(bytes));
-      out->push_back(std::move(value));
-    } else {
-      RETURN_IF_ERROR(r.Skip(type));
-    }
-  }
-  return absl::OkStatus();
 }
 
 uint64_t LoadU64(const char* p) {
@@ -146,69 +47,40 @@ uint32_t LoadU32(const char* p) {
 uint32_t MaskCrc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 
 std::string EncodeEvent(const TbEvent& event) {
-  std::string out;
-  if (event.wall_time != 0.0) {
-    PutTag(&out, 1, kFixed64);
-    PutFixed<double>(&out, event.wall_time);
-  }
-  if (event.step != 0) {
-    PutTag(&out, 2, kVarint);
-    PutVarint(&out, static_cast<uint64_t>(event.step));
-  }
-  if (!event.file_version.empty()) PutBytes(&out, 3, event.file_version);
+  tensorboard::Event message;
+  message.set_wall_time(event.wall_time);
+  message.set_step(event.step);
+  if (!event.file_version.empty()) message.set_file_version(event.file_version);
   if (!event.scalars.empty()) {
-    std::string summary;
+    tensorboard::Summary* summary = message.mutable_summary();
     for (const ScalarValue& s : event.scalars) {
-      std::string value;
-      PutBytes(&value, 1, s.tag);
-      PutTag(&value, 2, kFixed32);
-      PutFixed<float>(&value, s.value);
-      PutBytes(&summary, 1, value);
+      tensorboard::Summary::Value* value = summary->add_value();
+      value->set_tag(s.tag);
+      value->set_simple_value(s.value);
     }
-    PutBytes(&out, 5, summary);
   }
   if (event.session_start) {
-    std::string session_log;
-    PutTag(&session_log, 1, kVarint);
-    PutVarint(&session_log, 1);  // SessionLog.START
-    PutBytes(&out, 7, session_log);  // Event.session_log (6 is the deprecated log_message)
+    message.mutable_session_log()->set_status(tensorboard::SessionLog::START);
   }
-  return out;
+  return message.SerializeAsString();
 }
 
 absl::StatusOr<TbEvent> DecodeEvent(absl::string_view data) {
-  TbEvent event;
-  WireReader r(data);
-  while (!r.done()) {
-    ASSIGN_OR_RETURN(const uint64_t key, r.Varint());
-    const uint32_t field = key >> 3, type = key & 7;
-    if (field == 1 && type == kFixed64) {
-      ASSIGN_OR_RETURN(event.wall_time, r.Fixed<double>());
-    } else if (field == 2 && type == kVarint) {
-      ASSIGN_OR_RETURN(const uint64_t step, r.Varint());
-      event.step = static_cast<int64_t>(step);
-    } else if (field == 3 && type == kLengthDelimited) {
-      ASSIGN_OR_RETURN(absl::string_view v, r.Bytes());
-      event.file_version = std::string(v);
-    } else if (field == 5 && type == kLengthDelimited) {
-      ASSIGN_OR_RETURN(absl::string_view summary, r.Bytes());
-      RETURN_IF_ERROR(DecodeSummary(summary, &event.scalars));
-    } else if (field == 7 && type == kLengthDelimited) {
-      ASSIGN_OR_RETURN(absl::string_view session_log, r.Bytes());
-      WireReader log(session_log);
-      while (!log.done()) {
-        ASSIGN_OR_RETURN(const uint64_t log_key, log.Varint());
-        if ((log_key >> 3) == 1 && (log_key & 7) == kVarint) {
-          ASSIGN_OR_RETURN(const uint64_t status, log.Varint());
-          event.session_start = status == 1;
-        } else {
-          RETURN_IF_ERROR(log.Skip(log_key & 7));
-        }
-      }
-    } else {
-      RETURN_IF_ERROR(r.Skip(type));
-    }
+  tensorboard::Event message;
+  if (data.size() > INT_MAX ||
+      !message.ParseFromArray(data.data(), static_cast<int>(data.size()))) {
+    return absl::DataLossError(absl::StrCat("not a serialized tensorboard.Event (", data.size(),
+                                            " bytes that protobuf cannot parse as one)"));
   }
+  TbEvent event;
+  event.wall_time = message.wall_time();
+  event.step = message.step();
+  event.file_version = message.file_version();
+  for (const tensorboard::Summary::Value& value : message.summary().value()) {
+    event.scalars.push_back({value.tag(), value.simple_value()});
+  }
+  event.session_start = message.has_session_log() &&
+                        message.session_log().status() == tensorboard::SessionLog::START;
   return event;
 }
 
