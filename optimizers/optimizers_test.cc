@@ -722,6 +722,54 @@ TEST_F(OptimizersTest, StateRoundTripResumesBitwise) {
   EXPECT_TRUE(StatesEqual((*b)->ExportState(), (*a)->ExportState()));
 }
 
+// Params of no elements next to others (torch.optim accepts them): the optimizer steps, exports
+// their empty state tensors and counters like any other param's, and imports its own export,
+// resuming bitwise; a collection holding every record twice (two ranks' exports) imports too.
+TEST_F(OptimizersTest, EmptyParamsRoundTripTheirState) {
+  const auto params = [] {
+    std::vector<Param> p = ToyParams();
+    p.push_back(Param{"layers.0.fc3.weight", at::zeros({0, 7}), at::zeros({0, 7}), {}});  // Muon
+    p.push_back(Param{"layers.0.fc3.bias", at::zeros({0}), at::zeros({0}), {}});          // AdamW
+    p.push_back(Param{"layers.0.fc4.weight", at::zeros({7, 0}, at::kBFloat16),
+                      at::zeros({7, 0}, at::kBFloat16), {}});  // Muon, with an fp32 main param
+    return p;
+  };
+  std::vector<Param> a_params = params();
+  auto a = ChainedOptimizer::Create(a_params, ChainedConfig{});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->routing_report().muon_count, 4);
+  ASSERT_TRUE((*a)->Step().ok());
+  ASSERT_TRUE((*a)->Step().ok());
+  const std::vector<StateRecord> saved = (*a)->ExportState();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const StateRecord& r : saved) shapes[r.name] = r.full_shape;
+  EXPECT_EQ(shapes["layers.0.fc3.weight/momentum_buffer"], (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(shapes["layers.0.fc3.bias/exp_avg"], (std::vector<int64_t>{0}));
+  EXPECT_EQ(shapes["layers.0.fc3.bias/exp_avg_sq"], (std::vector<int64_t>{0}));
+  EXPECT_EQ(shapes["layers.0.fc4.weight/main_param"], (std::vector<int64_t>{7, 0}));
+  ASSERT_TRUE(shapes.count("layers.0.fc3.bias/step"));
+  for (const StateRecord& r : saved) {
+    if (r.name == "layers.0.fc3.bias/step") EXPECT_EQ(r.tensor.item<int64_t>(), 2);
+  }
+  // AdamW 3 fields x 3, Muon 2 buffers, 2 counters; then the empty params' 1 + 3 + 2 records.
+  EXPECT_EQ(saved.size(), 3 * 3 + 2 + 2 + (1 + 3 + 2));
+
+  std::vector<Param> b_params = params();
+  auto b = ChainedOptimizer::Create(b_params, ChainedConfig{});
+  ASSERT_TRUE(b.ok());
+  const absl::Status imported = (*b)->ImportState(saved);
+  ASSERT_TRUE(imported.ok()) << imported;
+  EXPECT_TRUE(StatesEqual((*b)->ExportState(), saved));
+  std::vector<StateRecord> twice = saved;
+  twice.insert(twice.end(), saved.begin(), saved.end());
+  const absl::Status imported_twice = (*b)->ImportState(twice);
+  ASSERT_TRUE(imported_twice.ok()) << imported_twice;
+  for (size_t i = 0; i < a_params.size(); ++i) b_params[i].param.copy_(a_params[i].param);
+  ASSERT_TRUE((*a)->Step().ok());
+  ASSERT_TRUE((*b)->Step().ok());
+  EXPECT_TRUE(StatesEqual((*b)->ExportState(), (*a)->ExportState()));
+}
+
 // A staged step (StepStages) updates exactly what an unstaged one does, bitwise, stage by stage:
 // each stage's slots are updated before on_done(stage), later stages' not yet; every stage is
 // reported in order, empty ones included.
