@@ -674,12 +674,54 @@ TEST(NsScheduleTest, NamesListsAndErrors) {
   auto list = ParseNsSchedule("2,-1.5,0.5; 3, -3.2,1.2");
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(list->coefficients, (std::vector<NsCoefficients>{{2, -1.5, 0.5}, {3, -3.2, 1.2}}));
-  for (const char* bad : {"", "1,2", "a,b,c", "1,2,inf", "1,2,3;", "cubic", "quintic", "aol"}) {
+  for (const char* bad : {"", "1,2", "a,b,c", "1,2,inf", "1,2,3;", "cubic", "quintic", "aol",
+                          "1e39,-4.775,2.0315", "1e300,1,1", "3,-3.2,1.2;1,1,-1025"}) {
     EXPECT_THAT(ParseNsSchedule(bad),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat("coefficients '", bad, "'"))))
         << bad;
   }
+  EXPECT_THAT(ParseNsSchedule("1e30,-4.775,2.0315"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("coefficient 1e+30 is outside the accepted [-1024, 1024]")));
+  EXPECT_TRUE(ParseNsSchedule("1024,-1024,-1024").ok());
+}
+
+// The singular-value bound over the iterations: exact for the published schedules (their
+// overshoot above 1), a refusal naming the iteration for schedules that leave [0, 16], and
+// Muon's own validation applying it.
+TEST(NsScheduleTest, SingularValuesStayBounded) {
+  auto simple = ParseNsSchedule("simple");
+  auto polar = ParseNsSchedule("polar_express");
+  ASSERT_TRUE(simple.ok() && polar.ok());
+  // simple: max of 3.4445 s - 4.775 s^3 + 2.0315 s^5 on [0, 1], at s^2 = 0.3075..., every step.
+  EXPECT_NEAR(NsSingularValueBound(simple->coefficients, 1.0, 99), 1.20237, 1e-5);
+  // polar_express: its first quintic overshoots to 1.99 (from [0, 1 / 1.02]), later ones less.
+  EXPECT_NEAR(NsSingularValueBound(polar->coefficients, 1.02, 99), 1.99168, 1e-5);
+  EXPECT_TRUE(CheckNsScheduleBounded(polar->coefficients, 1.02, 99).ok());
+  EXPECT_EQ(NsSingularValueBound({{2, 0, 0}}, 1.0, 4), 16.0);  // doubles every step
+  EXPECT_TRUE(CheckNsScheduleBounded({{2, 0, 0}}, 1.0, 4).ok());
+  EXPECT_THAT(CheckNsScheduleBounded({{2, 0, 0}}, 1.0, 5),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Newton-Schulz iteration 5 of 5 (2, 0, 0) can raise a singular "
+                                 "value in [0, 16] to 32; accepted: schedules that keep them "
+                                 "within [0, 16]")));
+  // Bounded on [0, 1] but not beyond: 3.4445 s - 4.775 s^3 + 4 s^5 reaches 2.67, then 460.
+  EXPECT_THAT(CheckNsScheduleBounded({{3.4445, -4.775, 4}}, 1.0, 5),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("iteration 2 of 5")));
+  EXPECT_TRUE(std::isinf(NsSingularValueBound({{1000, 1000, 1000}}, 1.0, 99)));
+  MuonHyper hp;
+  hp.ns.coefficients = {{3.4445, -4.775, 4}};
+  EXPECT_THAT(ValidateMuonHyper(hp), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("Muon: Newton-Schulz iteration 2 of 5")));
+  hp.ns.coefficients = {{1e39, 0, 0}};
+  EXPECT_THAT(ValidateMuonHyper(hp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Muon: Newton-Schulz coefficients must be in [-1024, 1024], "
+                                 "got 1e+39")));
+  hp.ns.coefficients = {{3.4445, -4.775, 2.0315}};
+  hp.ns.ns_steps = 99;
+  EXPECT_TRUE(ValidateMuonHyper(hp).ok());
 }
 
 TEST_F(OptimizersTest, ScheduleDrivesLr) {
