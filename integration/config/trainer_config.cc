@@ -374,29 +374,84 @@ std::string MemoryJson(const std::vector<RankMemory>& memory) {
 
 }  // namespace
 
+namespace {
+
+// The summary's "key":value members in order. JSON has no NaN or infinity (RFC 8259, section 6):
+// a double that is not finite is written as null and its key listed in non_finite(). The strings
+// are fixed identifiers (no escaping needed).
+class JsonMembers {
+ public:
+  void Int(absl::string_view key, int64_t value) { Add(key, absl::StrCat(value)); }
+  void String(absl::string_view key, absl::string_view value) {
+    Add(key, absl::StrCat("\"", value, "\""));
+  }
+  // %.{digits}f, or %.{digits}g with `general`.
+  void Double(absl::string_view key, double value, int digits, bool general = false) {
+    if (!std::isfinite(value)) {
+      non_finite_.push_back(absl::StrCat("\"", key, "\""));
+      Add(key, "null");
+      return;
+    }
+    Add(key, general ? absl::StrFormat("%.*g", digits, value)
+                     : absl::StrFormat("%.*f", digits, value));
+  }
+  void Raw(absl::string_view members) { members_.emplace_back(members); }
+  // ["final_loss",...]: the keys written as null; empty when every double was finite.
+  std::string non_finite() const {
+    return absl::StrCat("[", absl::StrJoin(non_finite_, ","), "]");
+  }
+  bool all_finite() const { return non_finite_.empty(); }
+  std::string Object() const { return absl::StrCat("{", absl::StrJoin(members_, ","), "}"); }
+
+ private:
+  void Add(absl::string_view key, absl::string_view value) {
+    members_.push_back(absl::StrCat("\"", key, "\":", value));
+  }
+  std::vector<std::string> members_;
+  std::vector<std::string> non_finite_;
+};
+
+}  // namespace
+
 std::string TrainSummary::ToJson() const {
-  // %.17g round-trips doubles; the strings are fixed identifiers (no escaping needed).
-  return absl::StrFormat(
-      "{\"steps\":%d,\"initial_loss\":%.6f,\"final_loss\":%.6f,\"initial_eval_loss\":%.6f,"
-      "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
-      "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
-      "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
-      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,"
-      "\"comm_bytes_per_step\":%d,\"wire_bytes_per_step\":%d,\"param_gather_wait_s\":%.6f,"
-      "\"grad_sync_wait_s\":%.6f,\"exposed_comm_s\":%.6f,\"rank_skew_s\":%.6f,"
-      "\"step_s\":%.6f,\"forward_s\":%.6f,\"backward_s\":%.6f,\"optimizer_s\":%.6f,"
-      "\"cpu_s_per_step\":%.6f,\"param_buffer_bytes\":%d,%s%s}",
-      steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
-      elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
-      checksum_checks, failed_saves, stop_signal, param_checksum, comm_bytes_per_step,
-      wire_bytes_per_step,
-      param_gather_wait_s, grad_sync_wait_s, exposed_comm_s, rank_skew_s, step_s, forward_s, backward_s, optimizer_s,
-      cpu_s_per_step, param_buffer_bytes,
-      (params_norm >= 0 ? absl::StrFormat("\"params_norm\":%.9g,", params_norm) : "") +
-          (num_zeros_in_grad >= 0
-               ? absl::StrFormat("\"num_zeros_in_grad\":%d,", num_zeros_in_grad)
-               : ""),
-      MemoryJson(memory));
+  JsonMembers j;
+  j.Int("steps", steps);
+  j.Double("initial_loss", initial_loss, 6);
+  j.Double("final_loss", final_loss, 6);
+  j.Double("initial_eval_loss", initial_eval_loss, 6);
+  j.Double("eval_loss", eval_loss, 6);
+  j.Double("unigram_entropy", unigram_entropy, 6);
+  j.Double("tokens_per_s", tokens_per_s, 1);
+  j.Double("elapsed_s", elapsed_s, 3);
+  j.Int("world_size", world_size);
+  j.String("dist", dist);
+  j.String("model", model);
+  j.String("optimizer", optimizer);
+  j.Int("num_params", num_params);
+  j.Int("skipped_steps", skipped_steps);
+  j.Int("comm_bytes", comm_bytes);
+  j.Int("checksum_checks", checksum_checks);
+  j.Int("failed_saves", failed_saves);
+  j.Int("stop_signal", stop_signal);
+  j.Double("param_checksum", param_checksum, 17, /*general=*/true);  // %.17g round-trips
+  j.Int("comm_bytes_per_step", comm_bytes_per_step);
+  j.Int("wire_bytes_per_step", wire_bytes_per_step);
+  j.Double("param_gather_wait_s", param_gather_wait_s, 6);
+  j.Double("grad_sync_wait_s", grad_sync_wait_s, 6);
+  j.Double("exposed_comm_s", exposed_comm_s, 6);
+  j.Double("rank_skew_s", rank_skew_s, 6);
+  j.Double("step_s", step_s, 6);
+  j.Double("forward_s", forward_s, 6);
+  j.Double("backward_s", backward_s, 6);
+  j.Double("optimizer_s", optimizer_s, 6);
+  j.Double("cpu_s_per_step", cpu_s_per_step, 6);
+  j.Int("param_buffer_bytes", param_buffer_bytes);
+  // -1 (not asked for) leaves them out; NaN is not >= 0 but was asked for: null.
+  if (!(params_norm < 0)) j.Double("params_norm", params_norm, 9, /*general=*/true);
+  if (num_zeros_in_grad >= 0) j.Int("num_zeros_in_grad", num_zeros_in_grad);
+  j.Raw(MemoryJson(memory));
+  if (!j.all_finite()) j.Raw(absl::StrCat("\"non_finite\":", j.non_finite()));
+  return j.Object();
 }
 
 bool GramNewtonSchulz(const TrainerConfig& config) {

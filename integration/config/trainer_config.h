@@ -127,7 +127,9 @@ struct TrainSummary {
   int64_t num_zeros_in_grad = -1;
   std::vector<RankMemory> memory;  // per rank, at the end of the run
 
-  // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}.
+  // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}. A double
+  // that is not finite (a diverged loss) is written as null, and a last member
+  // "non_finite":["final_loss",...] names those keys; it is absent when every double is finite.
   std::string ToJson() const;
 };
 

@@ -277,6 +277,40 @@ TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
   EXPECT_EQ(json.back(), '}');
 }
 
+// JSON has no NaN or infinity: every double that is not finite is written as null and named in
+// "non_finite", in the line's order; finite values are as before and the member is absent.
+// (//integration:summary_json_test reads real runs' lines back with a strict parser.)
+TEST(TrainerConfig, SummaryJsonWritesNonFiniteDoublesAsNull) {
+  TrainSummary s;
+  s.final_loss = std::nan("");
+  s.params_norm = 2.5;
+  std::string json = s.ToJson();
+  EXPECT_THAT(json, HasSubstr("\"final_loss\":null,"));
+  EXPECT_THAT(json, HasSubstr("\"params_norm\":2.5,"));
+  EXPECT_TRUE(absl::EndsWith(json, ",\"non_finite\":[\"final_loss\"]}")) << json;
+  const double inf = std::numeric_limits<double>::infinity();
+  double* doubles[] = {&s.initial_loss,   &s.final_loss,        &s.initial_eval_loss,
+                       &s.eval_loss,      &s.unigram_entropy,   &s.tokens_per_s,
+                       &s.elapsed_s,      &s.param_checksum,    &s.param_gather_wait_s,
+                       &s.grad_sync_wait_s, &s.exposed_comm_s,  &s.rank_skew_s,
+                       &s.step_s,         &s.forward_s,         &s.backward_s,
+                       &s.optimizer_s,    &s.cpu_s_per_step,    &s.params_norm};
+  for (size_t i = 0; i < std::size(doubles); ++i) *doubles[i] = i % 2 ? inf : std::nan("");
+  s.initial_loss = -inf;  // (params_norm < 0 means "not asked for": left out, tested below)
+  json = s.ToJson();
+  EXPECT_TRUE(absl::EndsWith(
+      json,
+      "\"non_finite\":[\"initial_loss\",\"final_loss\",\"initial_eval_loss\",\"eval_loss\","
+      "\"unigram_entropy\",\"tokens_per_s\",\"elapsed_s\",\"param_checksum\","
+      "\"param_gather_wait_s\",\"grad_sync_wait_s\",\"exposed_comm_s\",\"rank_skew_s\","
+      "\"step_s\",\"forward_s\",\"backward_s\",\"optimizer_s\",\"cpu_s_per_step\","
+      "\"params_norm\"]}"))
+      << json;
+  for (const char* token : {"nan", "inf", "NaN", "Inf"}) EXPECT_THAT(json, Not(HasSubstr(token)));
+  EXPECT_EQ(TrainSummary().ToJson().find("non_finite"), std::string::npos);
+  EXPECT_EQ(TrainSummary().ToJson().find("params_norm"), std::string::npos);  // -1: not asked
+}
+
 // The field table (trainer_config_fields.h) and PretrainConfig name the same fields with matching
 // types, so the text-format config can set every field and nothing else.
 TEST(TrainerConfig, TheFieldTableMatchesTheProto) {
