@@ -27,8 +27,8 @@ struct NsSchedule {
 // that works in bf16 needs a larger one; published ones stay under 23 (polar_express's -22.48).
 // With singular values bounded by kMaxNsSingularValue = 2^4 the terms stay below
 // 3 x 2^10 x (2^4)^5 < 2^32, far from fp32's and bf16's overflow at 2^128 (both have 8 exponent
-// bits). LibTorch refuses a scalar that fp32 cannot hold (a coefficient of 1e39) by throwing,
-// which aborted training.
+// bits). A scalar that fp32 cannot hold at all (a coefficient of 1e39) makes LibTorch throw in
+// the middle of a step.
 inline constexpr double kMaxNsCoefficient = 1024;
 
 // The most any singular value of the iterate may reach over a schedule's iterations

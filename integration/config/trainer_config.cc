@@ -165,8 +165,8 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
 // The most a scalar that the optimizers hand to an fp32 or bf16 kernel may be in magnitude (a step
 // size, a decay factor, eps). Both types overflow past FLT_MAX ~ 2^128 (8 exponent bits): a
 // scalar of at most 2^64 times a tensor entry of at most 2^64 (far beyond any trained model's
-// weights, gradients or moments) stays below it. LibTorch refuses a double scalar that an fp32 op
-// cannot hold by throwing, which aborted every rank.
+// weights, gradients or moments) stays below it. A double scalar that an fp32 op cannot hold at
+// all makes LibTorch throw in the middle of a step, on every rank.
 constexpr double kMaxKernelScalar = 0x1p64;
 // The largest Muon lr scale a rule gives per unit of its factor: sqrt(max(rows, cols)) (and
 // sqrt(rows / cols) <= sqrt(rows)) is at most sqrt(2^50) = 2^25, the planner's bound on a
