@@ -218,6 +218,7 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
   std::filesystem::create_directories(dir + "/held");
   std::ofstream(dir + "/held/latest") << "step_000002\n";
   const std::string log_dir = dir + "/must_not_exist";
+  const std::string save_dir = dir + "/no_checkpoints";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--stepz=3", "unknown flag --stepz"},
       {"--steps=abc", "flag --steps: Illegal value 'abc'"},
@@ -251,7 +252,22 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--muon_ns_steps=0", "--muon_ns_steps must be in [1, 100), got 0"},
       {"--adam_beta2=1", "--adam_beta2 must be in [0, 1), got 1"},
       {"--muon_momentum=-0.1", "--muon_momentum must be in [0, 1), got -0.1"},
-      {"--adam_eps=-1", "--adam_eps must be >= 0, got -1"},
+      {"--adam_eps=-1", "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got -1"},
+      // Out of fp32's range: these crashed both ranks after launch (exit 134), with --save_dir
+      // and --log_dir already made.
+      {"--lr=1e39 --save_dir=" + save_dir, "--lr 1e+39 x --weight_decay 0.01 = 1e+37 exceeds 2"},
+      {"--lr=3e38 --save_dir=" + save_dir, "accepted --lr with this --weight_decay: (0, 200]"},
+      {"--lr=1e39 --weight_decay=0", "--lr 1e+39: AdamW's first step size"},
+      {"--muon_lr=1e39 --muon_weight_decay=0 --save_dir=" + save_dir,
+       "--muon_lr 1e+39 x the largest lr scale of --muon_scale_rule=original"},
+      {"--muon_ns_coefficients=1e39,-4.775,2.0315 --save_dir=" + save_dir,
+       "coefficient 1e+39 is outside the accepted [-1024, 1024]"},
+      {"--muon_ns_coefficients=1e300,-4.775,2.0315", "coefficient 1e+300 is outside"},
+      {"--muon_ns_coefficients=1e30,-4.775,2.0315", "coefficient 1e+30 is outside"},
+      {"--muon_ns_coefficients=3.4445,-4.775,4",
+       "Newton-Schulz iteration 2 of 5 (3.4445, -4.775, 4) can raise a singular value"},
+      {"--adam_eps=1e39", "--adam_eps must be in [0, 2^64]"},
+      {"--max_grad_norm=inf", "--max_grad_norm must be a finite number"},
       {"--muon_extra_scale=0", "--muon_extra_scale must be > 0, got 0"},
       {"--profile_step_start=3 --profile_step_end=2", "--profile_step_end 2 precedes"},
       {"--profile_step_start=-1", "--profile_step_start -1 / --profile_step_end 0: expected"},
@@ -268,6 +284,7 @@ TEST(Pretrain, BadInputExitsWithTwoAndOneMessage) {
     EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << arg << ": " << run.err;
   }
   EXPECT_FALSE(std::filesystem::exists(log_dir));
+  EXPECT_FALSE(std::filesystem::exists(save_dir));
 }
 
 // --profile_step_start: one whole Chrome trace per rank of the chosen steps, with the step's phases
@@ -499,13 +516,16 @@ TEST(Pretrain, ResumeContinuesBitwiseAtTheSameDpAndAtAnother) {
   EXPECT_EQ(JsonField(c, "final_loss"), JsonField(a, "final_loss"));
 }
 
-// Diverging training (absurd learning rates, no clipping): after the first update every step has
-// non-finite gradients and is skipped; after --max_consecutive_skips the run stops with exit 1, a
-// message on every rank, and a final checkpoint; no JSON summary.
+// Diverging training (absurd learning rates within their accepted ranges, no clipping, no decay):
+// after the first update every step has non-finite gradients and is skipped; after
+// --max_consecutive_skips the run stops with exit 1, a message on every rank, and a final
+// checkpoint; no JSON summary.
 TEST(Pretrain, ConsecutiveNonFiniteStepsStopWithAFinalCheckpoint) {
   const std::string dir = TempDir() + "/diverge";
-  RunResult run = RunPretrain({"--steps=40", "--eval_every=0", "--global_batch=16", "--lr=1e30",
-                               "--muon_lr=1e30", "--max_grad_norm=0", "--max_consecutive_skips=3",
+  RunResult run = RunPretrain({"--steps=40", "--eval_every=0", "--global_batch=16", "--lr=1e19",
+                               "--adam_beta1=0", "--muon_lr=1e11", "--weight_decay=0",
+                               "--muon_weight_decay=0",
+                               "--max_grad_norm=0", "--max_consecutive_skips=3",
                                "--save_dir=" + dir});
   EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
   EXPECT_THAT(run.err, HasSubstr("3 consecutive steps had non-finite gradients "

@@ -48,15 +48,21 @@ absl::Status ValidateMuonHyper(const MuonHyper& hp) {
   }
   for (const NsCoefficients& triple : hp.ns.coefficients) {
     for (double c : triple) {
-      if (!std::isfinite(c)) {
+      if (!(std::abs(c) <= kMaxNsCoefficient)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("Muon: Newton-Schulz coefficients must be finite, got ", c));
+            absl::StrCat("Muon: Newton-Schulz coefficients must be in [-", kMaxNsCoefficient, ", ",
+                         kMaxNsCoefficient, "], got ", c));
       }
     }
   }
   if (!(hp.ns.norm_scale > 0.0 && std::isfinite(hp.ns.norm_scale))) {
     return absl::InvalidArgumentError(
         absl::StrCat("Muon: norm_scale must be > 0 and finite, got ", hp.ns.norm_scale));
+  }
+  if (absl::Status bounded =
+          CheckNsScheduleBounded(hp.ns.coefficients, hp.ns.norm_scale, hp.ns.ns_steps);
+      !bounded.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("Muon: ", bounded.message()));
   }
   if (hp.ns.gram && hp.ns.dtype != NsDType::kFloat32) {
     return absl::InvalidArgumentError(

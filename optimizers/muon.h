@@ -36,7 +36,8 @@ namespace orthoshard::optimizers {
 struct NewtonSchulzOptions {
   // The coefficient schedule: iteration i uses coefficients[min(i, size - 1)], so one triple is
   // the classic fixed iteration (PyTorch's default below) and a list is a per-iteration schedule
-  // such as Polar Express (ns_schedule.h). Non-empty.
+  // such as Polar Express (ns_schedule.h). Non-empty; coefficients within +-kMaxNsCoefficient
+  // that keep the iterate's singular values within kMaxNsSingularValue (CheckNsScheduleBounded).
   std::vector<NsCoefficients> coefficients = {{3.4445, -4.7750, 2.0315}};
   int ns_steps = 5;                     // iterations, in [1, 100)
   double eps = 1e-7;                    // the Frobenius norm is clamped at eps before dividing
@@ -91,7 +92,8 @@ struct MuonHyper {
   double extra_scale = 1.0;   // kSpectral only, > 0
 };
 
-// Errors: kInvalidArgument naming the field, e.g. "Muon: ns_steps must be in [1, 100), got 0".
+// Errors: kInvalidArgument naming the field, e.g. "Muon: ns_steps must be in [1, 100), got 0", or
+// the Newton-Schulz iteration whose coefficients let singular values leave [0, 16].
 absl::Status ValidateMuonHyper(const MuonHyper& hp);
 
 // Sets ns->coefficients and ns->norm_scale from a schedule name or list (ParseNsSchedule).

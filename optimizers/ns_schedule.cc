@@ -1,5 +1,6 @@
 #include "optimizers/ns_schedule.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -52,10 +53,68 @@ absl::StatusOr<NsSchedule> ParseNsSchedule(absl::string_view schedule) {
           !std::isfinite(triple[i])) {
         return bad(absl::StrCat("'", numbers[i], "' is not a finite number"));
       }
+      if (std::abs(triple[i]) > kMaxNsCoefficient) {
+        return bad(absl::StrCat("coefficient ", triple[i], " is outside the accepted [-",
+                                kMaxNsCoefficient, ", ", kMaxNsCoefficient, "]"));
+      }
     }
     triples.push_back(triple);
   }
   return NsSchedule{std::move(triples), 1.0};
+}
+
+namespace {
+
+// max |p(s)| over s in [0, m] for p(s) = a s + b s^3 + c s^5: at m or at a critical point inside,
+// where p'(s) = a + 3 b s^2 + 5 c s^4 = 0 (a quadratic in s^2).
+double QuinticMaxAbs(const NsCoefficients& coefficients, double m) {
+  const auto [a, b, c] = coefficients;
+  const auto p = [&](double s) { return std::abs(s * (a + s * s * (b + s * s * c))); };
+  double best = p(m);
+  const auto try_square = [&](double s2) {
+    if (s2 > 0 && s2 < m * m) best = std::max(best, p(std::sqrt(s2)));
+  };
+  if (c != 0) {
+    const double discriminant = 9 * b * b - 20 * a * c;
+    if (discriminant >= 0) {
+      try_square((-3 * b + std::sqrt(discriminant)) / (10 * c));
+      try_square((-3 * b - std::sqrt(discriminant)) / (10 * c));
+    }
+  } else if (b != 0) {
+    try_square(-a / (3 * b));
+  }
+  return best;
+}
+
+}  // namespace
+
+double NsSingularValueBound(const std::vector<NsCoefficients>& coefficients, double norm_scale,
+                            int steps) {
+  double m = 1.0 / norm_scale;
+  double most = m;
+  for (int i = 0; i < steps && std::isfinite(most); ++i) {
+    m = QuinticMaxAbs(coefficients[std::min<size_t>(i, coefficients.size() - 1)], m);
+    most = std::max(most, std::isnan(m) ? HUGE_VAL : m);
+  }
+  return most;
+}
+
+absl::Status CheckNsScheduleBounded(const std::vector<NsCoefficients>& coefficients,
+                                    double norm_scale, int steps) {
+  double m = 1.0 / norm_scale;
+  for (int i = 0; i < steps; ++i) {
+    const NsCoefficients& triple = coefficients[std::min<size_t>(i, coefficients.size() - 1)];
+    const double next = QuinticMaxAbs(triple, m);
+    if (!(next <= kMaxNsSingularValue)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Newton-Schulz iteration ", i + 1, " of ", steps, " (", triple[0], ", ",
+                       triple[1], ", ", triple[2], ") can raise a singular value in [0, ", m,
+                       "] to ", next, "; accepted: schedules that keep them within [0, ",
+                       kMaxNsSingularValue, "]"));
+    }
+    m = next;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace orthoshard::optimizers

@@ -674,12 +674,54 @@ TEST(NsScheduleTest, NamesListsAndErrors) {
   auto list = ParseNsSchedule("2,-1.5,0.5; 3, -3.2,1.2");
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(list->coefficients, (std::vector<NsCoefficients>{{2, -1.5, 0.5}, {3, -3.2, 1.2}}));
-  for (const char* bad : {"", "1,2", "a,b,c", "1,2,inf", "1,2,3;", "cubic", "quintic", "aol"}) {
+  for (const char* bad : {"", "1,2", "a,b,c", "1,2,inf", "1,2,3;", "cubic", "quintic", "aol",
+                          "1e39,-4.775,2.0315", "1e300,1,1", "3,-3.2,1.2;1,1,-1025"}) {
     EXPECT_THAT(ParseNsSchedule(bad),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat("coefficients '", bad, "'"))))
         << bad;
   }
+  EXPECT_THAT(ParseNsSchedule("1e30,-4.775,2.0315"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("coefficient 1e+30 is outside the accepted [-1024, 1024]")));
+  EXPECT_TRUE(ParseNsSchedule("1024,-1024,-1024").ok());
+}
+
+// The singular-value bound over the iterations: exact for the published schedules (their
+// overshoot above 1), a refusal naming the iteration for schedules that leave [0, 16], and
+// Muon's own validation applying it.
+TEST(NsScheduleTest, SingularValuesStayBounded) {
+  auto simple = ParseNsSchedule("simple");
+  auto polar = ParseNsSchedule("polar_express");
+  ASSERT_TRUE(simple.ok() && polar.ok());
+  // simple: max of 3.4445 s - 4.775 s^3 + 2.0315 s^5 on [0, 1], at s^2 = 0.3075..., every step.
+  EXPECT_NEAR(NsSingularValueBound(simple->coefficients, 1.0, 99), 1.20237, 1e-5);
+  // polar_express: its first quintic overshoots to 1.99 (from [0, 1 / 1.02]), later ones less.
+  EXPECT_NEAR(NsSingularValueBound(polar->coefficients, 1.02, 99), 1.99168, 1e-5);
+  EXPECT_TRUE(CheckNsScheduleBounded(polar->coefficients, 1.02, 99).ok());
+  EXPECT_EQ(NsSingularValueBound({{2, 0, 0}}, 1.0, 4), 16.0);  // doubles every step
+  EXPECT_TRUE(CheckNsScheduleBounded({{2, 0, 0}}, 1.0, 4).ok());
+  EXPECT_THAT(CheckNsScheduleBounded({{2, 0, 0}}, 1.0, 5),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Newton-Schulz iteration 5 of 5 (2, 0, 0) can raise a singular "
+                                 "value in [0, 16] to 32; accepted: schedules that keep them "
+                                 "within [0, 16]")));
+  // Bounded on [0, 1] but not beyond: 3.4445 s - 4.775 s^3 + 4 s^5 reaches 2.67, then 460.
+  EXPECT_THAT(CheckNsScheduleBounded({{3.4445, -4.775, 4}}, 1.0, 5),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("iteration 2 of 5")));
+  EXPECT_TRUE(std::isinf(NsSingularValueBound({{1000, 1000, 1000}}, 1.0, 99)));
+  MuonHyper hp;
+  hp.ns.coefficients = {{3.4445, -4.775, 4}};
+  EXPECT_THAT(ValidateMuonHyper(hp), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("Muon: Newton-Schulz iteration 2 of 5")));
+  hp.ns.coefficients = {{1e39, 0, 0}};
+  EXPECT_THAT(ValidateMuonHyper(hp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Muon: Newton-Schulz coefficients must be in [-1024, 1024], "
+                                 "got 1e+39")));
+  hp.ns.coefficients = {{3.4445, -4.775, 2.0315}};
+  hp.ns.ns_steps = 99;
+  EXPECT_TRUE(ValidateMuonHyper(hp).ok());
 }
 
 TEST_F(OptimizersTest, ScheduleDrivesLr) {
@@ -717,6 +759,54 @@ TEST_F(OptimizersTest, StateRoundTripResumesBitwise) {
   for (size_t i = 0; i < a_params.size(); ++i) {
     if (i != 2) b_params[i].param.copy_(a_params[i].param);
   }
+  ASSERT_TRUE((*a)->Step().ok());
+  ASSERT_TRUE((*b)->Step().ok());
+  EXPECT_TRUE(StatesEqual((*b)->ExportState(), (*a)->ExportState()));
+}
+
+// Params of no elements next to others (torch.optim accepts them): the optimizer steps, exports
+// their empty state tensors and counters like any other param's, and imports its own export,
+// resuming bitwise; a collection holding every record twice (two ranks' exports) imports too.
+TEST_F(OptimizersTest, EmptyParamsRoundTripTheirState) {
+  const auto params = [] {
+    std::vector<Param> p = ToyParams();
+    p.push_back(Param{"layers.0.fc3.weight", at::zeros({0, 7}), at::zeros({0, 7}), {}});  // Muon
+    p.push_back(Param{"layers.0.fc3.bias", at::zeros({0}), at::zeros({0}), {}});          // AdamW
+    p.push_back(Param{"layers.0.fc4.weight", at::zeros({7, 0}, at::kBFloat16),
+                      at::zeros({7, 0}, at::kBFloat16), {}});  // Muon, with an fp32 main param
+    return p;
+  };
+  std::vector<Param> a_params = params();
+  auto a = ChainedOptimizer::Create(a_params, ChainedConfig{});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->routing_report().muon_count, 4);
+  ASSERT_TRUE((*a)->Step().ok());
+  ASSERT_TRUE((*a)->Step().ok());
+  const std::vector<StateRecord> saved = (*a)->ExportState();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const StateRecord& r : saved) shapes[r.name] = r.full_shape;
+  EXPECT_EQ(shapes["layers.0.fc3.weight/momentum_buffer"], (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(shapes["layers.0.fc3.bias/exp_avg"], (std::vector<int64_t>{0}));
+  EXPECT_EQ(shapes["layers.0.fc3.bias/exp_avg_sq"], (std::vector<int64_t>{0}));
+  EXPECT_EQ(shapes["layers.0.fc4.weight/main_param"], (std::vector<int64_t>{7, 0}));
+  ASSERT_TRUE(shapes.count("layers.0.fc3.bias/step"));
+  for (const StateRecord& r : saved) {
+    if (r.name == "layers.0.fc3.bias/step") EXPECT_EQ(r.tensor.item<int64_t>(), 2);
+  }
+  // AdamW 3 fields x 3, Muon 2 buffers, 2 counters; then the empty params' 1 + 3 + 2 records.
+  EXPECT_EQ(saved.size(), 3 * 3 + 2 + 2 + (1 + 3 + 2));
+
+  std::vector<Param> b_params = params();
+  auto b = ChainedOptimizer::Create(b_params, ChainedConfig{});
+  ASSERT_TRUE(b.ok());
+  const absl::Status imported = (*b)->ImportState(saved);
+  ASSERT_TRUE(imported.ok()) << imported;
+  EXPECT_TRUE(StatesEqual((*b)->ExportState(), saved));
+  std::vector<StateRecord> twice = saved;
+  twice.insert(twice.end(), saved.begin(), saved.end());
+  const absl::Status imported_twice = (*b)->ImportState(twice);
+  ASSERT_TRUE(imported_twice.ok()) << imported_twice;
+  for (size_t i = 0; i < a_params.size(); ++i) b_params[i].param.copy_(a_params[i].param);
   ASSERT_TRUE((*a)->Step().ok());
   ASSERT_TRUE((*b)->Step().ok());
   EXPECT_TRUE(StatesEqual((*b)->ExportState(), (*a)->ExportState()));

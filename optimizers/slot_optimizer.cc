@@ -206,7 +206,10 @@ void SlotOptimizer::ExportState(std::vector<StateRecord>& out) const {
     const Held& h = slots_[i];
     const Slot& s = h.slot;
     const int64_t n = s.saved_end - s.saved_begin;
-    if (n == 0) continue;
+    // Nothing to save here: another rank saves these elements. A param of no elements has its
+    // (empty) records and counters exported all the same, as torch.optim's state_dict keeps its
+    // state: ImportState reads every field of every slot, and resuming must find them.
+    if (n == 0 && c10::multiply_integers(s.full_shape) != 0) continue;
     auto piece = [&](const std::string& field, const at::Tensor& t) {
       out.push_back({absl::StrCat(s.name, "/", field), s.full_shape, s.offset + s.saved_begin,
                      t.reshape({-1}).narrow(0, s.saved_begin, n).clone()});

@@ -108,7 +108,9 @@ class SlotOptimizer {
 
   // Appends the records this rank saves: per slot "<name>/<field>" for every state tensor (the
   // saved elements, at their offset in the whole param), each counter field as an int64 scalar
-  // (when anything of the slot is saved), and "<name>/main_param" for bf16 params.
+  // (when anything of the slot is saved), and "<name>/main_param" for bf16 params. A param of no
+  // elements (shape [0, 7]) is exported whole: empty tensors and its counters, so that
+  // ImportState of the export finds every field.
   void ExportState(std::vector<StateRecord>& out) const;
 
   // Fills every slot's state from `state` (ReadStateRange over the slot's elements), then copies

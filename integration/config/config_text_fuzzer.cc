@@ -23,6 +23,7 @@
 #include "integration/config/pretrain_config.pb.h"
 #include "integration/config/trainer_config.h"
 #include "model/gpt_config.h"
+#include "optimizers/ns_schedule.h"
 
 namespace orthoshard::integration {
 namespace {
@@ -134,7 +135,20 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   Check(c.lr > 0 && std::isfinite(c.lr) && c.muon_lr > 0 && std::isfinite(c.muon_lr));
   Check(c.weight_decay >= 0 && std::isfinite(c.weight_decay));
   Check(c.muon_weight_decay >= 0 && std::isfinite(c.muon_weight_decay));
-  Check(!std::isnan(c.max_grad_norm));
+  Check(std::isfinite(c.max_grad_norm));
+  // The optimizers' scalars stay far inside fp32 (trainer_config.cc's bounds).
+  Check(c.lr * c.weight_decay <= 2 && c.muon_lr * c.muon_weight_decay <= 2);
+  Check(c.lr / (1 - c.adam_beta1) <= 0x1p64);
+  const double rule_factor = c.muon_scale_rule == optimizers::MuonScaleRule::kOriginal ? 1.0
+                             : c.muon_scale_rule == optimizers::MuonScaleRule::kMatchRmsAdamW
+                                 ? 0.2
+                                 : c.muon_extra_scale;
+  Check(c.muon_lr * rule_factor <= 0x1p39);
+  Check(c.adam_eps >= 0 && c.adam_eps <= 0x1p64);
+  const absl::StatusOr<optimizers::NsSchedule> ns =
+      optimizers::ParseNsSchedule(c.muon_ns_coefficients);
+  Check(ns.ok() && optimizers::NsSingularValueBound(ns->coefficients, ns->norm_scale,
+                                                    c.muon_ns_steps) <= 16);
 }
 
 int TestOneInput(const uint8_t* data, size_t size) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -113,17 +114,25 @@ absl::Status ValidateRunControl(const TrainerConfig& c) {
   return absl::OkStatus();
 }
 
-// The optimizers' hyperparameters, and which optimizer the --dist mode can run.
+// The optimizers' choices and fractions, and which optimizer the --dist mode can run.
 absl::Status ValidateOptimizer(const TrainerConfig& c) {
-  if (absl::StatusOr<optimizers::NsSchedule> ns =
-          optimizers::ParseNsSchedule(c.muon_ns_coefficients);
-      !ns.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--muon_ns_coefficients: ", ns.status().message()));
-  }
   if (c.muon_ns_steps < 1 || c.muon_ns_steps >= 100) {
     return absl::InvalidArgumentError(
         absl::StrCat("--muon_ns_steps must be in [1, 100), got ", c.muon_ns_steps));
+  }
+  absl::StatusOr<optimizers::NsSchedule> ns = optimizers::ParseNsSchedule(c.muon_ns_coefficients);
+  if (ns.ok()) {
+    if (absl::Status bounded =
+            optimizers::CheckNsScheduleBounded(ns->coefficients, ns->norm_scale, c.muon_ns_steps);
+        !bounded.ok()) {
+      ns = absl::InvalidArgumentError(absl::StrCat("'", c.muon_ns_coefficients,
+                                                   "' with --muon_ns_steps ", c.muon_ns_steps, ": ",
+                                                   bounded.message()));
+    }
+  }
+  if (!ns.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_ns_coefficients: ", ns.status().message()));
   }
   for (auto [field, value] : {std::pair<const char*, double>{"muon_momentum", c.muon_momentum},
                               {"adam_beta1", c.adam_beta1},
@@ -132,13 +141,6 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", field, " must be in [0, 1), got ", value));
     }
-  }
-  if (!(c.adam_eps >= 0.0 && std::isfinite(c.adam_eps))) {
-    return absl::InvalidArgumentError(absl::StrCat("--adam_eps must be >= 0, got ", c.adam_eps));
-  }
-  if (!(c.muon_extra_scale > 0.0 && std::isfinite(c.muon_extra_scale))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--muon_extra_scale must be > 0, got ", c.muon_extra_scale));
   }
   if (c.muon_ns_form == NsForm::kGram && c.muon_ns_dtype != optimizers::NsDType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -153,24 +155,88 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
         " shards every param at element level, but Muon needs whole matrices: use "
         "--optimizer=adamw with it, or --dist=layerwise (Muon layer-wise + ZeRO-1 AdamW)"));
   }
+  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
+  }
+  return absl::OkStatus();
+}
+
+// The most a scalar that the optimizers hand to an fp32 or bf16 kernel may be in magnitude (a step
+// size, a decay factor, eps). Both types overflow past FLT_MAX ~ 2^128 (8 exponent bits): a
+// scalar of at most 2^64 times a tensor entry of at most 2^64 (far beyond any trained model's
+// weights, gradients or moments) stays below it. A double scalar that an fp32 op cannot hold at
+// all makes LibTorch throw in the middle of a step, on every rank.
+constexpr double kMaxKernelScalar = 0x1p64;
+// The largest Muon lr scale a rule gives per unit of its factor: sqrt(max(rows, cols)) (and
+// sqrt(rows / cols) <= sqrt(rows)) is at most sqrt(2^50) = 2^25, the planner's bound on a
+// param's elements (layout/layout.h).
+constexpr double kMaxMuonShapeScale = 0x1p25;
+// The most lr x weight decay may be: each step multiplies the params by 1 - lr x wd (the lr
+// schedule only lowers it); in [0, 2] that factor's magnitude is at most 1, beyond 2 it exceeds 1
+// and the params grow geometrically, leaving fp32's range within 128 / log2|1 - lr x wd| steps
+// whatever the gradients.
+constexpr double kMaxLrTimesDecay = 2;
+
+// lr, weight decay, eps and the Muon scale: finite, and such that every scalar the optimizers
+// derive from them stays representable far inside fp32 (the constants above).
+absl::Status ValidateStepScalars(const TrainerConfig& c) {
   for (auto [field, value] : {std::pair<const char*, double>{"lr", c.lr}, {"muon_lr", c.muon_lr}}) {
     if (!(value > 0 && std::isfinite(value))) {
       return absl::InvalidArgumentError(absl::StrCat("--", field, " must be > 0, got ", value));
     }
   }
-  if (std::isnan(c.max_grad_norm)) {
-    // Every comparison with NaN is false: the optimizers would silently not clip.
-    return absl::InvalidArgumentError("--max_grad_norm must be a number (<= 0 disables), got nan");
+  if (!(c.muon_extra_scale > 0.0 && std::isfinite(c.muon_extra_scale))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_extra_scale must be > 0, got ", c.muon_extra_scale));
   }
-  for (auto [field, value] : {std::pair<const char*, double>{"weight_decay", c.weight_decay},
-                              {"muon_weight_decay", c.muon_weight_decay}}) {
+  for (auto [field, value, lr_field, lr] :
+       {std::tuple<const char*, double, const char*, double>{"weight_decay", c.weight_decay, "lr",
+                                                             c.lr},
+        {"muon_weight_decay", c.muon_weight_decay, "muon_lr", c.muon_lr}}) {
     if (!(value >= 0 && std::isfinite(value))) {
       return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
     }
+    if (!(lr * value <= kMaxLrTimesDecay)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", lr_field, " ", lr, " x --", field, " ", value, " = ", lr * value,
+          " exceeds 2 (the decay multiplies params by 1 - lr x wd each step; beyond 2 they grow "
+          "geometrically out of fp32's range); accepted --", lr_field, " with this --", field,
+          ": (0, ", kMaxLrTimesDecay / value, "]"));
+    }
   }
-  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
+  // AdamW's step size lr_t / (1 - beta1^t) is largest at t = 1, where it is lr / (1 - beta1).
+  if (const double step_size = c.lr / (1.0 - c.adam_beta1); !(step_size <= kMaxKernelScalar)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
+        absl::StrCat("--lr ", c.lr, ": AdamW's first step size --lr / (1 - --adam_beta1 ",
+                     c.adam_beta1, ") = ", step_size,
+                     " exceeds 2^64 (an fp32 kernel's scalar, with 2^64 of headroom); "
+                     "accepted --lr with this --adam_beta1: (0, ",
+                     kMaxKernelScalar * (1.0 - c.adam_beta1), "]"));
+  }
+  // Muon's adjusted lr is muon_lr x the rule's scale for the matrix's shape.
+  const double rule_factor = c.muon_scale_rule == optimizers::MuonScaleRule::kOriginal ? 1.0
+                             : c.muon_scale_rule == optimizers::MuonScaleRule::kMatchRmsAdamW
+                                 ? 0.2
+                                 : c.muon_extra_scale;
+  if (const double most = c.muon_lr * rule_factor * kMaxMuonShapeScale;
+      !(most <= kMaxKernelScalar)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--muon_lr ", c.muon_lr,
+                     " x the largest lr scale of --muon_scale_rule=", ChoiceName(c.muon_scale_rule),
+                     " (", rule_factor, " x 2^25, a param of 2^50 elements) = ", most,
+                     " exceeds 2^64 (an fp32 kernel's scalar, with 2^64 of headroom); accepted "
+                     "--muon_lr x the rule's factor: (0, 2^39 = ",
+                     kMaxKernelScalar / kMaxMuonShapeScale, "]"));
+  }
+  if (!(c.adam_eps >= 0.0 && c.adam_eps <= kMaxKernelScalar)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got ", c.adam_eps));
+  }
+  if (!std::isfinite(c.max_grad_norm)) {
+    // NaN compares false with everything: the optimizers would silently not clip.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_grad_norm must be a finite number (<= 0 disables clipping), got ", c.max_grad_norm));
   }
   return absl::OkStatus();
 }
@@ -279,6 +345,7 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   }
   RETURN_IF_ERROR(ValidateRunControl(c));
   RETURN_IF_ERROR(ValidateOptimizer(c));
+  RETURN_IF_ERROR(ValidateStepScalars(c));
   RETURN_IF_ERROR(ValidateCounts(c));
   RETURN_IF_ERROR(ValidateProfiling(c));
   return ValidateModelAndBatch(c, world_size);
@@ -307,29 +374,84 @@ std::string MemoryJson(const std::vector<RankMemory>& memory) {
 
 }  // namespace
 
+namespace {
+
+// The summary's "key":value members in order. JSON has no NaN or infinity (RFC 8259, section 6):
+// a double that is not finite is written as null and its key listed in non_finite(). The strings
+// are fixed identifiers (no escaping needed).
+class JsonMembers {
+ public:
+  void Int(absl::string_view key, int64_t value) { Add(key, absl::StrCat(value)); }
+  void String(absl::string_view key, absl::string_view value) {
+    Add(key, absl::StrCat("\"", value, "\""));
+  }
+  // %.{digits}f, or %.{digits}g with `general`.
+  void Double(absl::string_view key, double value, int digits, bool general = false) {
+    if (!std::isfinite(value)) {
+      non_finite_.push_back(absl::StrCat("\"", key, "\""));
+      Add(key, "null");
+      return;
+    }
+    Add(key, general ? absl::StrFormat("%.*g", digits, value)
+                     : absl::StrFormat("%.*f", digits, value));
+  }
+  void Raw(absl::string_view members) { members_.emplace_back(members); }
+  // ["final_loss",...]: the keys written as null; empty when every double was finite.
+  std::string non_finite() const {
+    return absl::StrCat("[", absl::StrJoin(non_finite_, ","), "]");
+  }
+  bool all_finite() const { return non_finite_.empty(); }
+  std::string Object() const { return absl::StrCat("{", absl::StrJoin(members_, ","), "}"); }
+
+ private:
+  void Add(absl::string_view key, absl::string_view value) {
+    members_.push_back(absl::StrCat("\"", key, "\":", value));
+  }
+  std::vector<std::string> members_;
+  std::vector<std::string> non_finite_;
+};
+
+}  // namespace
+
 std::string TrainSummary::ToJson() const {
-  // %.17g round-trips doubles; the strings are fixed identifiers (no escaping needed).
-  return absl::StrFormat(
-      "{\"steps\":%d,\"initial_loss\":%.6f,\"final_loss\":%.6f,\"initial_eval_loss\":%.6f,"
-      "\"eval_loss\":%.6f,\"unigram_entropy\":%.6f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,"
-      "\"world_size\":%d,\"dist\":\"%s\",\"model\":\"%s\",\"optimizer\":\"%s\","
-      "\"num_params\":%d,\"skipped_steps\":%d,\"comm_bytes\":%d,\"checksum_checks\":%d,"
-      "\"failed_saves\":%d,\"stop_signal\":%d,\"param_checksum\":%.17g,"
-      "\"comm_bytes_per_step\":%d,\"wire_bytes_per_step\":%d,\"param_gather_wait_s\":%.6f,"
-      "\"grad_sync_wait_s\":%.6f,\"exposed_comm_s\":%.6f,\"rank_skew_s\":%.6f,"
-      "\"step_s\":%.6f,\"forward_s\":%.6f,\"backward_s\":%.6f,\"optimizer_s\":%.6f,"
-      "\"cpu_s_per_step\":%.6f,\"param_buffer_bytes\":%d,%s%s}",
-      steps, initial_loss, final_loss, initial_eval_loss, eval_loss, unigram_entropy, tokens_per_s,
-      elapsed_s, world_size, dist, model, optimizer, num_params, skipped_steps, comm_bytes,
-      checksum_checks, failed_saves, stop_signal, param_checksum, comm_bytes_per_step,
-      wire_bytes_per_step,
-      param_gather_wait_s, grad_sync_wait_s, exposed_comm_s, rank_skew_s, step_s, forward_s, backward_s, optimizer_s,
-      cpu_s_per_step, param_buffer_bytes,
-      (params_norm >= 0 ? absl::StrFormat("\"params_norm\":%.9g,", params_norm) : "") +
-          (num_zeros_in_grad >= 0
-               ? absl::StrFormat("\"num_zeros_in_grad\":%d,", num_zeros_in_grad)
-               : ""),
-      MemoryJson(memory));
+  JsonMembers j;
+  j.Int("steps", steps);
+  j.Double("initial_loss", initial_loss, 6);
+  j.Double("final_loss", final_loss, 6);
+  j.Double("initial_eval_loss", initial_eval_loss, 6);
+  j.Double("eval_loss", eval_loss, 6);
+  j.Double("unigram_entropy", unigram_entropy, 6);
+  j.Double("tokens_per_s", tokens_per_s, 1);
+  j.Double("elapsed_s", elapsed_s, 3);
+  j.Int("world_size", world_size);
+  j.String("dist", dist);
+  j.String("model", model);
+  j.String("optimizer", optimizer);
+  j.Int("num_params", num_params);
+  j.Int("skipped_steps", skipped_steps);
+  j.Int("comm_bytes", comm_bytes);
+  j.Int("checksum_checks", checksum_checks);
+  j.Int("failed_saves", failed_saves);
+  j.Int("stop_signal", stop_signal);
+  j.Double("param_checksum", param_checksum, 17, /*general=*/true);  // %.17g round-trips
+  j.Int("comm_bytes_per_step", comm_bytes_per_step);
+  j.Int("wire_bytes_per_step", wire_bytes_per_step);
+  j.Double("param_gather_wait_s", param_gather_wait_s, 6);
+  j.Double("grad_sync_wait_s", grad_sync_wait_s, 6);
+  j.Double("exposed_comm_s", exposed_comm_s, 6);
+  j.Double("rank_skew_s", rank_skew_s, 6);
+  j.Double("step_s", step_s, 6);
+  j.Double("forward_s", forward_s, 6);
+  j.Double("backward_s", backward_s, 6);
+  j.Double("optimizer_s", optimizer_s, 6);
+  j.Double("cpu_s_per_step", cpu_s_per_step, 6);
+  j.Int("param_buffer_bytes", param_buffer_bytes);
+  // -1 (not asked for) leaves them out; NaN is not >= 0 but was asked for: null.
+  if (!(params_norm < 0)) j.Double("params_norm", params_norm, 9, /*general=*/true);
+  if (num_zeros_in_grad >= 0) j.Int("num_zeros_in_grad", num_zeros_in_grad);
+  j.Raw(MemoryJson(memory));
+  if (!j.all_finite()) j.Raw(absl::StrCat("\"non_finite\":", j.non_finite()));
+  return j.Object();
 }
 
 bool GramNewtonSchulz(const TrainerConfig& config) {

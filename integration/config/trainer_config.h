@@ -36,9 +36,14 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 
 // Checks values that need no files or ranks. Errors: kInvalidArgument naming the field and its
 // bound (steps >= 1, a known preset, batch divisibility by world_size x micro_batches, seq_len <=
-// the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm NaN, distopt with muon,
-// --resume or --save_every without --save_dir, stop_after > steps, ...). Fixed-choice fields hold
-// a valid value by their type. Whether this build and machine can run cuda is the caller's check.
+// the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm not finite, distopt with muon,
+// --resume or --save_every without --save_dir, stop_after > steps, ...). Every double field that
+// reaches an fp32 computation has a bounded range, derived in trainer_config.cc and ns_schedule.h:
+// lr x weight decay <= 2, AdamW's first step size lr / (1 - beta1) <= 2^64, muon_lr x the scale
+// rule's largest factor <= 2^64, adam_eps <= 2^64, Newton-Schulz coefficients within +-1024 that
+// keep the iterate's singular values within [0, 16] over --muon_ns_steps; the message names the
+// flag, its value and the accepted range. Fixed-choice fields hold a valid value by their type.
+// Whether this build and machine can run cuda is the caller's check.
 absl::Status ValidateTrainerConfig(const TrainerConfig& config, int world_size);
 
 // Whether the run continues from a checkpoint: --resume=true (after ResolveResumeAuto, also an
@@ -122,7 +127,9 @@ struct TrainSummary {
   int64_t num_zeros_in_grad = -1;
   std::vector<RankMemory> memory;  // per rank, at the end of the run
 
-  // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}.
+  // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}. A double
+  // that is not finite (a diverged loss) is written as null, and a last member
+  // "non_finite":["final_loss",...] names those keys; it is absent when every double is finite.
   std::string ToJson() const;
 };
 

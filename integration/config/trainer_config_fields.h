@@ -57,16 +57,18 @@
   X(int64_t, seq_len, 0, \
     "tokens per sample; 0 = the model's max_seq_len") \
   X(double, lr, 3e-3, \
-    "AdamW base learning rate (all params with --optimizer=adamw)") \
+    "AdamW base learning rate (all params with --optimizer=adamw); lr x --weight_decay <= 2 and " \
+    "lr / (1 - --adam_beta1) <= 2^64") \
   X(double, muon_lr, 0.02, \
-    "Muon base learning rate") \
+    "Muon base learning rate; muon_lr x --muon_weight_decay <= 2 and muon_lr x the scale rule's " \
+    "factor (1, 0.2 or --muon_extra_scale) <= 2^39") \
   X(double, weight_decay, 0.01, \
-    "AdamW weight decay of 2-D params") \
+    "AdamW weight decay of 2-D params, >= 0") \
   X(bool, adamw_fused, false, \
     "AdamW by ATen's fused kernel, bitwise torch.optim.AdamW(fused=True): 3-4x faster on CPU, " \
     "but a ZeRO-1 slice of a param no longer updates bitwise as the whole param would") \
   X(double, muon_weight_decay, 0.01, \
-    "Muon weight decay") \
+    "Muon weight decay, >= 0") \
   X(double, muon_momentum, 0.95, \
     "Muon momentum mu, in [0, 1)") \
   X(bool, muon_nesterov, true, \
@@ -82,7 +84,8 @@
   X(std::string, muon_ns_coefficients, "simple", \
     "Newton-Schulz coefficient schedule: simple (3.4445, -4.7750, 2.0315 every iteration), " \
     "polar_express (the 5 per-iteration quintics of arXiv:2505.16932, as modded-nanogpt), or " \
-    "a,b,c[;a,b,c...] (a triple per iteration; the last repeats)") \
+    "a,b,c[;a,b,c...] (a triple per iteration; the last repeats; coefficients within +-1024 that " \
+    "keep singular values within [0, 16] over --muon_ns_steps)") \
   X(optimizers::NsDType, muon_ns_dtype, optimizers::NsDType::kBFloat16, \
     "dtype of Muon's Newton-Schulz iteration: bf16 (as torch.optim.Muon) or fp32 (faster on " \
     "CPUs without bf16 arithmetic, such as AVX2-only ones)") \
@@ -91,12 +94,12 @@
   X(double, adam_beta2, 0.95, \
     "AdamW second-moment decay, in [0, 1)") \
   X(double, adam_eps, 1e-8, \
-    "AdamW epsilon (added to the bias-corrected root), >= 0") \
+    "AdamW epsilon (added to the bias-corrected root), in [0, 2^64]") \
   X(std::string, no_weight_decay, "", \
     "comma-separated globs of param names never weight-decayed, by either optimizer (e.g. " \
     "'embedding*,output_layer*'); norm weights and other non-matrix params never are") \
   X(double, max_grad_norm, 1.0, \
-    "global-norm clip; <= 0 disables") \
+    "global-norm clip (finite); <= 0 disables") \
   X(optimizers::ClipMode, clip_mode, optimizers::ClipMode::kAllBeforeMomentum, \
     "all: one global norm over every gradient clips all of them, Muon's before its momentum " \
     "(Megatron-LM); exclude_muon: the norm and clip cover AdamW's params only (Newton-Schulz " \

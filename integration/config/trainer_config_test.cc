@@ -1,7 +1,11 @@
 // TrainerConfig: text-format config, validation messages and the summary's JSON.
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -35,6 +39,7 @@ std::string CppTypeName<bool>() { return "bool"; }
 
 using ::orthoshard::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(TrainerConfig, TextProtoSetsOnlyTheFieldsItNames) {
   TrainerConfig config;
@@ -115,14 +120,72 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
 }
 
-TEST(TrainerConfig, NanMaxGradNormIsRejected) {
+TEST(TrainerConfig, NonFiniteMaxGradNormIsRejected) {
   TrainerConfig config;
   ASSERT_OK(ApplyConfigText("max_grad_norm: nan\n", "c", &config));
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--max_grad_norm must be a number (<= 0 disables), got nan")));
+                       HasSubstr("--max_grad_norm must be a finite number (<= 0 disables "
+                                 "clipping), got nan")));
+  ASSERT_OK(ApplyConfigText("max_grad_norm: inf\n", "c", &config));
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got inf")));
   config.max_grad_norm = 0;
   EXPECT_OK(ValidateTrainerConfig(config, 2));
+}
+
+// Every double that reaches an fp32 computation is bounded before launch, with the flag, the value
+// and the accepted range in the message; values at the bounds pass.
+TEST(TrainerConfig, FloatFlagsOutOfRangeAreRejected) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           {"lr: 1e39", "--lr 1e+39 x --weight_decay 0.01 = 1e+37 exceeds 2"},
+           {"lr: 3e38", "accepted --lr with this --weight_decay: (0, 200]"},
+           {"lr: 1e39 weight_decay: 0",
+            "--lr 1e+39: AdamW's first step size --lr / (1 - --adam_beta1 0.9) = 1e+40 exceeds "
+            "2^64"},
+           {"lr: 1e19 weight_decay: 0 adam_beta1: 0.5", "accepted --lr with this --adam_beta1: (0, "
+                                                        "9.22337e+18]"},
+           {"muon_lr: 1e39", "--muon_lr 1e+39 x --muon_weight_decay 0.01 = 1e+37 exceeds 2"},
+           {"muon_lr: 1e39 muon_weight_decay: 0",
+            "--muon_lr 1e+39 x the largest lr scale of --muon_scale_rule=original (1 x 2^25, a "
+            "param of 2^50 elements) = 3.35544e+46 exceeds 2^64"},
+           {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e30",
+            "accepted --muon_lr x the rule's factor: (0, 2^39 = 5.49756e+11]"},
+           {"weight_decay: 1e300", "--lr 0.003 x --weight_decay 1e+300 = 3e+297 exceeds 2"},
+           {"adam_eps: 1e39", "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got "
+                              "1e+39"},
+           {"muon_ns_coefficients: \"1e39,-4.775,2.0315\"",
+            "--muon_ns_coefficients: Newton-Schulz coefficients '1e39,-4.775,2.0315': "
+            "coefficient 1e+39 is outside the accepted [-1024, 1024]"},
+           {"muon_ns_coefficients: \"1e300,1,1\"", "coefficient 1e+300 is outside"},
+           {"muon_ns_coefficients: \"1e30,-4.775,2.0315\"", "coefficient 1e+30 is outside"},
+           {"muon_ns_coefficients: \"3.4445,-4.775,4\"",
+            "--muon_ns_coefficients: '3.4445,-4.775,4' with --muon_ns_steps 5: Newton-Schulz "
+            "iteration 2 of 5 (3.4445, -4.775, 4) can raise a singular value in [0, "},
+           {"muon_ns_coefficients: \"1000,0,0\"", "iteration 1 of 5 (1000, 0, 0) can raise a "
+                                                    "singular value in [0, 1] to 1000; accepted: "
+                                                    "schedules that keep them within [0, 16]"},
+       }) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(c.text, "c", &config)) << c.text;
+    EXPECT_THAT(ValidateTrainerConfig(config, 2),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.text;
+  }
+  for (const char* text :
+       {"lr: 2 weight_decay: 1", "lr: 1.8e18 weight_decay: 0",
+        "muon_lr: 5.49e11 muon_weight_decay: 0", "adam_eps: 1e19",
+        "muon_ns_coefficients: \"polar_express\" muon_ns_steps: 99",
+        "muon_ns_coefficients: \"2,-1.5,0.5;3,-3.2,1.2\" muon_ns_steps: 99",
+        "max_grad_norm: 1e300"}) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(text, "c", &config)) << text;
+    EXPECT_OK(ValidateTrainerConfig(config, 2)) << text;
+  }
 }
 
 TEST(TrainerConfig, DistModes) {
@@ -212,6 +275,40 @@ TEST(TrainerConfig, SummaryJsonHasTheRequiredKeys) {
   }
   EXPECT_EQ(json.front(), '{');
   EXPECT_EQ(json.back(), '}');
+}
+
+// JSON has no NaN or infinity: every double that is not finite is written as null and named in
+// "non_finite", in the line's order; finite values are as before and the member is absent.
+// (//integration:summary_json_test reads real runs' lines back with a strict parser.)
+TEST(TrainerConfig, SummaryJsonWritesNonFiniteDoublesAsNull) {
+  TrainSummary s;
+  s.final_loss = std::nan("");
+  s.params_norm = 2.5;
+  std::string json = s.ToJson();
+  EXPECT_THAT(json, HasSubstr("\"final_loss\":null,"));
+  EXPECT_THAT(json, HasSubstr("\"params_norm\":2.5,"));
+  EXPECT_TRUE(absl::EndsWith(json, ",\"non_finite\":[\"final_loss\"]}")) << json;
+  const double inf = std::numeric_limits<double>::infinity();
+  double* doubles[] = {&s.initial_loss,   &s.final_loss,        &s.initial_eval_loss,
+                       &s.eval_loss,      &s.unigram_entropy,   &s.tokens_per_s,
+                       &s.elapsed_s,      &s.param_checksum,    &s.param_gather_wait_s,
+                       &s.grad_sync_wait_s, &s.exposed_comm_s,  &s.rank_skew_s,
+                       &s.step_s,         &s.forward_s,         &s.backward_s,
+                       &s.optimizer_s,    &s.cpu_s_per_step,    &s.params_norm};
+  for (size_t i = 0; i < std::size(doubles); ++i) *doubles[i] = i % 2 ? inf : std::nan("");
+  s.initial_loss = -inf;  // (params_norm < 0 means "not asked for": left out, tested below)
+  json = s.ToJson();
+  EXPECT_TRUE(absl::EndsWith(
+      json,
+      "\"non_finite\":[\"initial_loss\",\"final_loss\",\"initial_eval_loss\",\"eval_loss\","
+      "\"unigram_entropy\",\"tokens_per_s\",\"elapsed_s\",\"param_checksum\","
+      "\"param_gather_wait_s\",\"grad_sync_wait_s\",\"exposed_comm_s\",\"rank_skew_s\","
+      "\"step_s\",\"forward_s\",\"backward_s\",\"optimizer_s\",\"cpu_s_per_step\","
+      "\"params_norm\"]}"))
+      << json;
+  for (const char* token : {"nan", "inf", "NaN", "Inf"}) EXPECT_THAT(json, Not(HasSubstr(token)));
+  EXPECT_EQ(TrainSummary().ToJson().find("non_finite"), std::string::npos);
+  EXPECT_EQ(TrainSummary().ToJson().find("params_norm"), std::string::npos);  // -1: not asked
 }
 
 // The field table (trainer_config_fields.h) and PretrainConfig name the same fields with matching

@@ -1,9 +1,13 @@
 #include "optimizers/internal/fused_elementwise.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <ATen/Parallel.h>
@@ -43,16 +47,53 @@ at::Tensor AwkwardValues(int64_t n, uint64_t seed) {
   return t;
 }
 
+// The cores this process may run on: its CPU affinity set, and never more than
+// std::thread::hardware_concurrency(). No case runs more intra-op threads than this: ATen's OpenMP
+// threads spin at every parallel region's barrier, so threads beyond the cores (or a second thread
+// on a busy 2-core machine) wait out scheduler time slices at each of the thousands of calls here.
+int AvailableCores() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::min(cores, CPU_COUNT(&set));
+  return std::max(cores, 1);
+}
+
+// The tests that do not choose a thread count run with ATen's default capped at the cores.
+class CapThreadsAtCores : public ::testing::Environment {
+ public:
+  void SetUp() override { at::set_num_threads(std::min(at::get_num_threads(), AvailableCores())); }
+};
+::testing::Environment* const kCapThreads =
+    ::testing::AddGlobalTestEnvironment(new CapThreadsAtCores);
+
+// Parameter: the intra-op thread count of the kernel under test. Two threads prove that splitting
+// a tensor into chunks (sizes above the kernels' grain of 32768) gives the bits of one pass; the
+// case is skipped where fewer cores are available, rather than oversubscribing them. Inputs and
+// references are computed on one thread (ATen's elementwise ops give the same bits at any thread
+// count), so only the kernel under test pays for parallel regions: on a busy machine each region
+// waits for a descheduled thread, which made the 2-thread AdamW case 30x slower than 1 thread.
 class MuonElementwiseTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
+    threads_ = at::get_num_threads();  // TearDown restores it, also after a skip
     if (!AtenKernelsUseFma()) {
       GTEST_SKIP() << "ATen's kernels here do not use fma: MuonUpdate keeps ATen's ops";
     }
-    threads_ = at::get_num_threads();
-    at::set_num_threads(GetParam());
+    if (GetParam() > AvailableCores()) {
+      GTEST_SKIP() << GetParam() << " threads on " << AvailableCores()
+                   << " available core(s) would oversubscribe them";
+    }
+    at::set_num_threads(1);
   }
   void TearDown() override { at::set_num_threads(threads_); }
+
+  // Runs `kernel` on GetParam() intra-op threads, then returns to one.
+  template <typename Kernel>
+  void Threaded(Kernel kernel) {
+    at::set_num_threads(GetParam());
+    kernel();
+    at::set_num_threads(1);
+  }
 
  private:
   int threads_ = 1;
@@ -75,7 +116,8 @@ TEST_P(MuonElementwiseTest, MomentumMatchesAtenBitwise) {
               (nesterov ? at::lerp(grad, ref_m, mu) : ref_m).to(out, false, /*copy=*/true);
 
           ASSERT_TRUE(CanFuseMomentum(momentum, grad, mu)) << where;
-          const at::Tensor u = FusedMomentum(momentum, grad, mu, nesterov, out);
+          at::Tensor u;
+          Threaded([&] { u = FusedMomentum(momentum, grad, mu, nesterov, out); });
           EXPECT_TRUE(SameBits(momentum, ref_m)) << where;
           EXPECT_TRUE(SameBits(u, ref_u)) << where;
         }
@@ -100,7 +142,7 @@ TEST_P(MuonElementwiseTest, DecayAddMatchesAtenBitwise) {
           ref.add_(update, alpha);
 
           ASSERT_TRUE(CanFuseDecayAdd(param, update)) << where;
-          FusedDecayAdd(param, decay, update, alpha);
+          Threaded([&] { FusedDecayAdd(param, decay, update, alpha); });
           EXPECT_TRUE(SameBits(param, ref)) << where;
         }
       }
@@ -150,7 +192,7 @@ TEST_P(MuonElementwiseTest, AdamWMatchesAtenBitwise) {
               const at::Tensor rp = p.clone(), rm = m.clone(), rv = v.clone();
               AdamWReference(rp, g, rm, rv, s);
               ASSERT_TRUE(CanFuseAdamW(p, g, m, v, beta1)) << where;
-              FusedAdamW(p, g, m, v, s);
+              Threaded([&] { FusedAdamW(p, g, m, v, s); });
               EXPECT_TRUE(SameBits(m, rm)) << where;
               EXPECT_TRUE(SameBits(v, rv)) << where;
               EXPECT_TRUE(SameBits(p, rp)) << where;
