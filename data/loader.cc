@@ -46,20 +46,30 @@ uint32_t DataFingerprint(const TokenStream& tokens) {
   return crc;
 }
 
+// LoaderState::content_crc32c of `data`, when its file CRCs are known.
+std::optional<uint32_t> ContentCrc(const TokenDataset& data) {
+  if (!data.file_crc32c.has_value()) return std::nullopt;
+  const uint32_t crcs[2] = {*data.file_crc32c, data.index_crc32c.value_or(0)};
+  return Crc32c(crcs, sizeof(crcs));
+}
+
 }  // namespace
 
 std::string LoaderState::Serialize() const {
   return absl::StrCat("loader v2 step=", step, " seed=", seed, " seq_len=", seq_len,
                       " global_batch=", global_batch, " num_windows=", num_windows,
                       " shuffle=", shuffle ? 1 : 0,
-                      " data=", absl::Hex(data_fingerprint, absl::kZeroPad8));
+                      " data=", absl::Hex(data_fingerprint, absl::kZeroPad8),
+                      content_crc32c.has_value()
+                          ? absl::StrCat(" content=", absl::Hex(*content_crc32c, absl::kZeroPad8))
+                          : "");
 }
 
 absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ' ', absl::SkipEmpty());
-  if (parts.size() != 9 || parts[0] != "loader" || parts[1] != "v2") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("loader state: expected \"loader v2\" and 7 fields, got \"", text, "\""));
+  if ((parts.size() != 9 && parts.size() != 10) || parts[0] != "loader" || parts[1] != "v2") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loader state: expected \"loader v2\" and 7 or 8 fields, got \"", text, "\""));
   }
   LoaderState state;
   int64_t shuffle = 1;
@@ -73,6 +83,10 @@ absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
       ok = absl::SimpleAtoi(kv.second, &state.seed);
     } else if (kv.first == "data") {
       ok = kv.second.size() == 8 && absl::SimpleHexAtoi(kv.second, &state.data_fingerprint);
+    } else if (kv.first == "content" && i == 9) {
+      uint32_t crc = 0;
+      ok = kv.second.size() == 8 && absl::SimpleHexAtoi(kv.second, &crc);
+      state.content_crc32c = crc;
     } else {
       for (const auto& [name, target] : fields) {
         if (kv.first == name) ok = absl::SimpleAtoi(kv.second, target);
@@ -118,6 +132,7 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
   loader.global_batch_ = options.world_size * options.micro_batches * options.micro_batch_size;
   loader.num_windows_ = (n - 1) / options.seq_len;
   loader.data_fingerprint_ = DataFingerprint(loader.data_->tokens);
+  loader.content_crc32c_ = ContentCrc(*loader.data_);
   return loader;
 }
 
@@ -198,8 +213,8 @@ int64_t DataLoader::CountedTargets(int64_t step) const {
 std::vector<MicroBatch> DataLoader::Next() { return BatchAt(step_++); }
 
 LoaderState DataLoader::state() const {
-  return {step_,        options_.seed,    options_.seq_len, global_batch_,
-          num_windows_, options_.shuffle, data_fingerprint_};
+  return {step_,        options_.seed,    options_.seq_len,  global_batch_,
+          num_windows_, options_.shuffle, data_fingerprint_, content_crc32c_};
 }
 
 absl::Status DataLoader::Restore(const LoaderState& state) {
@@ -226,6 +241,12 @@ absl::Status DataLoader::Restore(const LoaderState& state) {
     return Mismatch("data fingerprint (another dataset of the same size?)",
                     absl::StrCat(absl::Hex(state.data_fingerprint, absl::kZeroPad8)),
                     absl::StrCat(absl::Hex(now.data_fingerprint, absl::kZeroPad8)));
+  }
+  if (state.content_crc32c.has_value() && now.content_crc32c.has_value() &&
+      *state.content_crc32c != *now.content_crc32c) {
+    return Mismatch("content CRC-32C (the data's files changed)",
+                    absl::StrCat(absl::Hex(*state.content_crc32c, absl::kZeroPad8)),
+                    absl::StrCat(absl::Hex(*now.content_crc32c, absl::kZeroPad8)));
   }
   step_ = state.step;
   return absl::OkStatus();

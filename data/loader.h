@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,9 +75,14 @@ struct LoaderState {
   // and last included): another dataset of the same size is caught at resume without reading all
   // of it.
   uint32_t data_fingerprint = 0;
+  // The whole data: CRC-32C of TokenDataset::file_crc32c and index_crc32c (every byte of the file
+  // or files the tokens came from, read at load anyway). Absent for data without file CRCs (the
+  // synthetic corpus, generated from the seed) and in states saved before it was recorded; it is
+  // compared only when both the saved state and the loader have one.
+  std::optional<uint32_t> content_crc32c;
 
   // "loader v2 step=12 seed=7 seq_len=64 global_batch=16 num_windows=1000 shuffle=1
-  // data=8c1d0a3f"
+  // data=8c1d0a3f content=5e2b0c11" (content= only when known)
   std::string Serialize() const;
   // Errors: kInvalidArgument naming the field that is missing or malformed.
   static absl::StatusOr<LoaderState> Parse(absl::string_view text);
@@ -104,8 +110,8 @@ class DataLoader {
   LoaderState state() const;
 
   // Continues from `state`. Errors: kFailedPrecondition when seed, seq_len, global batch, window
-  // count, shuffle or data fingerprint differ from this loader's ("loader resume: seq_len 32 in
-  // the saved state, 64 now"); kInvalidArgument for a negative step.
+  // count, shuffle, data fingerprint or content CRC differ from this loader's ("loader resume:
+  // seq_len 32 in the saved state, 64 now"); kInvalidArgument for a negative step.
   absl::Status Restore(const LoaderState& state);
 
   int64_t global_batch() const { return global_batch_; }
@@ -120,6 +126,7 @@ class DataLoader {
   int64_t global_batch_ = 0;
   int64_t num_windows_ = 0;
   uint32_t data_fingerprint_ = 0;
+  std::optional<uint32_t> content_crc32c_;
   int64_t step_ = 0;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> permutation_;  // of the cached epoch

@@ -4,9 +4,11 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
+#include "data/testing/dataset_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -190,6 +192,43 @@ TEST(DataLoader, ResumeOnOtherDataOfTheSameSizeIsRejected) {
                                  "size?)")));
   ASSERT_OK_AND_ASSIGN(DataLoader same, DataLoader::Create(Counting(500), Options(0, 2)));
   EXPECT_OK(same.Restore(saved.state()));
+}
+
+// Data read from a file carries its CRC-32C, so a one-token change anywhere (here between the
+// blocks the fingerprint samples) is refused at resume; a state saved without the CRC resumes on
+// the sampled fingerprint alone.
+TEST(DataLoader, ResumeCoversEveryByteOfAFile) {
+  const std::string path = testing::TempPath("loader_full.bin");
+  std::vector<uint16_t> tokens = testing::Ramp(200000, 50000);
+  const auto write = [&] {
+    std::string bytes;
+    for (uint16_t t : tokens) testing::Put<uint16_t>(&bytes, t);
+    testing::WriteFile(path, bytes);
+  };
+  write();
+  ASSERT_OK_AND_ASSIGN(TokenDataset original, LoadNanoGptFile(path));
+  ASSERT_OK_AND_ASSIGN(DataLoader saved, DataLoader::Create(
+                                             std::make_shared<TokenDataset>(original), Options(0, 1)));
+  saved.Next();
+  const LoaderState state = saved.state();
+  ASSERT_TRUE(state.content_crc32c.has_value());
+  EXPECT_THAT(state.Serialize(), HasSubstr(" content="));
+  ASSERT_OK_AND_ASSIGN(LoaderState parsed, LoaderState::Parse(state.Serialize()));
+  EXPECT_EQ(parsed.content_crc32c, state.content_crc32c);
+
+  tokens[2000] += 1;  // sampled blocks: [0, 1024), [3158, 4182), ...
+  write();
+  ASSERT_OK_AND_ASSIGN(TokenDataset changed, LoadNanoGptFile(path));
+  ASSERT_OK_AND_ASSIGN(DataLoader resumed, DataLoader::Create(
+                                               std::make_shared<TokenDataset>(changed), Options(0, 1)));
+  EXPECT_EQ(resumed.state().data_fingerprint, state.data_fingerprint);
+  EXPECT_THAT(resumed.Restore(parsed),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("loader resume: content CRC-32C (the data's files changed)")));
+  LoaderState old_format = parsed;
+  old_format.content_crc32c.reset();
+  EXPECT_THAT(old_format.Serialize(), ::testing::Not(HasSubstr("content")));
+  EXPECT_OK(resumed.Restore(old_format));
 }
 
 // Documents ending in EOD (0): segments and positions restart after each EOD, the target
