@@ -118,9 +118,14 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
     return absl::InvalidArgumentError(absl::StrCat("data loader: rank ", options.rank,
                                                    " is outside [0, ", options.world_size, ")"));
   }
-  if ((options.reset_at_eod || options.mask_eod_loss) && options.eod_token < 0) {
+  if (options.mask_eod_loss && options.eod_token < 0) {
     return absl::InvalidArgumentError(
-        "data loader: reset_at_eod and mask_eod_loss need an EOD token (eod_token >= 0)");
+        "data loader: mask_eod_loss needs an EOD token (eod_token >= 0)");
+  }
+  if (options.reset_at_documents && options.eod_token < 0 && data->document_ends.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data loader: reset_at_documents needs an EOD token (eod_token >= 0) or a document index; "
+        "dataset '", data->name, "' has neither"));
   }
   const int64_t n = data->tokens.size();
   if (n < options.seq_len + 1) {
@@ -158,6 +163,7 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
   const int64_t per_rank = options_.micro_batches * rows;
   const int64_t first = step * global_batch_ + options_.rank * per_rank;
   const int64_t eod = options_.eod_token;
+  const std::vector<int64_t>& ends = data_->document_ends;
   std::vector<int64_t> window_tokens(S + 1);
   std::vector<MicroBatch> batches(options_.micro_batches);
   for (int64_t m = 0; m < options_.micro_batches; ++m) {
@@ -166,7 +172,7 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
     b.cols = S;
     b.inputs.resize(rows * S);
     b.targets.resize(rows * S);
-    if (options_.reset_at_eod) {
+    if (options_.reset_at_documents) {
       b.segments.resize(rows * S);
       b.positions.resize(rows * S);
     }
@@ -174,17 +180,23 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
       const int64_t sample = first + m * rows + r;
       const int64_t window = WindowOf(sample);
       data_->tokens.CopyTo(window * S, S + 1, window_tokens.data());
+      // The first document end (token offset past a document's last token) after the window start.
+      auto index_end = std::upper_bound(ends.begin(), ends.end(), window * S);
       int64_t segment = 0, position = 0;
       for (int64_t t = 0; t < S; ++t) {
         const int64_t i = r * S + t;
         const bool at_eod = window_tokens[t] == eod && eod >= 0;
+        bool at_index_end = false;  // (an empty document repeats the end before it)
+        for (; index_end != ends.end() && *index_end <= window * S + t + 1; ++index_end) {
+          at_index_end = at_index_end || *index_end == window * S + t + 1;
+        }
         b.inputs[i] = window_tokens[t];
         b.targets[i] = at_eod && options_.mask_eod_loss ? kIgnoreTarget : window_tokens[t + 1];
         if (b.targets[i] != kIgnoreTarget) ++b.counted_targets;
-        if (options_.reset_at_eod) {
+        if (options_.reset_at_documents) {
           b.segments[i] = segment;
           b.positions[i] = position++;
-          if (at_eod) {  // the EOD ends its document; the next token starts one
+          if (at_eod || at_index_end) {  // the token ends its document; the next starts one
             ++segment;
             position = 0;
             if (t + 1 < S) b.has_boundaries = true;
