@@ -60,16 +60,18 @@ for split, pairs in (("train", 4000), ("val", 200)):
 bound = (K - 1) / K * math.log(M)
 
 
-def train(reset, eod=True, expect_line=None):
+def train(reset, eod=True, expect_line=None, extra=(), expect=0):
     suffix, documents = ("", ["--eod_token=0", "--eod_mask_loss"]) if eod else ("_noeod", [])
     args = [pretrain, "--nproc_per_node=1", "--model=tiny", f"--data=megatron:{work}/train{suffix}",
             f"--eval_data=megatron:{work}/val{suffix}", f"--vocab_size={M + 1}", *documents,
             f"--reset_attention_mask={'true' if reset else 'false'}",
             "--steps=600", "--global_batch=16", "--seq_len=64", "--eval_every=0",
-            "--eval_batches=4", "--optimizer=adamw", "--dist=replicated", "--lr=3e-3"]
+            "--eval_batches=4", "--optimizer=adamw", "--dist=replicated", "--lr=3e-3", *extra]
     result = subprocess.run(args, capture_output=True, text=True)
-    if result.returncode != 0:
+    if result.returncode != expect:
         sys.exit(f"FAIL: {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+    if expect != 0:
+        return result.stderr
     if expect_line is not None and expect_line not in result.stdout:
         sys.exit(f"FAIL: no '{expect_line}' in:\n{result.stdout}")
     return json.loads(result.stdout.strip().splitlines()[-1])["eval_loss"]
@@ -84,7 +86,8 @@ assert leaking <= 0.75 * bound, f"FAIL: the corpus did not leak without the mask
 print("PASS: attention stops at document boundaries")
 
 index_bound = (2 * K - 1) / (2 * K) * math.log(M)
-from_index = train(reset=True, eod=False,
+ckpt = os.path.join(work, "ckpt")
+from_index = train(reset=True, eod=False, extra=[f"--save_dir={ckpt}"],
                    expect_line="no end-of-document token; the .idx records 8000 documents: "
                                "attention and positions restart after each")
 index_leaking = train(reset=False, eod=False)
@@ -94,3 +97,6 @@ assert from_index >= 0.95 * index_bound, \
     f"FAIL: the run on the .idx's documents beat the information bound: {from_index} < {index_bound}"
 assert index_leaking <= 0.75 * index_bound, f"FAIL: the corpus did not leak without the mask: {index_leaking}"
 print("PASS: attention stops at the document boundaries a megatron-core .idx records")
+error = train(reset=False, eod=False, extra=[f"--save_dir={ckpt}", "--resume"], expect=2)
+assert "documents=index,reset" in error, error
+print("PASS: the checkpoint records the .idx's documents: a resume without them exits 2")

@@ -229,6 +229,8 @@ std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
   if (s.eod_token >= 0) {
     saved.documents = absl::StrCat("eod", s.eod_token, s.documents ? ",reset" : "",
                                    s.per_token_loss ? ",mask_loss" : "");
+  } else if (s.documents) {
+    saved.documents = "index,reset";
   }
   return model::FormatSavedModel(saved);
 }
