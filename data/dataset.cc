@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "data/prepared_dataset.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -125,15 +126,19 @@ void CopyAs(const char* p, int64_t count, int64_t* out) {
 }
 
 // Reads every token once (sequentially, then drops the pages from this process): sets
-// data->max_token, and fails on a negative id, naming the first.
+// data->max_token and data->file_crc32c (the stream is the whole file), and fails on a negative
+// id, naming the first.
 absl::Status ScanTokens(TokenDataset* data, absl::string_view where) {
   const TokenStream& tokens = data->tokens;
   tokens.Advise(TokenStream::Access::kSequential);
   constexpr int64_t kBlock = 1 << 16;
   std::vector<int64_t> block(kBlock);
   int64_t max_token = -1;
+  uint32_t crc = 0;
   for (int64_t start = 0; start < tokens.size(); start += kBlock) {
     const int64_t n = std::min(kBlock, tokens.size() - start);
+    const absl::string_view bytes = tokens.RawBytes(start, n);
+    crc = Crc32cExtend(crc, bytes.data(), bytes.size());
     tokens.CopyTo(start, n, block.data());
     tokens.Advise(TokenStream::Access::kDrop, start, n);  // keep the scan's resident set small
     for (int64_t i = 0; i < n; ++i) {
@@ -149,6 +154,7 @@ absl::Status ScanTokens(TokenDataset* data, absl::string_view where) {
         absl::StrCat(where, "token ", max_token, " does not fit a 32-bit token id"));
   }
   data->max_token = max_token;
+  data->file_crc32c = crc;
   tokens.Advise(TokenStream::Access::kRandom);  // training reads windows in shuffled order
   return absl::OkStatus();
 }
@@ -236,6 +242,10 @@ TokenStream TokenStream::Slice(int64_t start, int64_t count) const {
   view.data_ = data_ + start * element_size_;
   view.size_ = count;
   return view;
+}
+
+absl::string_view TokenStream::RawBytes(int64_t start, int64_t count) const {
+  return absl::string_view(data_ + start * element_size_, static_cast<size_t>(count * element_size_));
 }
 
 std::vector<int32_t> TokenStream::ToVector() const {
@@ -495,8 +505,40 @@ absl::StatusOr<TokenDataset> LoadMegatronDataset(const std::string& prefix) {
   ASSIGN_OR_RETURN(data.tokens, TokenStream::MapFile(bin_path, 0, n, TypeOfCode(index.dtype_code),
                                                      "megatron data"));
   RETURN_IF_ERROR(ScanTokens(&data, where));
+  data.index_crc32c = Crc32c(idx_bytes.data(), idx_bytes.size());
+  // Document d is sequences [document_index[d], document_index[d + 1]); its end is where the
+  // next sequence starts (pointers are contiguous, so in tokens: pointer / element size).
+  data.document_ends.reserve(index.document_index.size() - 1);
+  for (size_t d = 1; d < index.document_index.size(); ++d) {
+    const int64_t next_sequence = index.document_index[d];
+    const int64_t end_byte = next_sequence < static_cast<int64_t>(index.pointers.size())
+                                 ? index.pointers[next_sequence]
+                                 : index.bin_bytes();
+    data.document_ends.push_back(end_byte / index.element_size);
+  }
   return data;
 }
+
+namespace {
+
+// dataset.json's record of one split. Errors: kInvalidArgument for a negative count.
+absl::StatusOr<PreparedSplit> SplitOf(const PreparedDataset::Split& message, const std::string& dir,
+                                      absl::string_view where, absl::string_view name) {
+  PreparedSplit split;
+  split.prefix = absl::StrCat(dir, "/", message.prefix());
+  if (message.has_documents()) split.documents = message.documents();
+  if (message.has_tokens()) split.tokens = message.tokens();
+  if (message.has_bin_crc32c()) split.bin_crc32c = message.bin_crc32c();
+  if (message.has_idx_crc32c()) split.idx_crc32c = message.idx_crc32c();
+  if (split.documents.value_or(0) < 0 || split.tokens.value_or(0) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, name, ".documents ",
+                                                   message.documents(), " and ", name, ".tokens ",
+                                                   message.tokens(), ": expected counts >= 0"));
+  }
+  return split;
+}
+
+}  // namespace
 
 absl::StatusOr<PreparedInfo> ReadPreparedInfo(const std::string& dir) {
   const std::string path = dir + "/dataset.json";
@@ -530,12 +572,46 @@ absl::StatusOr<PreparedInfo> ReadPreparedInfo(const std::string& dir) {
   }
   PreparedInfo info;
   info.dir = dir;
+  info.json_path = path;
   info.vocab_size = message.vocab_size();
   info.eod_token = message.eod_token();
   info.tokenizer_path = absl::StrCat(dir, "/", message.tokenizer());
-  info.train_prefix = absl::StrCat(dir, "/", message.train().prefix());
-  if (message.has_val()) info.val_prefix = absl::StrCat(dir, "/", message.val().prefix());
+  ASSIGN_OR_RETURN(info.train, SplitOf(message.train(), dir, where, "train"));
+  if (message.has_val()) {
+    ASSIGN_OR_RETURN(info.val, SplitOf(message.val(), dir, where, "val"));
+  }
   return info;
+}
+
+absl::StatusOr<TokenDataset> LoadPreparedSplit(const PreparedInfo& info,
+                                               const PreparedSplit& split) {
+  ASSIGN_OR_RETURN(TokenDataset data, LoadMegatronDataset(split.prefix));
+  data.vocab_size = info.vocab_size;
+  data.eod_token = info.eod_token;
+  const auto differs = [&](absl::string_view file, absl::string_view has,
+                           absl::string_view recorded) {
+    return absl::DataLossError(absl::StrCat(
+        "prepared dataset '", split.prefix, file, "': ", has, ", '", info.json_path,
+        "' says ", recorded, ": the files were replaced or changed after tools/prepare_data.py "
+        "wrote them (prepare the data again)"));
+  };
+  const auto hex = [](uint32_t crc) { return absl::StrCat("0x", absl::Hex(crc, absl::kZeroPad8)); };
+  if (split.tokens.has_value() && *split.tokens != data.tokens.size()) {
+    return differs(".bin", absl::StrCat(data.tokens.size(), " tokens"), absl::StrCat(*split.tokens));
+  }
+  const int64_t documents = static_cast<int64_t>(data.document_ends.size());
+  if (split.documents.has_value() && *split.documents != documents) {
+    return differs(".idx", absl::StrCat(documents, " documents"), absl::StrCat(*split.documents));
+  }
+  if (split.idx_crc32c.has_value() && *split.idx_crc32c != *data.index_crc32c) {
+    return differs(".idx", absl::StrCat("CRC-32C ", hex(*data.index_crc32c)),
+                   hex(*split.idx_crc32c));
+  }
+  if (split.bin_crc32c.has_value() && *split.bin_crc32c != *data.file_crc32c) {
+    return differs(".bin", absl::StrCat("CRC-32C ", hex(*data.file_crc32c)),
+                   hex(*split.bin_crc32c));
+  }
+  return data;
 }
 
 namespace {
@@ -578,19 +654,17 @@ absl::StatusOr<TokenDataset> LoadDatasetSpec(absl::string_view spec, uint64_t se
   if (parts.kind == "megatron") return LoadMegatronDataset(parts.arg);
   if (parts.kind == "prepared") {
     ASSIGN_OR_RETURN(const PreparedInfo info, ReadPreparedInfo(parts.arg));
-    ASSIGN_OR_RETURN(TokenDataset data, LoadMegatronDataset(info.train_prefix));
-    data.vocab_size = info.vocab_size;
-    data.eod_token = info.eod_token;
-    return data;
+    return LoadPreparedSplit(info, info.train);
   }
   return BadSpec(spec);
 }
 
-absl::StatusOr<std::string> EvalSpecOf(absl::string_view spec) {
+absl::StatusOr<std::optional<TokenDataset>> LoadEvalSplitOf(absl::string_view spec) {
   const SpecParts parts = SplitSpec(spec);
-  if (parts.kind != "prepared" || parts.arg.empty()) return std::string();
+  if (parts.kind != "prepared" || parts.arg.empty()) return std::nullopt;
   ASSIGN_OR_RETURN(const PreparedInfo info, ReadPreparedInfo(parts.arg));
-  return info.val_prefix.empty() ? std::string() : absl::StrCat("megatron:", info.val_prefix);
+  if (!info.val.has_value()) return std::nullopt;
+  return LoadPreparedSplit(info, *info.val);
 }
 
 absl::StatusOr<TokenDataset> DescribeDatasetSpec(absl::string_view spec) {
@@ -633,9 +707,23 @@ absl::StatusOr<std::pair<TokenDataset, TokenDataset>> SplitTrainEval(const Token
   parts.first = data;
   parts.first.name = data.name + " (train)";
   parts.first.tokens = data.tokens.Slice(0, n - eval);
+  parts.first.document_ends.clear();
   parts.second = data;
   parts.second.name = data.name + " (eval)";
   parts.second.tokens = data.tokens.Slice(n - eval, eval);
+  parts.second.document_ends.clear();
+  // A document cut by the split ends at the cut in the train part.
+  for (int64_t end : data.document_ends) {
+    if (end <= n - eval) {
+      parts.first.document_ends.push_back(end);
+    } else {
+      parts.second.document_ends.push_back(end - (n - eval));
+    }
+  }
+  std::vector<int64_t>& train_ends = parts.first.document_ends;
+  if (!data.document_ends.empty() && (train_ends.empty() || train_ends.back() != n - eval)) {
+    train_ends.push_back(n - eval);
+  }
   return parts;
 }
 

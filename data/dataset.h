@@ -20,9 +20,13 @@
 //   The parser accepts only what Megatron writes: pointers contiguous from 0, document index
 //   non-decreasing from 0 to S, no trailing bytes, .bin exactly as long as the index says.
 //   prepared        a directory written by tools/prepare_data.py: `dataset.json` (vocabulary size,
-//                   EOD token, tokenizer file; PreparedDataset in prepared_dataset.proto),
-//                   `train.{bin,idx}` and `val.{bin,idx}` (Megatron, every document ending in EOD),
-//                   `tokenizer.json` (Hugging Face tokenizers).
+//                   EOD token, tokenizer file, each split's counts and CRC-32Cs; PreparedDataset in
+//                   prepared_dataset.proto), `train.{bin,idx}` and `val.{bin,idx}` (Megatron, every
+//                   document ending in EOD), `tokenizer.json` (Hugging Face tokenizers).
+//
+// Reading every token at load also gives the CRC-32C of every file's bytes (the .bin's, read anyway;
+// the .idx is read whole), which a prepared directory's splits are checked against and which the
+// loader's resume fingerprint covers.
 //
 // Every parser returns a Status naming the file and what was expected; none aborts on bad input.
 #ifndef ORTHOSHARD_DATA_DATASET_H_
@@ -30,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +69,9 @@ class TokenStream {
   TokenStream Slice(int64_t start, int64_t count) const;
   std::vector<int32_t> ToVector() const;  // for tests and small streams
   bool mapped() const { return mapped_; }
+  // Tokens [start, start + count) as stored: the file's bytes (its width and byte order), or the
+  // owned int32 ids.
+  absl::string_view RawBytes(int64_t start, int64_t count) const;
 
   // Tells the kernel how the mapped pages will be read (MADV_SEQUENTIAL / MADV_RANDOM) or that they
   // are not needed now (MADV_DONTNEED: a shared file mapping drops them from this process, the
@@ -89,6 +97,14 @@ struct TokenDataset {
   int64_t eod_token = -1;  // the end-of-document id ending every document; -1 when there is none
   TokenStream tokens;      // the flat stream
   int64_t max_token = -1;  // the largest id in `tokens` (every id is >= 0)
+  // Megatron: the token offset just past each document the .idx records (ascending, the last is
+  // tokens.size()); empty for formats without a document index.
+  std::vector<int64_t> document_ends;
+  // CRC-32C (common/crc32c.h) of the bytes of the file(s) the tokens came from: the whole token
+  // file (.bin, nanoGPT, text), and for Megatron data also the .idx. Absent for the synthetic
+  // corpus. A slice (SplitTrainEval) keeps its file's CRCs.
+  std::optional<uint32_t> file_crc32c;
+  std::optional<uint32_t> index_crc32c;
 };
 
 // ---- Synthetic corpus ----------------------------------------------------------------------------
@@ -151,35 +167,54 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view bytes, absl::
 // a .bin of the wrong size or a negative token.
 absl::StatusOr<TokenDataset> LoadMegatronDataset(const std::string& prefix);
 
+// One split of a prepared directory as dataset.json records it. The counts and CRCs are absent when
+// dataset.json lacks them (CRCs: directories prepared before tools/prepare_data.py recorded them).
+struct PreparedSplit {
+  std::string prefix;                   // dir/train
+  std::optional<int64_t> documents;     // documents the .idx holds
+  std::optional<int64_t> tokens;        // tokens the .bin holds
+  std::optional<uint32_t> bin_crc32c;   // CRC-32C of the .bin
+  std::optional<uint32_t> idx_crc32c;   // CRC-32C of the .idx
+};
+
 // What a prepared directory's dataset.json says.
 struct PreparedInfo {
   std::string dir;
+  std::string json_path;        // dir/dataset.json
   int64_t vocab_size = 0;
   int64_t eod_token = -1;
-  std::string tokenizer_path;  // dir/tokenizer.json
-  std::string train_prefix;    // dir/train
-  std::string val_prefix;      // dir/val, or "" when the directory has no validation split
+  std::string tokenizer_path;   // dir/tokenizer.json
+  PreparedSplit train;
+  std::optional<PreparedSplit> val;  // absent when the directory has no validation split
 };
 // Errors: kNotFound without DIR/dataset.json; kInvalidArgument for JSON that is not a
-// PreparedDataset of a known version, or whose vocabulary, EOD token or split names are invalid.
+// PreparedDataset of a known version, or whose vocabulary, EOD token, split names or counts are
+// invalid.
 absl::StatusOr<PreparedInfo> ReadPreparedInfo(const std::string& dir);
+
+// Loads one split of a prepared directory (LoadMegatronDataset) with the directory's vocabulary and
+// EOD token, and checks its files against dataset.json: token count, document count, the .idx's and
+// the .bin's CRC-32C, each that dataset.json records. The CRC costs nothing extra: every token is
+// read at load anyway. Errors: as LoadMegatronDataset; kDataLoss naming the file and what differs
+// ("prepared dataset 'd/train.bin': 4000 tokens, 'd/dataset.json' says 4800: ...").
+absl::StatusOr<TokenDataset> LoadPreparedSplit(const PreparedInfo& info, const PreparedSplit& split);
 
 // Loads a dataset from a one-string description, as a `--data` flag gives it:
 //   "synthetic" or "synthetic:<tokens>"  MakeSyntheticCorpus({seed, tokens}) (default 1M tokens)
 //   "text:<path>"                        LoadTextFile
 //   "nanogpt:<path>"                     LoadNanoGptFile
 //   "megatron:<prefix>"                  LoadMegatronDataset
-//   "prepared:<dir>"                     its train split, with the directory's vocab and EOD token
+//   "prepared:<dir>"                     LoadPreparedSplit of its train split
 // No vocabulary check here: the caller compares max_token with its model's vocabulary.
 // Errors: kInvalidArgument for an unknown kind or a bad token count ("data spec 'csv:x': expected
 // synthetic[:TOKENS], text:PATH, nanogpt:PATH, megatron:PREFIX or prepared:DIR"); otherwise as the
 // loader called.
 absl::StatusOr<TokenDataset> LoadDatasetSpec(absl::string_view spec, uint64_t seed);
 
-// The held-out split a spec brings along: "megatron:DIR/val" for a prepared directory with one,
-// "" otherwise (the caller then splits the training data, SplitTrainEval). Errors: as
-// ReadPreparedInfo for a prepared spec.
-absl::StatusOr<std::string> EvalSpecOf(absl::string_view spec);
+// The held-out split a spec's data brings along: a prepared directory's val split (LoadPreparedSplit),
+// or nullopt for other data and a prepared directory without one (the caller then splits the
+// training data, SplitTrainEval). Errors: as ReadPreparedInfo and LoadPreparedSplit.
+absl::StatusOr<std::optional<TokenDataset>> LoadEvalSplitOf(absl::string_view spec);
 
 // The vocabulary and EOD token a spec's data comes with, read without loading the tokens
 // (prepared: dataset.json; text and synthetic: 256 and none; others: 0 and none). Errors: as
@@ -191,8 +226,9 @@ absl::StatusOr<TokenDataset> DescribeDatasetSpec(absl::string_view spec);
 int64_t DatasetSpecResidentBytes(absl::string_view spec);
 
 // Splits off the last `eval_fraction` of the tokens (rounded up) as a held-out eval set; the rest is
-// the training set (both views of `data`'s tokens). Errors: kInvalidArgument for a fraction outside (0, 1) or when either part would
-// have fewer than `min_tokens` tokens.
+// the training set (both views of `data`'s tokens; document_ends cut and shifted to each part).
+// Errors: kInvalidArgument for a fraction outside (0, 1) or when either part would have fewer than
+// `min_tokens` tokens.
 absl::StatusOr<std::pair<TokenDataset, TokenDataset>> SplitTrainEval(const TokenDataset& data,
                                                                      double eval_fraction,
                                                                      int64_t min_tokens);

@@ -4,11 +4,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -20,6 +22,8 @@ namespace {
 using ::orthoshard::data::testing::MegatronIdx;
 using ::orthoshard::data::testing::Put;
 using ::orthoshard::data::testing::Ramp;
+using ::orthoshard::data::testing::ReadFile;
+using ::orthoshard::data::testing::RecordPreparedChecks;
 using ::orthoshard::data::testing::TempPath;
 using ::orthoshard::data::testing::WriteFile;
 using ::orthoshard::data::testing::WritePrepared;
@@ -280,6 +284,17 @@ TEST(LoadDatasetSpec, EveryKind) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
 }
 
+TEST(SplitTrainEval, DocumentEndsFollowTheParts) {
+  TokenDataset data{"d", 10, -1, TokenStream({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), 9};
+  data.document_ends = {2, 5, 7, 10};
+  ASSERT_OK_AND_ASSIGN(auto parts, SplitTrainEval(data, 0.25, 2));  // 7 + 3 tokens
+  EXPECT_THAT(parts.first.document_ends, ElementsAre(2, 5, 7));
+  EXPECT_THAT(parts.second.document_ends, ElementsAre(3));
+  ASSERT_OK_AND_ASSIGN(parts, SplitTrainEval(data, 0.35, 2));  // 6 + 4: a document is cut
+  EXPECT_THAT(parts.first.document_ends, ElementsAre(2, 5, 6));
+  EXPECT_THAT(parts.second.document_ends, ElementsAre(1, 4));
+}
+
 TEST(SplitTrainEval, TailIsHeldOut) {
   TokenDataset data{"d", 10, -1, TokenStream({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), 9};
   ASSERT_OK_AND_ASSIGN(auto parts, SplitTrainEval(data, 0.25, 2));
@@ -305,11 +320,88 @@ TEST(Prepared, VocabularyEodAndValSplitComeFromTheDirectory) {
   EXPECT_EQ(data.eod_token, 299);
   EXPECT_EQ(data.tokens.size(), 200);
   EXPECT_TRUE(data.tokens.mapped());
-  ASSERT_OK_AND_ASSIGN(std::string eval, EvalSpecOf("prepared:" + dir));
-  EXPECT_EQ(eval, "megatron:" + dir + "/val");
-  ASSERT_OK_AND_ASSIGN(std::string none, EvalSpecOf("megatron:" + dir + "/train"));
-  EXPECT_EQ(none, "");
+  ASSERT_OK_AND_ASSIGN(std::optional<TokenDataset> eval, LoadEvalSplitOf("prepared:" + dir));
+  ASSERT_TRUE(eval.has_value());
+  EXPECT_EQ(eval->name, dir + "/val");
+  EXPECT_EQ(eval->tokens.size(), 80);
+  EXPECT_EQ(eval->eod_token, 299);
+  ASSERT_OK_AND_ASSIGN(std::optional<TokenDataset> none,
+                       LoadEvalSplitOf("megatron:" + dir + "/train"));
+  EXPECT_FALSE(none.has_value());
+}
 
+TEST(Prepared, FilesAreCheckedAgainstDatasetJson) {
+  const std::string dir = TempPath("prepared_checked");
+  WritePrepared(dir, 300, 299, Ramp(200, 300), Ramp(80, 300));
+  // Without counts and CRCs (an older dataset.json, or one written by hand): loads unchecked.
+  ASSERT_OK(LoadDatasetSpec("prepared:" + dir, 0).status());
+  RecordPreparedChecks(dir, 300, 299);
+  ASSERT_OK_AND_ASSIGN(TokenDataset train, LoadDatasetSpec("prepared:" + dir, 0));
+  ASSERT_OK_AND_ASSIGN(std::optional<TokenDataset> val, LoadEvalSplitOf("prepared:" + dir));
+  ASSERT_TRUE(val.has_value());
+
+  // The train files replaced by the val files: the token count differs.
+  const std::string train_bin = ReadFile(dir + "/train.bin"), train_idx = ReadFile(dir + "/train.idx");
+  WriteFile(dir + "/train.bin", ReadFile(dir + "/val.bin"));
+  WriteFile(dir + "/train.idx", ReadFile(dir + "/val.idx"));
+  EXPECT_THAT(LoadDatasetSpec("prepared:" + dir, 0),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("prepared dataset '", dir, "/train.bin': 80 tokens, '",
+                                              dir, "/dataset.json' says 200: the files were "
+                                              "replaced or changed"))));
+
+  // One byte of the .bin changed between the loader's sampled blocks: the CRC differs.
+  std::string changed = train_bin;
+  changed[2 * 150] ^= 0x01;
+  WriteFile(dir + "/train.bin", changed);
+  WriteFile(dir + "/train.idx", train_idx);
+  EXPECT_THAT(LoadDatasetSpec("prepared:" + dir, 0),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("'", dir, "/train.bin': CRC-32C 0x"))));
+
+  // Two sequences instead of one over the same tokens: the document count differs.
+  WriteFile(dir + "/train.bin", train_bin);
+  WriteFile(dir + "/train.idx", MegatronIdx(8, 2, {100, 100}, {0, 1, 2}));
+  EXPECT_THAT(LoadDatasetSpec("prepared:" + dir, 0),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("'", dir, "/train.idx': 2 documents, '", dir,
+                                              "/dataset.json' says 1"))));
+  // The same document count, other sequence lengths: the .idx's CRC differs.
+  WriteFile(dir + "/train.idx", MegatronIdx(8, 2, {100, 100}, {0, 2}));
+  EXPECT_THAT(LoadDatasetSpec("prepared:" + dir, 0),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("'", dir, "/train.idx': CRC-32C 0x"))));
+
+  // The val split is checked as well.
+  WriteFile(dir + "/train.idx", train_idx);
+  WriteFile(dir + "/val.bin", ReadFile(dir + "/val.bin").substr(0, 120));
+  WriteFile(dir + "/val.idx", MegatronIdx(8, 2, {60}, {0, 1}));
+  ASSERT_OK(LoadDatasetSpec("prepared:" + dir, 0).status());
+  EXPECT_THAT(LoadEvalSplitOf("prepared:" + dir),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("/val.bin': 60 tokens")));
+}
+
+TEST(FileCrc, EveryFileFormCarriesTheCrcOfItsBytes) {
+  const std::string text = TempPath("crc.txt");
+  WriteFile(text, "hello crc");
+  ASSERT_OK_AND_ASSIGN(TokenDataset t, LoadTextFile(text));
+  EXPECT_EQ(t.file_crc32c, Crc32c("hello crc", 9));
+  EXPECT_FALSE(t.index_crc32c.has_value());
+  EXPECT_TRUE(t.document_ends.empty());
+
+  const std::string prefix = TempPath("crc_mega");
+  const std::string idx = MegatronIdx(4, 4, {2, 1, 3}, {0, 2, 3});
+  std::string bin;
+  for (int32_t v : {10, 11, 20, 30, 31, 32}) Put<int32_t>(&bin, v);
+  WriteFile(prefix + ".idx", idx);
+  WriteFile(prefix + ".bin", bin);
+  ASSERT_OK_AND_ASSIGN(TokenDataset m, LoadMegatronDataset(prefix));
+  EXPECT_EQ(m.file_crc32c, Crc32c(bin.data(), bin.size()));
+  EXPECT_EQ(m.index_crc32c, Crc32c(idx.data(), idx.size()));
+  EXPECT_THAT(m.document_ends, ElementsAre(3, 6));  // documents: sequences {0, 1} and {2}
+
+  ASSERT_OK_AND_ASSIGN(SyntheticCorpus synthetic, MakeSyntheticCorpus({1, 1000}));
+  EXPECT_FALSE(synthetic.data.file_crc32c.has_value());
 }
 
 

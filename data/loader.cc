@@ -46,20 +46,30 @@ uint32_t DataFingerprint(const TokenStream& tokens) {
   return crc;
 }
 
+// LoaderState::content_crc32c of `data`, when its file CRCs are known.
+std::optional<uint32_t> ContentCrc(const TokenDataset& data) {
+  if (!data.file_crc32c.has_value()) return std::nullopt;
+  const uint32_t crcs[2] = {*data.file_crc32c, data.index_crc32c.value_or(0)};
+  return Crc32c(crcs, sizeof(crcs));
+}
+
 }  // namespace
 
 std::string LoaderState::Serialize() const {
   return absl::StrCat("loader v2 step=", step, " seed=", seed, " seq_len=", seq_len,
                       " global_batch=", global_batch, " num_windows=", num_windows,
                       " shuffle=", shuffle ? 1 : 0,
-                      " data=", absl::Hex(data_fingerprint, absl::kZeroPad8));
+                      " data=", absl::Hex(data_fingerprint, absl::kZeroPad8),
+                      content_crc32c.has_value()
+                          ? absl::StrCat(" content=", absl::Hex(*content_crc32c, absl::kZeroPad8))
+                          : "");
 }
 
 absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ' ', absl::SkipEmpty());
-  if (parts.size() != 9 || parts[0] != "loader" || parts[1] != "v2") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("loader state: expected \"loader v2\" and 7 fields, got \"", text, "\""));
+  if ((parts.size() != 9 && parts.size() != 10) || parts[0] != "loader" || parts[1] != "v2") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loader state: expected \"loader v2\" and 7 or 8 fields, got \"", text, "\""));
   }
   LoaderState state;
   int64_t shuffle = 1;
@@ -73,6 +83,10 @@ absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
       ok = absl::SimpleAtoi(kv.second, &state.seed);
     } else if (kv.first == "data") {
       ok = kv.second.size() == 8 && absl::SimpleHexAtoi(kv.second, &state.data_fingerprint);
+    } else if (kv.first == "content" && i == 9) {
+      uint32_t crc = 0;
+      ok = kv.second.size() == 8 && absl::SimpleHexAtoi(kv.second, &crc);
+      state.content_crc32c = crc;
     } else {
       for (const auto& [name, target] : fields) {
         if (kv.first == name) ok = absl::SimpleAtoi(kv.second, target);
@@ -104,9 +118,14 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
     return absl::InvalidArgumentError(absl::StrCat("data loader: rank ", options.rank,
                                                    " is outside [0, ", options.world_size, ")"));
   }
-  if ((options.reset_at_eod || options.mask_eod_loss) && options.eod_token < 0) {
+  if (options.mask_eod_loss && options.eod_token < 0) {
     return absl::InvalidArgumentError(
-        "data loader: reset_at_eod and mask_eod_loss need an EOD token (eod_token >= 0)");
+        "data loader: mask_eod_loss needs an EOD token (eod_token >= 0)");
+  }
+  if (options.reset_at_documents && options.eod_token < 0 && data->document_ends.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data loader: reset_at_documents needs an EOD token (eod_token >= 0) or a document index; "
+        "dataset '", data->name, "' has neither"));
   }
   const int64_t n = data->tokens.size();
   if (n < options.seq_len + 1) {
@@ -118,6 +137,7 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
   loader.global_batch_ = options.world_size * options.micro_batches * options.micro_batch_size;
   loader.num_windows_ = (n - 1) / options.seq_len;
   loader.data_fingerprint_ = DataFingerprint(loader.data_->tokens);
+  loader.content_crc32c_ = ContentCrc(*loader.data_);
   return loader;
 }
 
@@ -143,6 +163,7 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
   const int64_t per_rank = options_.micro_batches * rows;
   const int64_t first = step * global_batch_ + options_.rank * per_rank;
   const int64_t eod = options_.eod_token;
+  const std::vector<int64_t>& ends = data_->document_ends;
   std::vector<int64_t> window_tokens(S + 1);
   std::vector<MicroBatch> batches(options_.micro_batches);
   for (int64_t m = 0; m < options_.micro_batches; ++m) {
@@ -151,7 +172,7 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
     b.cols = S;
     b.inputs.resize(rows * S);
     b.targets.resize(rows * S);
-    if (options_.reset_at_eod) {
+    if (options_.reset_at_documents) {
       b.segments.resize(rows * S);
       b.positions.resize(rows * S);
     }
@@ -159,17 +180,23 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
       const int64_t sample = first + m * rows + r;
       const int64_t window = WindowOf(sample);
       data_->tokens.CopyTo(window * S, S + 1, window_tokens.data());
+      // The first document end (token offset past a document's last token) after the window start.
+      auto index_end = std::upper_bound(ends.begin(), ends.end(), window * S);
       int64_t segment = 0, position = 0;
       for (int64_t t = 0; t < S; ++t) {
         const int64_t i = r * S + t;
         const bool at_eod = window_tokens[t] == eod && eod >= 0;
+        bool at_index_end = false;  // (an empty document repeats the end before it)
+        for (; index_end != ends.end() && *index_end <= window * S + t + 1; ++index_end) {
+          at_index_end = at_index_end || *index_end == window * S + t + 1;
+        }
         b.inputs[i] = window_tokens[t];
         b.targets[i] = at_eod && options_.mask_eod_loss ? kIgnoreTarget : window_tokens[t + 1];
         if (b.targets[i] != kIgnoreTarget) ++b.counted_targets;
-        if (options_.reset_at_eod) {
+        if (options_.reset_at_documents) {
           b.segments[i] = segment;
           b.positions[i] = position++;
-          if (at_eod) {  // the EOD ends its document; the next token starts one
+          if (at_eod || at_index_end) {  // the token ends its document; the next starts one
             ++segment;
             position = 0;
             if (t + 1 < S) b.has_boundaries = true;
@@ -198,8 +225,8 @@ int64_t DataLoader::CountedTargets(int64_t step) const {
 std::vector<MicroBatch> DataLoader::Next() { return BatchAt(step_++); }
 
 LoaderState DataLoader::state() const {
-  return {step_,        options_.seed,    options_.seq_len, global_batch_,
-          num_windows_, options_.shuffle, data_fingerprint_};
+  return {step_,        options_.seed,    options_.seq_len,  global_batch_,
+          num_windows_, options_.shuffle, data_fingerprint_, content_crc32c_};
 }
 
 absl::Status DataLoader::Restore(const LoaderState& state) {
@@ -226,6 +253,12 @@ absl::Status DataLoader::Restore(const LoaderState& state) {
     return Mismatch("data fingerprint (another dataset of the same size?)",
                     absl::StrCat(absl::Hex(state.data_fingerprint, absl::kZeroPad8)),
                     absl::StrCat(absl::Hex(now.data_fingerprint, absl::kZeroPad8)));
+  }
+  if (state.content_crc32c.has_value() && now.content_crc32c.has_value() &&
+      *state.content_crc32c != *now.content_crc32c) {
+    return Mismatch("content CRC-32C (the data's files changed)",
+                    absl::StrCat(absl::Hex(*state.content_crc32c, absl::kZeroPad8)),
+                    absl::StrCat(absl::Hex(*now.content_crc32c, absl::kZeroPad8)));
   }
   step_ = state.step;
   return absl::OkStatus();

@@ -8,10 +8,12 @@
 // cut into `micro_batches` micro-batches. So the ranks' slices are disjoint, their union is the
 // global batch, and every rank computes it from (seed, step) alone: no communication.
 //
-// Documents: when the data ends its documents with an EOD token, a window may hold the end of one
-// document and the start of the next. With `reset_at_eod` each row also carries its documents
-// (segment ids, +1 after every EOD input, and each token's position inside its document), from
-// which the model restricts attention to the token's own document (Megatron-LM's
+// Documents: a window may hold the end of one document and the start of the next. A document ends
+// at an EOD token (the data ends its documents with one) and where the dataset's document index
+// says (TokenDataset::document_ends, a Megatron .idx's documents; the two agree for data written
+// with an EOD per document). With `reset_at_documents` each row also carries its documents
+// (segment ids, +1 after every document's last token, and each token's position inside its
+// document), from which the model restricts attention to the token's own document (Megatron-LM's
 // reset_attention_mask and reset_position_ids); the EOD belongs to the document it ends. With
 // `mask_eod_loss` the target predicted from an EOD input (the next document's first token, which
 // that position cannot see) is kIgnoreTarget (Megatron's eod_mask_loss).
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +42,9 @@ struct LoaderOptions {
   uint64_t seed = 0;              // permutation seed; must match on every rank
   bool shuffle = true;            // false: windows in order (eval)
   int64_t eod_token = -1;         // >= 0: every document ends with this id
-  bool reset_at_eod = false;      // MicroBatch::segments/positions (needs eod_token)
+  // MicroBatch::segments/positions, at EOD tokens and the dataset's document_ends (needs
+  // eod_token >= 0 or more than one document end).
+  bool reset_at_documents = false;
   bool mask_eod_loss = false;     // targets after an EOD input are kIgnoreTarget (needs eod_token)
 };
 
@@ -54,11 +59,12 @@ struct MicroBatch {
   std::vector<int64_t> targets;     // [rows * cols], inputs shifted by one token
   std::vector<int64_t> sample_ids;  // [rows] global sample indices (step * G + j)
   std::vector<int64_t> windows;     // [rows] dataset window of each row
-  // LoaderOptions::reset_at_eod: [rows * cols] document of each token within its row (0, 1, ...)
+  // LoaderOptions::reset_at_documents: [rows * cols] document of each token within its row (0, 1, ...)
   // and its position inside that document; empty otherwise.
   std::vector<int64_t> segments;
   std::vector<int64_t> positions;
-  bool has_boundaries = false;      // a row has an EOD before its last token (else: plain causal)
+  bool has_boundaries = false;      // a row has a document end before its last token (else: plain
+                                    // causal)
   int64_t counted_targets = 0;      // targets that are not kIgnoreTarget
 };
 
@@ -74,9 +80,14 @@ struct LoaderState {
   // and last included): another dataset of the same size is caught at resume without reading all
   // of it.
   uint32_t data_fingerprint = 0;
+  // The whole data: CRC-32C of TokenDataset::file_crc32c and index_crc32c (every byte of the file
+  // or files the tokens came from, read at load anyway). Absent for data without file CRCs (the
+  // synthetic corpus, generated from the seed) and in states saved before it was recorded; it is
+  // compared only when both the saved state and the loader have one.
+  std::optional<uint32_t> content_crc32c;
 
   // "loader v2 step=12 seed=7 seq_len=64 global_batch=16 num_windows=1000 shuffle=1
-  // data=8c1d0a3f"
+  // data=8c1d0a3f content=5e2b0c11" (content= only when known)
   std::string Serialize() const;
   // Errors: kInvalidArgument naming the field that is missing or malformed.
   static absl::StatusOr<LoaderState> Parse(absl::string_view text);
@@ -85,8 +96,9 @@ struct LoaderState {
 class DataLoader {
  public:
   // `data` is shared, not copied. Errors: kInvalidArgument for non-positive sizes, a rank outside
-  // [0, world_size), or a dataset too short for one window ("dataset 'x' has 10 tokens, seq_len 64
-  // needs at least 65").
+  // [0, world_size), reset_at_documents without an EOD token or a document index,
+  // mask_eod_loss without an EOD token, or a dataset too short for one window ("dataset 'x' has
+  // 10 tokens, seq_len 64 needs at least 65").
   static absl::StatusOr<DataLoader> Create(std::shared_ptr<const TokenDataset> data,
                                            const LoaderOptions& options);
 
@@ -104,8 +116,8 @@ class DataLoader {
   LoaderState state() const;
 
   // Continues from `state`. Errors: kFailedPrecondition when seed, seq_len, global batch, window
-  // count, shuffle or data fingerprint differ from this loader's ("loader resume: seq_len 32 in
-  // the saved state, 64 now"); kInvalidArgument for a negative step.
+  // count, shuffle, data fingerprint or content CRC differ from this loader's ("loader resume:
+  // seq_len 32 in the saved state, 64 now"); kInvalidArgument for a negative step.
   absl::Status Restore(const LoaderState& state);
 
   int64_t global_batch() const { return global_batch_; }
@@ -120,6 +132,7 @@ class DataLoader {
   int64_t global_batch_ = 0;
   int64_t num_windows_ = 0;
   uint32_t data_fingerprint_ = 0;
+  std::optional<uint32_t> content_crc32c_;
   int64_t step_ = 0;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> permutation_;  // of the cached epoch

@@ -4,9 +4,11 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
+#include "data/testing/dataset_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -192,6 +194,43 @@ TEST(DataLoader, ResumeOnOtherDataOfTheSameSizeIsRejected) {
   EXPECT_OK(same.Restore(saved.state()));
 }
 
+// Data read from a file carries its CRC-32C, so a one-token change anywhere (here between the
+// blocks the fingerprint samples) is refused at resume; a state saved without the CRC resumes on
+// the sampled fingerprint alone.
+TEST(DataLoader, ResumeCoversEveryByteOfAFile) {
+  const std::string path = testing::TempPath("loader_full.bin");
+  std::vector<uint16_t> tokens = testing::Ramp(200000, 50000);
+  const auto write = [&] {
+    std::string bytes;
+    for (uint16_t t : tokens) testing::Put<uint16_t>(&bytes, t);
+    testing::WriteFile(path, bytes);
+  };
+  write();
+  ASSERT_OK_AND_ASSIGN(TokenDataset original, LoadNanoGptFile(path));
+  ASSERT_OK_AND_ASSIGN(DataLoader saved, DataLoader::Create(
+                                             std::make_shared<TokenDataset>(original), Options(0, 1)));
+  saved.Next();
+  const LoaderState state = saved.state();
+  ASSERT_TRUE(state.content_crc32c.has_value());
+  EXPECT_THAT(state.Serialize(), HasSubstr(" content="));
+  ASSERT_OK_AND_ASSIGN(LoaderState parsed, LoaderState::Parse(state.Serialize()));
+  EXPECT_EQ(parsed.content_crc32c, state.content_crc32c);
+
+  tokens[2000] += 1;  // sampled blocks: [0, 1024), [3158, 4182), ...
+  write();
+  ASSERT_OK_AND_ASSIGN(TokenDataset changed, LoadNanoGptFile(path));
+  ASSERT_OK_AND_ASSIGN(DataLoader resumed, DataLoader::Create(
+                                               std::make_shared<TokenDataset>(changed), Options(0, 1)));
+  EXPECT_EQ(resumed.state().data_fingerprint, state.data_fingerprint);
+  EXPECT_THAT(resumed.Restore(parsed),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("loader resume: content CRC-32C (the data's files changed)")));
+  LoaderState old_format = parsed;
+  old_format.content_crc32c.reset();
+  EXPECT_THAT(old_format.Serialize(), ::testing::Not(HasSubstr("content")));
+  EXPECT_OK(resumed.Restore(old_format));
+}
+
 // Documents ending in EOD (0): segments and positions restart after each EOD, the target
 // predicted from an EOD is ignored with mask_eod_loss, and CountedTargets is the sum of every
 // rank's counted targets.
@@ -215,7 +254,7 @@ TEST(DataLoader, DocumentsAndEodLossMask) {
   o.micro_batches = 2;
   o.shuffle = false;
   o.eod_token = 0;
-  o.reset_at_eod = true;
+  o.reset_at_documents = true;
   o.mask_eod_loss = true;
   ASSERT_OK_AND_ASSIGN(DataLoader loader, DataLoader::Create(data, o));
   const std::vector<MicroBatch> batches = loader.BatchAt(0);
@@ -252,14 +291,61 @@ TEST(DataLoader, DocumentsAndEodLossMask) {
   EXPECT_EQ(over_ranks, counted);
   // Without the loss mask every target counts; without reset no segments are given.
   o.mask_eod_loss = false;
-  o.reset_at_eod = false;
+  o.reset_at_documents = false;
   ASSERT_OK_AND_ASSIGN(DataLoader plain, DataLoader::Create(data, o));
   EXPECT_EQ(plain.CountedTargets(0), 4 * 8);
   EXPECT_TRUE(plain.BatchAt(0)[0].segments.empty());
   o.eod_token = -1;
   o.mask_eod_loss = true;
   EXPECT_THAT(DataLoader::Create(data, o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need an EOD token")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("mask_eod_loss needs an EOD token")));
+}
+
+// Documents from the dataset's index (a Megatron .idx) without EOD tokens: segments and positions
+// restart at each document end, also at a window's first and last token; CountedTargets counts all.
+TEST(DataLoader, DocumentsFromTheIndex) {
+  auto data = std::make_shared<TokenDataset>();
+  data->name = "indexed";
+  std::vector<int32_t> tokens(33);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  data->tokens = TokenStream(tokens);
+  data->max_token = 33;
+  data->document_ends = {3, 4, 8, 16, 17, 33};  // documents [0,3) [3,4) [4,8) [8,16) [16,17) [17,33)
+  LoaderOptions o;
+  o.seq_len = 8;
+  o.micro_batch_size = 4;
+  o.shuffle = false;
+  o.reset_at_documents = true;
+  ASSERT_OK_AND_ASSIGN(DataLoader loader, DataLoader::Create(data, o));
+  const MicroBatch b = loader.BatchAt(0)[0];
+  ASSERT_EQ(b.rows, 4);
+  // Window 0: tokens 0..7 (ends after 2, 3, 7); window 1: 8..15 (ends after 15); window 2: 16..23
+  // (ends after 16); window 3: 24..31 (none).
+  EXPECT_THAT(std::vector<int64_t>(b.segments.begin(), b.segments.end()),
+              ElementsAre(0, 0, 0, 1, 2, 2, 2, 2,  //
+                          0, 0, 0, 0, 0, 0, 0, 0,  //
+                          0, 1, 1, 1, 1, 1, 1, 1,  //
+                          0, 0, 0, 0, 0, 0, 0, 0));
+  EXPECT_THAT(std::vector<int64_t>(b.positions.begin(), b.positions.end()),
+              ElementsAre(0, 1, 2, 0, 0, 1, 2, 3,  //
+                          0, 1, 2, 3, 4, 5, 6, 7,  //
+                          0, 0, 1, 2, 3, 4, 5, 6,  //
+                          0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_TRUE(b.has_boundaries);
+  EXPECT_EQ(b.counted_targets, 32);
+  EXPECT_EQ(loader.CountedTargets(0), 32);
+
+  // Without reset_at_documents the rows carry no documents; without an index or EOD it is refused.
+  o.reset_at_documents = false;
+  ASSERT_OK_AND_ASSIGN(DataLoader plain, DataLoader::Create(data, o));
+  EXPECT_TRUE(plain.BatchAt(0)[0].segments.empty());
+  o.reset_at_documents = true;
+  data->document_ends = {33};
+  EXPECT_THAT(DataLoader::Create(data, o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("reset_at_documents needs an EOD token (eod_token >= 0) or a "
+                                 "document index; dataset 'indexed' has neither")));
 }
 
 TEST(DataLoader, CreateErrors) {

@@ -88,6 +88,11 @@ TEST(LlamaExportMapping, TiedHasNoHeadAndBadTokenizerIsNamed) {
                        ParseSavedModel("model=tiny seq_len=64 documents=eod0,reset,mask_loss"));
   EXPECT_EQ(documents.documents, "eod0,reset,mask_loss");
   EXPECT_EQ(FormatSavedModel(documents), "model=tiny seq_len=64 documents=eod0,reset,mask_loss");
+  ASSERT_OK_AND_ASSIGN(SavedModel indexed, ParseSavedModel("model=tiny seq_len=64 documents=index,reset"));
+  EXPECT_EQ(indexed.documents, "index,reset");
+  EXPECT_EQ(FormatSavedModel(indexed), "model=tiny seq_len=64 documents=index,reset");
+  EXPECT_THAT(ParseSavedModel("model=tiny seq_len=64 documents=index"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("documents=index")));
   EXPECT_THAT(ParseSavedModel("model=tiny"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected model=<preset>")));
   EXPECT_THAT(ParseSavedModel("model=tiny seq_len=64 colour=red"),

@@ -218,11 +218,14 @@ absl::Status BuildLoaders(const TrainerConfig& c, const TrainingData& data, Setu
   lo.world_size = dp.size();
   lo.seed = c.seed;
   lo.eod_token = data.eod_token;
-  lo.reset_at_eod = s.documents;
+  lo.reset_at_documents = s.documents;
   lo.mask_eod_loss = c.eod_mask_loss;
   ASSIGN_OR_RETURN(data::DataLoader train, data::DataLoader::Create(data.train, lo));
   lo.micro_batches = c.eval_batches;
   lo.shuffle = false;
+  // An eval set without an EOD token may record no documents of its own (one stream).
+  lo.reset_at_documents =
+      s.documents && (data.eod_token >= 0 || data.eval->document_ends.size() > 1);
   ASSIGN_OR_RETURN(data::DataLoader eval, data::DataLoader::Create(data.eval, lo));
   s.train = std::make_unique<data::DataLoader>(std::move(train));
   s.eval = std::make_unique<data::DataLoader>(std::move(eval));
@@ -265,7 +268,8 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   s.vocab_source = data.model.vocab_source;
   s.eval_source = data.eval_source;
   s.eod_token = data.eod_token;
-  s.documents = c.reset_attention_mask && data.eod_token >= 0;
+  s.index_documents = static_cast<int64_t>(data.train->document_ends.size());
+  s.documents = c.reset_attention_mask && (data.eod_token >= 0 || s.index_documents > 1);
   s.per_token_loss = c.eod_mask_loss;
   RETURN_IF_ERROR(BuildLoaders(c, data, s));
   // Built without values; BuildDataParallel writes them (drawn from the seed on the CPU, so every

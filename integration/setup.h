@@ -33,7 +33,10 @@ struct Setup {
   int64_t train_tokens = 0, eval_tokens = 0;
   std::string vocab_source, eval_source;
   int64_t eod_token = -1;
-  bool documents = false;       // rows carry their documents (attention stops at EOD)
+  // Documents the train data's index records (a Megatron .idx; 0 for other forms).
+  int64_t index_documents = 0;
+  // Rows carry their documents (attention stops at each EOD and each document end of the index).
+  bool documents = false;
   bool per_token_loss = false;  // --eod_mask_loss: the step's loss is a mean over counted targets
   DistMode mode = DistMode::kReplicated;
   // The ranks' named groups over the world communicator. Today's grid is 1-D (dp = world size), so

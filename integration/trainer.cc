@@ -229,9 +229,28 @@ std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
   if (s.eod_token >= 0) {
     saved.documents = absl::StrCat("eod", s.eod_token, s.documents ? ",reset" : "",
                                    s.per_token_loss ? ",mask_loss" : "");
+  } else if (s.documents) {
+    saved.documents = "index,reset";
   }
   return model::FormatSavedModel(saved);
 }
+
+// The startup line's account of documents.
+std::string DocumentsSummary(const Setup& s) {
+  const std::string how =
+      s.documents ? ": attention and positions restart after each"
+                  : ": attention crosses documents (--reset_attention_mask=false)";
+  if (s.eod_token >= 0) {
+    return absl::StrCat("documents end with token ", s.eod_token, how,
+                        s.per_token_loss ? ", loss after EOD masked" : "");
+  }
+  if (s.index_documents > 1) {
+    return absl::StrCat("no end-of-document token; the .idx records ", s.index_documents,
+                        " documents", how);
+  }
+  return "no end-of-document token: the data is one stream";
+}
+
 std::string OptimizerConfigString(const TrainerConfig& c) {
   return absl::StrCat("optimizer=", ChoiceName(c.optimizer));
 }
@@ -359,14 +378,7 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
   std::fprintf(out, "pretrain: vocabulary %lld (from %s), eval on %s, %s\n",
                static_cast<long long>(s.model->config().vocab_size), s.vocab_source.c_str(),
                s.eval_source.c_str(),
-               s.eod_token < 0
-                   ? "no end-of-document token: the data is one stream"
-                   : absl::StrCat("documents end with token ", s.eod_token,
-                                  s.documents ? ": attention and positions restart after each"
-                                              : ": attention crosses documents "
-                                                "(--reset_attention_mask=false)",
-                                  s.per_token_loss ? ", loss after EOD masked" : "")
-                         .c_str());
+               DocumentsSummary(s).c_str());
   std::fputs(s.routing.ToString().c_str(), out);
   std::fputs(LayoutSummary(s.layout).c_str(), out);
   std::fflush(out);

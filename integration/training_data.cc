@@ -1,5 +1,6 @@
 #include "integration/training_data.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -13,7 +14,7 @@ using ::orthoshard::model::GptConfig;
 using ::orthoshard::model::GptPreset;
 using ::orthoshard::data::TokenDataset;
 using ::orthoshard::data::LoadDatasetSpec;
-using ::orthoshard::data::EvalSpecOf;
+using ::orthoshard::data::LoadEvalSplitOf;
 using ::orthoshard::data::DescribeDatasetSpec;
 using ::orthoshard::data::SplitTrainEval;
 namespace {
@@ -79,14 +80,16 @@ absl::StatusOr<TrainingData> LoadTrainingData(const TrainerConfig& config) {
   ASSIGN_OR_RETURN(TokenDataset data, LoadDatasetSpec(config.data, config.seed));
   RETURN_IF_ERROR(CheckVocabulary(data, out.model, config));
 
-  std::string eval_spec = config.eval_data;
-  out.eval_source = absl::StrCat("--eval_data=", config.eval_data);
-  if (eval_spec.empty()) {
-    ASSIGN_OR_RETURN(eval_spec, EvalSpecOf(config.data));
+  std::optional<TokenDataset> held_out;
+  if (!config.eval_data.empty()) {
+    ASSIGN_OR_RETURN(held_out, LoadDatasetSpec(config.eval_data, config.seed));
+    out.eval_source = absl::StrCat("--eval_data=", config.eval_data);
+  } else {
+    ASSIGN_OR_RETURN(held_out, LoadEvalSplitOf(config.data));
     out.eval_source = "the data's val split";
   }
-  if (!eval_spec.empty()) {
-    ASSIGN_OR_RETURN(TokenDataset eval, LoadDatasetSpec(eval_spec, config.seed));
+  if (held_out.has_value()) {
+    TokenDataset eval = *std::move(held_out);
     RETURN_IF_ERROR(CheckVocabulary(eval, out.model, config));
     for (const TokenDataset* d : {&data, &eval}) {
       if (d->tokens.size() < seq_len + 1) {

@@ -29,7 +29,8 @@ struct TrainingData {
   ResolvedModel model;
   std::shared_ptr<const data::TokenDataset> train, eval;
   std::string eval_source;  // "--eval_data=...", "the data's val split", "the last 5% of --data"
-  int64_t eod_token = -1;   // documents end with it; -1: the data has no document boundaries
+  int64_t eod_token = -1;   // documents end with it; -1: none (a Megatron .idx may still record
+                            // documents: train->document_ends)
 };
 
 // Loads --data and the eval set (--eval_data, else the data's own validation split, else the last

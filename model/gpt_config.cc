@@ -126,7 +126,7 @@ absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
       ok = ok && absl::SimpleAtoi(kv.second, &vocab) && vocab > 0;
     } else if (kv.first == "documents") {
       saved.documents = std::string(kv.second);
-      ok = ok && absl::StartsWith(saved.documents, "eod");
+      ok = ok && (absl::StartsWith(saved.documents, "eod") || saved.documents == "index,reset");
     } else if (kv.first == "precision") {
       saved.precision = std::string(kv.second);
       ok = ok && (saved.precision == "fp32" || saved.precision == "bf16");

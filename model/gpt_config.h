@@ -54,14 +54,16 @@ absl::Status ValidateConfig(const GptConfig& config);
 // trainer and read back by `ckpt` to rebuild the model:
 //   "model=<preset> seq_len=<S>[ vocab=<V>][ precision=<p>][ documents=<d>]"
 // vocab only when it differs from the preset's, precision only when not fp32, documents only when
-// the data has an EOD token (so checkpoints of earlier versions, which had none, read the same).
+// the data has an EOD token or the run keeps a Megatron .idx's documents apart (so checkpoints of
+// earlier versions, which had none, read the same).
 struct SavedModel {
   std::string preset;
   GptConfig config;  // the preset with the saved vocabulary
   int64_t seq_len = 0;
   std::string precision = "fp32";
-  // How the run treats documents: "" (no EOD), or "eod<id>" + ",reset" (attention within
-  // documents) + ",mask_loss" (EOD loss mask), e.g. "eod0,reset". A resume must train the same way.
+  // How the run treats documents: "" (no documents), "eod<id>" + ",reset" (attention within
+  // documents) + ",mask_loss" (EOD loss mask), e.g. "eod0,reset", or "index,reset" (no EOD:
+  // attention within the documents a Megatron .idx records). A resume must train the same way.
   std::string documents;
 };
 std::string FormatSavedModel(const SavedModel& saved);

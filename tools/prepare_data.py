@@ -15,7 +15,8 @@ GPT-2's pre-tokenizer, so any text round-trips), or a `tokenizer.json` the user 
 --eod_text must be one of its tokens).
 
 Output directory (written to a temporary sibling and renamed into place: it is whole or absent):
-    dataset.json           vocab_size, eod_token, file names, document and token counts, sources
+    dataset.json           vocab_size, eod_token, file names, sources; per split its document and
+                           token counts and the CRC-32C of its .bin and .idx (pretrain checks them)
     train.bin, train.idx   Megatron MMapIndexedDataset (one sequence per document, uint16 tokens
     val.bin, val.idx       when the vocabulary has fewer than 65500 entries, else int32)
     tokenizer.json         Hugging Face tokenizers
@@ -23,11 +24,16 @@ Output directory (written to a temporary sibling and renamed into place: it is w
 The validation split holds out whole documents (--val_fraction of them, chosen by --seed), so no
 document is in both.
 
-Exit codes: 0 done; 2 bad input (a missing file, invalid JSON, an empty corpus, an existing
-output directory without --overwrite), with a message naming it.
+Exit codes: 0 done; 2 bad input or a bad path, with one line naming it and what was expected: a
+missing or unreadable input, invalid JSON, an empty corpus, an existing output without --overwrite,
+an output that is a file or a directory other than a prepared dataset, an output parent that is a
+file or not writable, a write that fails (disk full, file size limit). An existing output is then
+left as it was.
 """
 
 import argparse
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -52,6 +58,103 @@ class InputError(Exception):
     """Bad input: reported with exit code 2."""
 
 
+# CRC-32C (Castagnoli; reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF): the
+# checksum common/crc32c.h computes, so pretrain can check the files against dataset.json. The
+# standard library has only zlib's CRC-32, so this is numpy: the bytes are cut into _LANES equal
+# lanes updated side by side, one byte of every lane per step (the table-driven register update
+# crc' = T[(crc ^ byte) & 0xff] ^ (crc >> 8)), and the lane registers are then joined. A CRC
+# register is linear over GF(2): the register after A then B is Z_|B|(register after A) xor the
+# register of B started from 0, where Z_n is the register update of n zero bytes, a 32x32 bit
+# matrix (zlib's crc32_combine). About 1 s per 100 MB.
+_CRC32C_POLY = 0x82F63B78
+_LANES = 16384
+_BLOCK = _LANES * 1024  # bytes per numpy pass: 16 MiB
+
+
+def _crc32c_table():
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(_CRC32C_POLY), table >> 1).astype(np.uint32)
+    return table
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def _gf2_apply(matrix, x):
+    """matrix (32 column images) times the 32-bit vector x."""
+    result, bit = 0, 0
+    while x:
+        if x & 1:
+            result ^= matrix[bit]
+        x >>= 1
+        bit += 1
+    return result
+
+
+def _zeros_matrix(n, _cache={}):
+    """Z_n: the register update of n zero bytes, as the images of the 32 unit vectors."""
+    if n not in _cache:
+        power = [int(_CRC32C_TABLE[(1 << b) & 0xFF]) ^ ((1 << b) >> 8) for b in range(32)]  # Z_1
+        result = [1 << b for b in range(32)]
+        k = n
+        while k:
+            if k & 1:
+                result = [_gf2_apply(power, c) for c in result]
+            power = [_gf2_apply(power, c) for c in power]
+            k >>= 1
+        _cache[n] = result
+    return _cache[n]
+
+
+def _crc32c_register(data):
+    """The register after `data` (uint8 array) started from 0; len(data) a multiple of _LANES."""
+    length = len(data) // _LANES
+    columns = np.ascontiguousarray(data.reshape(_LANES, length).T)  # [length, _LANES]
+    lanes = np.zeros(_LANES, dtype=np.uint32)
+    for column in columns:
+        lanes = _CRC32C_TABLE[(lanes ^ column) & 0xFF] ^ (lanes >> 8)
+    while len(lanes) > 1:  # join neighbours: Z_length(left) xor right
+        matrix = np.array(_zeros_matrix(length), dtype=np.uint32)
+        left, joined = lanes[0::2], lanes[1::2].copy()
+        for bit in range(32):
+            joined ^= np.where((left >> bit) & 1 == 1, matrix[bit], np.uint32(0))
+        lanes, length = joined, 2 * length
+    return int(lanes[0])
+
+
+def crc32c_update(crc, data):
+    """Extends `crc` (of the bytes before; 0 for none) by the bytes `data`."""
+    data = np.frombuffer(data, dtype=np.uint8)
+    register = crc ^ 0xFFFFFFFF
+    whole = len(data) - len(data) % _LANES
+    for start in range(0, whole, _BLOCK):
+        block = data[start:min(start + _BLOCK, whole)]
+        register = _gf2_apply(_zeros_matrix(len(block)), register) ^ _crc32c_register(block)
+    for byte in data[whole:].tolist():
+        register = int(_CRC32C_TABLE[(register ^ byte) & 0xFF]) ^ (register >> 8)
+    return register ^ 0xFFFFFFFF
+
+
+def crc32c_file(path):
+    crc = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_BLOCK), b""):
+            crc = crc32c_update(crc, block)
+    return crc
+
+
+@contextlib.contextmanager
+def naming(path):
+    """Gives an OSError raised inside (file.write's errors name no file) the path being written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, path) from e
+        raise
+
+
 def write_megatron(prefix, documents, dtype):
     """Writes documents (lists of ids, EOD included) as one sequence and one document each."""
     lengths = np.array([len(d) for d in documents], dtype=np.int32)
@@ -59,12 +162,12 @@ def write_megatron(prefix, documents, dtype):
     pointers = np.zeros(len(documents), dtype=np.int64)
     if len(documents) > 1:
         np.cumsum(lengths[:-1].astype(np.int64) * itemsize, out=pointers[1:])
-    with open(prefix + ".bin", "wb") as f:
+    with naming(prefix + ".bin"), open(prefix + ".bin", "wb") as f:
         for d in documents:
             f.write(np.asarray(d, dtype=dtype).tobytes())
         f.flush()
         os.fsync(f.fileno())
-    with open(prefix + ".idx", "wb") as f:
+    with naming(prefix + ".idx"), open(prefix + ".idx", "wb") as f:
         f.write(_MAGIC)
         f.write(struct.pack("<Q", 1))
         f.write(struct.pack("<B", _DTYPE_CODES[np.dtype(dtype)]))
@@ -77,13 +180,51 @@ def write_megatron(prefix, documents, dtype):
         os.fsync(f.fileno())
 
 
+def check_input_file(flag, path):
+    """Raises InputError unless `path` is an existing regular file."""
+    if not os.path.lexists(path):
+        raise InputError(f"{flag} '{path}': no such file, expected a readable file")
+    if not os.path.isfile(path):
+        kind = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise InputError(f"{flag} '{path}': {kind}, expected a readable file")
+
+
+def open_input(flag, path):
+    """open() for reading UTF-8 text; an OSError (permissions, I/O) becomes InputError."""
+    try:
+        return open(path, "r", encoding="utf-8", errors="strict")
+    except OSError as e:
+        raise InputError(f"{flag} '{path}': cannot read ({e.strerror}), expected a readable file")
+
+
+def check_output_dir(output_dir, overwrite):
+    """Raises InputError for an --output_dir that cannot be written or must not be replaced."""
+    output = os.path.abspath(output_dir)
+    if os.path.lexists(output):
+        if not os.path.isdir(output):
+            raise InputError(f"--output_dir '{output_dir}' is a file, expected a directory to "
+                             f"create (or a prepared dataset to replace with --overwrite)")
+        if not overwrite:
+            raise InputError(f"--output_dir '{output_dir}' exists; pass --overwrite to replace it")
+        if os.listdir(output) and not os.path.isfile(os.path.join(output, "dataset.json")):
+            raise InputError(f"--output_dir '{output_dir}' is a directory without dataset.json: "
+                             f"--overwrite replaces only a prepared dataset or an empty directory")
+    ancestor = os.path.dirname(output)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise InputError(f"--output_dir '{output_dir}': '{ancestor}' is a file, expected a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(f"--output_dir '{output_dir}': directory '{ancestor}' is not writable "
+                         f"(read-only filesystem or permissions)")
+
+
 def read_documents(paths, json_key, text_documents):
     """Yields (source path, document text) in input order; raises InputError for bad input."""
     for path in paths:
-        if not os.path.isfile(path):
-            raise InputError(f"--input '{path}': no such file")
+        check_input_file("--input", path)
         is_jsonl = path.endswith((".jsonl", ".json"))
-        with open(path, "r", encoding="utf-8", errors="strict") as f:
+        with open_input("--input", path) as f:
             try:
                 if is_jsonl:
                     for number, line in enumerate(f, 1):
@@ -101,6 +242,8 @@ def read_documents(paths, json_key, text_documents):
                 text = f.read()
             except UnicodeDecodeError as e:
                 raise InputError(f"--input '{path}': not UTF-8 text ({e.reason} at byte {e.start})")
+            except OSError as e:
+                raise InputError(f"--input '{path}': cannot read ({e.strerror}), expected a readable file")
         if text_documents == "file":
             pieces = [text]
         elif text_documents == "line":
@@ -134,8 +277,7 @@ def sha256(path):
 
 def prepare(args):
     output = os.path.abspath(args.output_dir)
-    if os.path.exists(output) and not args.overwrite:
-        raise InputError(f"--output_dir '{args.output_dir}' exists; pass --overwrite to replace it")
+    check_output_dir(args.output_dir, args.overwrite)
     if not 0 <= args.val_fraction < 1:
         raise InputError(f"--val_fraction must be in [0, 1), got {args.val_fraction}")
     if args.tokenizer is None and args.vocab_size < 257:
@@ -150,8 +292,8 @@ def prepare(args):
 
     if args.tokenizer is not None:
         from tokenizers import Tokenizer
-        if not os.path.isfile(args.tokenizer):
-            raise InputError(f"--tokenizer '{args.tokenizer}': no such file")
+        check_input_file("--tokenizer", args.tokenizer)
+        open_input("--tokenizer", args.tokenizer).close()
         try:
             tokenizer = Tokenizer.from_file(args.tokenizer)
         except Exception as e:  # tokenizers raises its own Exception type for malformed files
@@ -181,24 +323,47 @@ def prepare(args):
         splits["val"] = [encoded[i] for i in val_ids]
     dtype = np.uint16 if vocab_size < 65500 else np.int32  # Megatron's choice
 
+    meta = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size, "eod_token": eod,
+            "eod_text": args.eod_text, "tokenizer": "tokenizer.json", "tokenizer_origin": origin,
+            "sources": [{"path": os.path.abspath(p), "sha256": sha256(p)} for p in args.input]}
+    try:
+        write_output(output, meta, splits, dtype, tokenizer, args.eod_text)
+        return meta
+    except OSError as e:
+        where = f"'{e.filename}'" if e.filename else f"--output_dir '{args.output_dir}'"
+        raise InputError(f"writing {where}: {e.strerror or e}; expected a writable directory with "
+                         f"room for the dataset (an existing output is left as it was)")
+
+
+def write_output(output, meta, splits, dtype, tokenizer, eod_text):
+    """Writes the dataset into a temporary sibling of `output` and renames it into place; adds the
+    splits to `meta`. Raises OSError (the staging directory removed, `output` as it was)."""
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(output) + ".tmp-", dir=parent)
-    os.chmod(staging, 0o755)  # mkdtemp makes it private; a dataset directory is an ordinary one
     try:
-        meta = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size, "eod_token": eod,
-                "eod_text": args.eod_text, "tokenizer": "tokenizer.json",
-                "tokenizer_origin": origin,
-                "sources": [{"path": os.path.abspath(p), "sha256": sha256(p)} for p in args.input]}
+        staging = tempfile.mkdtemp(prefix=os.path.basename(output) + ".tmp-", dir=parent)
+    except OSError as e:  # name the directory, not the temporary name that was not made
+        raise OSError(e.errno, e.strerror, parent) from e
+    try:
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; a dataset directory is an ordinary one
         for name, docs in splits.items():
-            write_megatron(os.path.join(staging, name), docs, dtype)
-            meta[name] = {"prefix": name, "documents": len(docs), "tokens": sum(len(d) for d in docs)}
-        tokenizer.save(os.path.join(staging, "tokenizer.json"))
-        with open(os.path.join(staging, "tokenizer_config.json"), "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": args.eod_text,
-                       "bos_token": args.eod_text, "unk_token": None,
+            prefix = os.path.join(staging, name)
+            write_megatron(prefix, docs, dtype)
+            meta[name] = {"prefix": name, "documents": len(docs), "tokens": sum(len(d) for d in docs),
+                          "bin_crc32c": crc32c_file(prefix + ".bin"),
+                          "idx_crc32c": crc32c_file(prefix + ".idx")}
+        tokenizer_path = os.path.join(staging, "tokenizer.json")
+        try:
+            tokenizer.save(tokenizer_path)
+        except Exception as e:  # tokenizers raises its own Exception type, also for I/O errors
+            raise OSError(errno.EIO, f"cannot write the tokenizer ({e})", tokenizer_path)
+        config_path = os.path.join(staging, "tokenizer_config.json")
+        with naming(config_path), open(config_path, "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eod_text,
+                       "bos_token": eod_text, "unk_token": None,
                        "clean_up_tokenization_spaces": False}, f, indent=2)
-        with open(os.path.join(staging, "dataset.json"), "w") as f:
+        meta_path = os.path.join(staging, "dataset.json")
+        with naming(meta_path), open(meta_path, "w") as f:
             json.dump(meta, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
@@ -208,13 +373,18 @@ def prepare(args):
         if os.path.exists(output):
             old = tempfile.mkdtemp(prefix=os.path.basename(output) + ".old-", dir=parent)
             os.rename(output, os.path.join(old, "d"))
-        os.rename(staging, output)
+        try:
+            os.rename(staging, output)
+        except BaseException:
+            if old is not None:
+                os.rename(os.path.join(old, "d"), output)
+                os.rmdir(old)
+            raise
         if old is not None:
             shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return meta
 
 
 def main(argv=None):
@@ -243,6 +413,9 @@ def main(argv=None):
         meta = prepare(args)
     except InputError as e:
         print(f"prepare_data: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the checks above did not foresee: still one line, still exit 2
+        print(f"prepare_data: '{e.filename}': {e.strerror or e}", file=sys.stderr)
         return 2
     summary = ", ".join(f"{name} {meta[name]['documents']} documents / {meta[name]['tokens']} tokens"
                         for name in ("train", "val") if name in meta)

@@ -2,9 +2,11 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "gtest/gtest.h"
 
 namespace orthoshard::data::testing {
@@ -54,6 +56,27 @@ void WritePrepared(const std::string& dir, int64_t vocab, int64_t eod,
                          "\"vocab_size\": ", vocab, ", \"eod_token\": ", eod,
                          ", \"tokenizer\": \"tokenizer.json\", \"train\": {\"prefix\": \"train\"}, ",
                          "\"val\": {\"prefix\": \"val\"}", extra_json, "}"));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void RecordPreparedChecks(const std::string& dir, int64_t vocab, int64_t eod) {
+  std::string splits;
+  for (const char* name : {"train", "val"}) {
+    const std::string bin = ReadFile(dir + "/" + name + ".bin");
+    const std::string idx = ReadFile(dir + "/" + name + ".idx");
+    absl::StrAppend(&splits, ", \"", name, "\": {\"prefix\": \"", name,
+                    "\", \"documents\": 1, \"tokens\": ", bin.size() / 2,
+                    ", \"bin_crc32c\": ", Crc32c(bin.data(), bin.size()),
+                    ", \"idx_crc32c\": ", Crc32c(idx.data(), idx.size()), "}");
+  }
+  WriteFile(dir + "/dataset.json",
+            absl::StrCat("{\"format\": \"orthoshard-prepared-dataset\", \"version\": 1, ",
+                         "\"vocab_size\": ", vocab, ", \"eod_token\": ", eod,
+                         ", \"tokenizer\": \"tokenizer.json\"", splits, "}"));
 }
 
 std::vector<uint16_t> Ramp(int n, int vocab) {

@@ -32,6 +32,14 @@ void WritePrepared(const std::string& dir, int64_t vocab, int64_t eod,
                    const std::vector<uint16_t>& train, const std::vector<uint16_t>& val,
                    const std::string& extra_json = "");
 
+// Rewrites dataset.json of a WritePrepared directory with what tools/prepare_data.py records per
+// split: document and token counts (one document per split) and the CRC-32C of the .bin and .idx
+// as the files are now.
+void RecordPreparedChecks(const std::string& dir, int64_t vocab, int64_t eod);
+
+// The bytes of `path` ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // 0, 1, ..., vocab - 1, 0, 1, ... (n tokens).
 std::vector<uint16_t> Ramp(int n, int vocab);
 

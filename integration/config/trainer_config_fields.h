@@ -22,9 +22,9 @@
   X(int64_t, eod_token, -1, \
     "end-of-document token id; -1 = the data's (prepared:DIR records it), else none") \
   X(bool, reset_attention_mask, true, \
-    "with an EOD token: attention and rotary positions restart after every EOD, so no token " \
-    "attends across a document boundary (Megatron-LM's --reset-attention-mask and " \
-    "--reset-position-ids); without one the data is one stream") \
+    "attention and rotary positions restart after every EOD token and at every document end " \
+    "a Megatron .idx records, so no token attends across a document boundary (Megatron-LM's " \
+    "--reset-attention-mask and --reset-position-ids); without either the data is one stream") \
   X(bool, eod_mask_loss, false, \
     "drop the loss of the token predicted from an EOD (the next document's first token) " \
     "(Megatron-LM's --eod-mask-loss); the loss is then the mean over the counted tokens of " \
