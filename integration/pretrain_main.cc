@@ -345,6 +345,21 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   return result->exit_code;
 }
 
+// Why an explicit --nproc_per_node=`nproc` that differs from the launcher's count is refused.
+absl::Status NprocPerNodeIgnored(int nproc, const collectives::RendezvousInfo& info) {
+  const char* ask = info.source == "slurm" ? "srun --ntasks-per-node" : "torchrun --nproc-per-node";
+  if (info.local_world_size_from.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nproc_per_node=", nproc, " is ignored under ", info.source, ", which starts the ranks (",
+        info.world_size, " in all) without saying how many run on this node; ask the launcher for "
+        "the ranks (", ask, ") or drop the flag"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--nproc_per_node=", nproc, " is ignored under ", info.source, ", which runs ",
+      info.local_world_size, " rank(s) on this node (", info.local_world_size_from, "; ",
+      info.world_size, " in all); ask the launcher for the ranks (", ask, ") or drop the flag"));
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains a GPT on local ranks or under torchrun/SLURM.\n"
@@ -371,12 +386,7 @@ int Main(int argc, char** argv) {
     // with it (say 2 under a one-task SLURM allocation) would otherwise be silently ignored.
     if (given.count("nproc_per_node") != 0 &&
         absl::GetFlag(FLAGS_nproc_per_node) != info->local_world_size) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--nproc_per_node=", absl::GetFlag(FLAGS_nproc_per_node), " is ignored under ",
-          info->source, ", which runs ", info->local_world_size, " rank(s) on this node (",
-          info->world_size, " in all); ask the launcher for the ranks (",
-          info->source == "slurm" ? "srun --ntasks-per-node" : "torchrun --nproc-per-node",
-          ") or drop the flag")));
+      return Fail(NprocPerNodeIgnored(absl::GetFlag(FLAGS_nproc_per_node), *info));
     }
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
     if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);
