@@ -8,14 +8,16 @@ A consumer's WORKSPACE (see examples/consumer/):
     load("@orthoshard//:deps.bzl", "orthoshard_dependencies")
     orthoshard_dependencies(path = "/path/to/orthoshard")
 
-and its .bazelrc the proto and C++17 lines of orthoshard's (examples/consumer/.bazelrc).
+and the .bazelrc of docs/guide.md ("Using orthoshard from your own Bazel workspace"). The library
+targets bring their own -O2 (tools/defs.bzl ORTHOSHARD_OPTIMIZE).
 """
 
 load("//third_party/cuda:cuda.bzl", "cuda_repository")
 load("//third_party/torch:torch.bzl", "torch_repository")
 
 def orthoshard_dependencies(path):
-    """Defines rules_cc, rules_java, remote_coverage_tools, com_google_protobuf, torch and cuda.
+    """Defines every repository orthoshard's targets need: rules_cc, rules_java,
+    remote_coverage_tools, com_google_protobuf, torch and cuda.
 
     Args:
       path: orthoshard's checkout, as the caller's local_repository gives it ("." for orthoshard).

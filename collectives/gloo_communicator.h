@@ -53,7 +53,8 @@ GlooOptions GlooOptionsFromRendezvous(const RendezvousInfo& info);
 // peers), also when something at the store's address accepts connections but never answers.
 // Errors: kInvalidArgument for rank/size/timeout out of range; kDeadlineExceeded or kUnavailable,
 // naming the store address and the likely cause, when the store or a peer cannot be reached in
-// time; kFailedPrecondition when the store belongs to another job (see JobIdentity).
+// time; kFailedPrecondition when the store belongs to another job or another process of this job
+// holds this rank ("... rank 1 was probably started twice ...": see JoinJobStore).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options);
 
 // As above over an existing store (e.g. one hosted by a launcher or a test); `options`'

@@ -114,6 +114,32 @@ TEST(GlooCommunicatorTest, AnotherJobsStoreIsRefused) {
   EXPECT_OK(CreateGlooCommunicator(store, options).status());
 }
 
+// A second process claiming a rank that another process of the same job holds (the same RANK
+// started twice) fails at once, naming the rank, both processes and the likely cause, instead of
+// breaking the engine's rendezvous. The same process may join again.
+TEST(GlooCommunicatorTest, ARankStartedTwiceIsRefused) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = 0;
+  store_options.isServer = true;
+  store_options.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  GlooOptions options = SingleRank();
+  options.job_id = "job-a";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> first, CreateGlooCommunicator(store, options));
+  EXPECT_OK(CreateGlooCommunicator(store, options).status());
+  // Another process (here: its claim, as it would have written it) holds rank 0 of attempt 1.
+  const std::string other = "host elsewhere pid 4242";
+  store->set("orthoshard/attempt1/rank/0", std::vector<uint8_t>(other.begin(), other.end()));
+  options.attempt = 1;
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(CreateGlooCommunicator(store, options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("gloo: rank 0: rank 0 of job job-a is already taken by host "
+                                       "elsewhere pid 4242 (this is host "),
+                             HasSubstr("): rank 0 was probably started twice"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // at once, not after a timeout
+}
+
 TEST(GlooCommunicatorTest, SingleRankCollectivesAndLaunchValidation) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> comm, CreateGlooCommunicator(SingleRank()));
   EXPECT_EQ(comm->backend_name(), "gloo");

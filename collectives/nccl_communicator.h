@@ -52,7 +52,7 @@ NcclOptions NcclOptionsFromRendezvous(const RendezvousInfo& info);
 // kFailedPrecondition when `device` is not a CUDA device of this machine (naming the device count);
 // kDeadlineExceeded or kUnavailable, naming the store address or NCCL's message, when the
 // rendezvous fails (bounded as for Gloo); kFailedPrecondition when the store belongs to another
-// job.
+// job or another process of this job holds this rank (as for Gloo).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options);
 
 // As above over an existing store; `options`' master_addr, master_port and host_store are ignored.

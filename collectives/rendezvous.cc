@@ -2,10 +2,13 @@
 
 #include <cctype>
 #include <cstdint>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
@@ -72,6 +75,9 @@ absl::StatusOr<RendezvousInfo> FromTorchrun(const Environment& env) {
   ASSIGN_OR_RETURN(info.rank, IntVar(env, "RANK", 0, 0, kMaxRanks));
   ASSIGN_OR_RETURN(info.local_rank, IntVar(env, "LOCAL_RANK", 0, 0, kMaxRanks));
   ASSIGN_OR_RETURN(info.local_world_size, IntVar(env, "LOCAL_WORLD_SIZE", 1, 1, kMaxRanks));
+  if (const std::string* local = Lookup(env, "LOCAL_WORLD_SIZE")) {
+    info.local_world_size_from = absl::StrCat("LOCAL_WORLD_SIZE=", *local);
+  }
   ASSIGN_OR_RETURN(info.master_port, IntVar(env, "MASTER_PORT", 29500, 1, 65535));
   if (const std::string* addr = Lookup(env, "MASTER_ADDR")) info.master_addr = *addr;
   if (const std::string* agent = Lookup(env, "TORCHELASTIC_USE_AGENT_STORE")) {
@@ -96,14 +102,31 @@ absl::StatusOr<RendezvousInfo> FromSlurm(const Environment& env) {
   ASSIGN_OR_RETURN(info.rank, IntVar(env, "SLURM_PROCID", 0, 0, kMaxRanks));
   ASSIGN_OR_RETURN(info.local_rank, IntVar(env, "SLURM_LOCALID", 0, 0, kMaxRanks));
   if (const std::string* per_node = Lookup(env, "SLURM_NTASKS_PER_NODE")) {
-    // SLURM writes e.g. "4" or "4(x2)"; the first number is this node's count on uniform jobs.
+    // Set with --ntasks-per-node: e.g. "4" (older SLURMs "4(x2)"): the first number.
     int64_t count = 0;
     const std::string digits = per_node->substr(0, per_node->find_first_not_of("0123456789"));
-    if (!absl::SimpleAtoi(digits, &count) || count < 1) {
+    if (!absl::SimpleAtoi(digits, &count) || count < 1 || count > kMaxRanks) {
       return absl::InvalidArgumentError(absl::StrCat("environment variable SLURM_NTASKS_PER_NODE='",
                                                      *per_node, "' has no task count"));
     }
     info.local_world_size = static_cast<int>(count);
+    info.local_world_size_from = absl::StrCat("SLURM_NTASKS_PER_NODE=", *per_node);
+  } else if (const std::string* tasks = Lookup(env, "SLURM_TASKS_PER_NODE")) {
+    // Set by every srun: this node's entry of e.g. "2(x3),1".
+    const std::string* node_text = Lookup(env, "SLURM_NODEID");
+    ASSIGN_OR_RETURN(const int64_t node, IntVar(env, "SLURM_NODEID", 0, 0, kMaxRanks));
+    absl::StatusOr<int> count = SlurmTasksOnNode(*tasks, node_text != nullptr ? node : -1);
+    if (!count.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable SLURM_TASKS_PER_NODE='", *tasks, "'",
+                       node_text != nullptr ? absl::StrCat(" with SLURM_NODEID=", node) : "",
+                       ": ", count.status().message()));
+    }
+    info.local_world_size = *count;
+    info.local_world_size_from =
+        node_text != nullptr
+            ? absl::StrCat("SLURM_TASKS_PER_NODE=", *tasks, ", SLURM_NODEID=", node)
+            : absl::StrCat("SLURM_TASKS_PER_NODE=", *tasks);
   } else {
     info.local_world_size = info.local_rank + 1;
   }
@@ -130,6 +153,49 @@ absl::StatusOr<RendezvousInfo> FromSlurm(const Environment& env) {
 }
 
 }  // namespace
+
+absl::StatusOr<int> SlurmTasksOnNode(absl::string_view tasks_per_node, int64_t node) {
+  int64_t first_node = 0;  // of the current entry
+  std::optional<int64_t> uniform;  // the count of every entry so far, while they agree
+  for (absl::string_view entry : absl::StrSplit(tasks_per_node, ',')) {
+    absl::string_view count_text = entry;
+    int64_t repeat = 1;
+    if (const size_t paren = entry.find('('); paren != absl::string_view::npos) {
+      count_text = entry.substr(0, paren);
+      absl::string_view rest = entry.substr(paren + 1);
+      if (!absl::ConsumePrefix(&rest, "x") || !absl::ConsumeSuffix(&rest, ")") ||
+          !absl::SimpleAtoi(rest, &repeat) || repeat < 1 || repeat > kMaxRanks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "entry '", entry, "' is neither N nor N(xM) with M a node count in [1, ", kMaxRanks,
+            "]"));
+      }
+    }
+    int64_t count = 0;
+    if (count_text.empty() ||
+        count_text.find_first_not_of("0123456789") != absl::string_view::npos ||
+        !absl::SimpleAtoi(count_text, &count) || count < 1 || count > kMaxRanks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "entry '", entry, "' has no task count in [1, ", kMaxRanks, "]"));
+    }
+    if (node >= 0 && node < first_node + repeat) return static_cast<int>(count);
+    if (node < 0) {
+      if (uniform.has_value() && *uniform != count) {
+        return absl::InvalidArgumentError(
+            "the count differs between nodes and SLURM_NODEID, which says which node this is, is "
+            "not set");
+      }
+      uniform = count;
+    }
+    first_node += repeat;
+    if (first_node > kMaxRanks) {
+      return absl::InvalidArgumentError(absl::StrCat("more than ", kMaxRanks, " nodes"));
+    }
+  }
+  if (node < 0 && uniform.has_value()) return static_cast<int>(*uniform);
+  if (node < 0) return absl::InvalidArgumentError("no entry");
+  return absl::InvalidArgumentError(absl::StrCat("lists ", first_node, " node(s), node ", node,
+                                                 " has no entry"));
+}
 
 absl::StatusOr<RendezvousInfo> ParseRendezvous(const Environment& env) {
   if (Lookup(env, "RANK") != nullptr && Lookup(env, "WORLD_SIZE") != nullptr) {

@@ -6,10 +6,12 @@
 #ifndef ORTHOSHARD_COLLECTIVES_RENDEZVOUS_H_
 #define ORTHOSHARD_COLLECTIVES_RENDEZVOUS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace orthoshard::collectives {
 
@@ -20,6 +22,9 @@ struct RendezvousInfo {
   int world_size = 1;                     // number of processes in the job
   int local_rank = 0;                     // rank among the processes on this machine
   int local_world_size = 1;               // processes on this machine
+  // Where local_world_size came from, for messages ("LOCAL_WORLD_SIZE=4",
+  // "SLURM_TASKS_PER_NODE=2(x3), SLURM_NODEID=1"); empty when no variable said it (a default).
+  std::string local_world_size_from;
   std::string master_addr = "127.0.0.1";  // host of the TCPStore
   int master_port = 29500;                // port of the TCPStore
   // True when a launcher (torchrun's agent or LaunchLocal) hosts the store, so no rank does;
@@ -44,15 +49,23 @@ struct RendezvousInfo {
 // TORCHELASTIC_RESTART_COUNT (default 0). ORTHOSHARD_JOB_ID, when set, is the job_id under any
 // launcher (LaunchLocal sets it).
 // Otherwise SLURM's when SLURM_PROCID and SLURM_NTASKS are set: rank SLURM_PROCID, world
-// SLURM_NTASKS, local rank SLURM_LOCALID, local world SLURM_NTASKS_PER_NODE (its first number) or
-// 1; MASTER_ADDR if set, else the first host of SLURM_JOB_NODELIST (e.g. "node[03-05,9]" gives
-// "node03"), else 127.0.0.1; MASTER_PORT if set, else 20000 + SLURM_JOB_ID % 10000 (so concurrent
+// SLURM_NTASKS, local rank SLURM_LOCALID, local world SLURM_NTASKS_PER_NODE (its first number; set
+// with --ntasks-per-node), else this node's entry of SLURM_TASKS_PER_NODE (set by every srun;
+// SlurmTasksOnNode with SLURM_NODEID), else SLURM_LOCALID + 1; MASTER_ADDR if set, else the first
+// host of SLURM_JOB_NODELIST (e.g. "node[03-05,9]" gives "node03"), else 127.0.0.1; MASTER_PORT if set, else 20000 + SLURM_JOB_ID % 10000 (so concurrent
 // jobs on shared nodes differ), else 29500; job_id "SLURM_JOB_ID.SLURM_STEP_ID"; attempt
 // SLURM_RESTART_COUNT (default 0).
 // Errors: kNotFound if neither set of variables is present; kInvalidArgument naming the variable
 // for a non-integer, out-of-range or inconsistent value (rank >= world size, port outside
 // [1, 65535]).
 absl::StatusOr<RendezvousInfo> ParseRendezvous(const Environment& env);
+
+// The task count of node `node` (SLURM_NODEID, counted from 0) in SLURM's SLURM_TASKS_PER_NODE:
+// comma-separated entries "N" (one node of N tasks) or "N(xM)" (M nodes of N tasks each), so
+// "2(x3),1" gives 2 on nodes 0-2 and 1 on node 3. A negative `node` (SLURM_NODEID unknown) accepts
+// only a list whose entries all agree. Errors: kInvalidArgument saying what is wrong (a malformed
+// entry, a count outside [1, 2^24], a node beyond the list, counts that differ with no node).
+absl::StatusOr<int> SlurmTasksOnNode(absl::string_view tasks_per_node, int64_t node);
 
 // The process environment as a map. For integration code (main functions) only.
 Environment ProcessEnvironment();

@@ -261,6 +261,13 @@ class DistributedDataParallel {
   // layer hook; from the all-gathers, as FinishGradSync.
   absl::Status FinishParamSync();
 
+  // The first error a layer or gradient hook recorded since the last FinishGradSync,
+  // FinishParamSync or TakeHookError, which clears it; OK when none. Hooks cannot return a status,
+  // so after a hook's gather failed (a lost peer: the error names the rank and the collective)
+  // forward or backward goes on over released params and LibTorch throws a c10::Error that names
+  // nothing. Whoever catches that error should report this one instead.
+  absl::Status TakeHookError() { return TakeError(); }
+
   // The layer hooks (see LayerHooks) for a model whose params[i] (the list given to Create) is
   // owned by forward layer param_layers[i] (non-negative, non-decreasing in i) and also read by the
   // layers `extra_reads` lists as (param index, layer) pairs (a tied embedding read by the output

@@ -15,7 +15,8 @@
 // incompatible resume), with one "pretrain: ..." line on stderr and nothing written; 1 any failure
 // once training has begun (a lost rank, a failed save, whatever its status code) or any other;
 // under the local launcher, the first failing rank's code; 128 + SIGINT/SIGTERM/SIGHUP after a
-// graceful stop on that signal (the step saved, the JSON line printed with "stop_signal").
+// graceful stop on that signal (the step saved, the JSON line printed with "stop_signal"), or at
+// once when the signal comes during the rendezvous (one "pretrain: rank N: stopped by ..." line).
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -264,6 +266,44 @@ void InstallStopHandlers() {
   for (int signal_number : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal_number, &action, nullptr);
 }
 
+// While a rank rendezvouses there is no step to finish and nothing to save, and the rendezvous
+// blocks until its peers come or its timeout (--distributed_timeout_s and more) passes: SIGINT,
+// SIGTERM or SIGHUP then ends the rank at once with one line on stderr and exit 128 + the signal.
+// The lines are written before the handler is installed (a handler may only write() and _exit()).
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr const char* kStopSignalNames[] = {"SIGINT", "SIGTERM", "SIGHUP"};
+char g_rendezvous_stop_line[3][256];
+size_t g_rendezvous_stop_length[3];
+
+int StopSignalSlot(int signal_number) {
+  return signal_number == SIGINT ? 0 : signal_number == SIGTERM ? 1 : 2;
+}
+
+// Async-signal-safe: write and _exit only.
+void RendezvousStopHandler(int signal_number) {
+  const int slot = StopSignalSlot(signal_number);
+  const ssize_t written =
+      write(STDERR_FILENO, g_rendezvous_stop_line[slot], g_rendezvous_stop_length[slot]);
+  (void)written;
+  _exit(128 + signal_number);
+}
+
+void InstallRendezvousStopHandlers(const collectives::RendezvousInfo& info) {
+  for (int slot = 0; slot < 3; ++slot) {
+    const std::string line = absl::StrCat(
+        "pretrain: rank ", info.rank, ": stopped by ", kStopSignalNames[slot],
+        " during the rendezvous at ", info.master_addr, ":", info.master_port,
+        " (before training began: nothing to save); exit code ", 128 + kStopSignals[slot], "\n");
+    g_rendezvous_stop_length[slot] = std::min(line.size(), sizeof(g_rendezvous_stop_line[slot]));
+    std::memcpy(g_rendezvous_stop_line[slot], line.data(), g_rendezvous_stop_length[slot]);
+  }
+  struct sigaction action = {};
+  action.sa_handler = RendezvousStopHandler;
+  sigemptyset(&action.sa_mask);
+  for (int signal_number : kStopSignals) sigaddset(&action.sa_mask, signal_number);
+  for (int signal_number : kStopSignals) sigaction(signal_number, &action, nullptr);
+}
+
 // Under a launcher agent (torchrun's, or LaunchLocal's: both host the store and are this rank's
 // parent), the agent's death is a stop request: without it the ranks would train on as orphans,
 // unobserved, writing checkpoints nobody collects (reproduced by SIGKILLing torchrun). SIGTERM
@@ -277,10 +317,11 @@ void StopWhenTheLauncherDies(const collectives::RendezvousInfo& info, pid_t pare
 
 // One rank of a job whose environment `info` describes.
 int RunRank(const TrainerConfig& config, const collectives::RendezvousInfo& info, pid_t parent) {
-  InstallStopHandlers();
+  InstallRendezvousStopHandlers(info);
   StopWhenTheLauncherDies(info, parent);
   auto comm = CreateCommunicator(config, info);
   if (!comm.ok()) return Fail(comm.status());
+  InstallStopHandlers();  // from now on a signal is a graceful stop after a step
   TrainOptions options;
   options.stop_signal = &g_stop_signal;
   std::FILE* tty = nullptr;
@@ -335,7 +376,8 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   // prints none.
   if (!json.empty()) std::printf("%s\n", json.c_str());
   std::fflush(stdout);
-  const bool stopped = !json.empty() && result->exit_code > 128 &&
+  // Every rank exiting 128 + the same signal is a stop, after a step or during the rendezvous.
+  const bool stopped = result->exit_code > 128 &&
                        std::all_of(result->rank_exit_codes.begin(), result->rank_exit_codes.end(),
                                    [&](int code) { return code == result->exit_code; });
   if (result->exit_code != 0 && !stopped) {
@@ -345,6 +387,21 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   return result->exit_code;
 }
 
+// Why an explicit --nproc_per_node=`nproc` that differs from the launcher's count is refused.
+absl::Status NprocPerNodeIgnored(int nproc, const collectives::RendezvousInfo& info) {
+  const char* ask = info.source == "slurm" ? "srun --ntasks-per-node" : "torchrun --nproc-per-node";
+  if (info.local_world_size_from.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nproc_per_node=", nproc, " is ignored under ", info.source, ", which starts the ranks (",
+        info.world_size, " in all) without saying how many run on this node; ask the launcher for "
+        "the ranks (", ask, ") or drop the flag"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--nproc_per_node=", nproc, " is ignored under ", info.source, ", which runs ",
+      info.local_world_size, " rank(s) on this node (", info.local_world_size_from, "; ",
+      info.world_size, " in all); ask the launcher for the ranks (", ask, ") or drop the flag"));
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains a GPT on local ranks or under torchrun/SLURM.\n"
@@ -352,7 +409,8 @@ int Main(int argc, char** argv) {
       "The last stdout line is a JSON summary. Exit codes: 0 ok, 2 bad input, 1 other failure.\n"
       "SIGINT, SIGTERM or SIGHUP: every rank finishes its step, saves it (with --save_dir) and\n"
       "exits 128 + the signal (130, 143, 129); --resume continues. A repeat after 2 s kills at\n"
-      "once. The death of the launcher (torchrun's agent) is a SIGTERM to its ranks.");
+      "once; during the rendezvous a rank exits at once. The death of the launcher (torchrun's\n"
+      "agent) is a SIGTERM to its ranks.");
   std::set<std::string> given;
   absl::Status prescan = PrescanFlags(argc, argv, &given);
   if (!prescan.ok()) return Fail(prescan);
@@ -371,12 +429,7 @@ int Main(int argc, char** argv) {
     // with it (say 2 under a one-task SLURM allocation) would otherwise be silently ignored.
     if (given.count("nproc_per_node") != 0 &&
         absl::GetFlag(FLAGS_nproc_per_node) != info->local_world_size) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--nproc_per_node=", absl::GetFlag(FLAGS_nproc_per_node), " is ignored under ",
-          info->source, ", which runs ", info->local_world_size, " rank(s) on this node (",
-          info->world_size, " in all); ask the launcher for the ranks (",
-          info->source == "slurm" ? "srun --ntasks-per-node" : "torchrun --nproc-per-node",
-          ") or drop the flag")));
+      return Fail(NprocPerNodeIgnored(absl::GetFlag(FLAGS_nproc_per_node), *info));
     }
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
     if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);

@@ -33,6 +33,7 @@ using ::orthoshard::integration::testing::RunPretrain;
 using ::orthoshard::integration::testing::RunResult;
 using ::orthoshard::integration::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
@@ -422,21 +423,36 @@ TEST(Pretrain, TensorBoardHasOneCurveAfterACrashAndResume) {
   EXPECT_EQ(seen["eval/loss"], (std::map<int64_t, int>{{0, 1}, {8, 1}}));
 }
 
-// Under a launcher's environment (here SLURM's for a one-task allocation) an explicit
-// --nproc_per_node that disagrees with the launcher is bad input, not silently ignored.
+// Under a launcher's environment (here SLURM's for a one-task allocation, as plain srun sets it)
+// an explicit --nproc_per_node that disagrees with the launcher is bad input, not silently
+// ignored; one that agrees (srun's SLURM_TASKS_PER_NODE, this node's entry) is accepted.
 TEST(Pretrain, NprocPerNodeUnderALauncherMustAgreeWithIt) {
+  const std::vector<std::string> vars = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID",
+                                         "SLURM_NODEID", "SLURM_LOCALID",
+                                         "SLURM_TASKS_PER_NODE"};
   setenv("SLURM_PROCID", "0", 1);
   setenv("SLURM_NTASKS", "1", 1);
   setenv("SLURM_JOB_ID", "4242", 1);
+  setenv("SLURM_NODEID", "0", 1);
+  setenv("SLURM_TASKS_PER_NODE", "1", 1);
   const RunResult run = RunPretrain({"--nproc_per_node=2", "--steps=1"});
-  unsetenv("SLURM_PROCID");
-  unsetenv("SLURM_NTASKS");
-  unsetenv("SLURM_JOB_ID");
   EXPECT_EQ(run.exit_code, 2) << run.err;
   EXPECT_THAT(run.err, HasSubstr("--nproc_per_node=2 is ignored under slurm, which runs 1 rank(s) "
-                                 "on this node (1 in all); ask the launcher for the ranks (srun "
-                                 "--ntasks-per-node)"));
+                                 "on this node (SLURM_TASKS_PER_NODE=1, SLURM_NODEID=0; 1 in all); "
+                                 "ask the launcher for the ranks (srun --ntasks-per-node)"));
   EXPECT_EQ(run.out, "");
+  // Rank 2 of 6 on node 1 of "2(x3)": --nproc_per_node=2 agrees, so the next check speaks (a
+  // global batch that does not divide), before any rendezvous.
+  setenv("SLURM_PROCID", "2", 1);
+  setenv("SLURM_NTASKS", "6", 1);
+  setenv("SLURM_NODEID", "1", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  setenv("SLURM_TASKS_PER_NODE", "2(x3)", 1);
+  const RunResult agreed = RunPretrain({"--nproc_per_node=2", "--steps=1", "--global_batch=7"});
+  for (const std::string& var : vars) unsetenv(var.c_str());
+  EXPECT_EQ(agreed.exit_code, 2) << agreed.err;
+  EXPECT_THAT(agreed.err, Not(HasSubstr("nproc_per_node")));
+  EXPECT_THAT(agreed.err, HasSubstr("--global_batch 7 is not divisible by world size 6"));
 }
 
 // --resume=auto: one command for the first start and the restart. The first run finds no

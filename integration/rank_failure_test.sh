@@ -3,15 +3,17 @@
 # (not just be killed by the launcher) with an error naming the lost rank, the launcher must exit
 # non-zero, and no rank process may be left behind. Then a rank hangs (SIGSTOP) instead: the job
 # ends within the distributed timeout plus the launcher's grace.
-#   $1: the pretrain binary
+#   $1: the pretrain binary   $2...: more pretrain flags (e.g. --dist=fsdp)
 set -uo pipefail
 pretrain="$(readlink -f "$1")"
+shift
+extra=("$@")
 work="${TEST_TMPDIR:-$(mktemp -d)}"
-"$pretrain" --nproc_per_node=3 --steps=100000 --eval_every=0 --check_every=0 --global_batch=24 \
+"$pretrain" "${extra[@]}" --nproc_per_node=3 --steps=100000 --eval_every=0 --check_every=0 --global_batch=24 \
     --log_every=1 >"$work/out" 2>"$work/err" &
 launcher=$!
 
-fail() { echo "FAIL: $*" >&2; echo "--- stdout"; tail -20 "$work/out"; echo "--- stderr"; cat "$work/err"; \
+fail() { echo "FAIL: $*" >&2; echo "--- stdout"; tail -20 "$work/out"; echo "--- stderr"; cat "$work/err" "$work/err2" 2>/dev/null; \
          pkill -9 -P "$launcher" 2>/dev/null; kill -9 "$launcher" 2>/dev/null; exit 1; }
 
 # Wait for training to run (a few progress lines), then find rank 1 among the launcher's children.
@@ -50,14 +52,16 @@ done
 # Ranks 0 and 2 report the failure themselves, naming rank 1.
 for r in 0 2; do
   grep -q "^\[rank $r\].*rank 1" "$work/err" || fail "rank $r printed no error naming rank 1"
+  # The collective's error, not what LibTorch says of the params a failed gather left released.
+  grep -q "^\[rank $r\].*LibTorch error" "$work/err" && fail "rank $r reported a LibTorch error"
 done
-echo "PASS: launcher exit $rc ${elapsed}s after SIGKILL of rank 1; ranks 0 and 2 named it:"
+echo "PASS (${extra[*]:-default}): launcher exit $rc ${elapsed}s after SIGKILL of rank 1; ranks 0 and 2 named it:"
 grep -m4 "^\[rank [02]\]" "$work/err"
 
 # A rank that hangs without dying (SIGSTOP: no broken connection to notice) ends the job within
 # --distributed_timeout_s plus the launcher's grace (15 s), the others naming it; the stopped rank
 # is then killed by the launcher.
-"$pretrain" --nproc_per_node=3 --steps=100000 --eval_every=0 --check_every=0 --global_batch=24 \
+"$pretrain" "${extra[@]}" --nproc_per_node=3 --steps=100000 --eval_every=0 --check_every=0 --global_batch=24 \
     --log_every=1 --distributed_timeout_s=5 >"$work/out2" 2>"$work/err2" &
 launcher=$!
 for _ in $(seq 1 300); do
@@ -85,6 +89,7 @@ done
 for r in 0 2; do
   grep -qi "^\[rank $r\].*\(timed out\|did not complete within 5s\).*rank 1" "$work/err2" \
       || fail "rank $r printed no timeout naming rank 1: $(grep "^\[rank $r\]" "$work/err2" | head -3)"
+  grep -q "^\[rank $r\].*LibTorch error" "$work/err2" && fail "rank $r reported a LibTorch error"
 done
-echo "PASS: launcher exit $rc ${elapsed}s after SIGSTOP of rank 1 (timeout 5 s + grace 15 s)"
+echo "PASS (${extra[*]:-default}): launcher exit $rc ${elapsed}s after SIGSTOP of rank 1 (timeout 5 s + grace 15 s)"
 exit 0

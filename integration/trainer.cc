@@ -118,6 +118,22 @@ absl::StatusOr<at::Tensor> MicroBatchLoss(const Setup& s, const MicroBatch& b, a
   return s.model->Loss(inputs, targets, &documents, reduction);
 }
 
+// Runs `pass`, a forward or a backward over the model. A DDP hook that fails (a gather from a lost
+// peer) records its error and the pass goes on over released params, where LibTorch throws an error
+// that names no rank: the hook's error, which names the rank and the collective, is the one
+// returned, also when nothing was thrown.
+absl::Status RunModelPass(Setup& s, const std::function<absl::Status()>& pass) {
+  absl::Status status;
+  try {
+    status = pass();
+  } catch (const c10::Error&) {
+    RETURN_IF_ERROR(s.ddp->TakeHookError());
+    throw;
+  }
+  RETURN_IF_ERROR(s.ddp->TakeHookError());
+  return status;
+}
+
 // Eval loss over every rank's fixed eval micro-batches: the mean of the micro-batches' means, or
 // with --eod_mask_loss the mean over all counted targets.
 absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
@@ -125,9 +141,13 @@ absl::StatusOr<double> Evaluate(Setup& s, Communicator& comm) {
   double total = 0, counted = 0;
   const std::vector<MicroBatch> batches = s.eval->BatchAt(0);
   for (const MicroBatch& b : batches) {
-    ASSIGN_OR_RETURN(at::Tensor loss,
-                     MicroBatchLoss(s, b, comm.device(),
-                                    s.per_token_loss ? LossReduction::kSum : LossReduction::kMean));
+    at::Tensor loss;
+    RETURN_IF_ERROR(RunModelPass(s, [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(loss, MicroBatchLoss(s, b, comm.device(),
+                                            s.per_token_loss ? LossReduction::kSum
+                                                             : LossReduction::kMean));
+      return absl::OkStatus();
+    }));
     total += loss.item<double>();
     counted += static_cast<double>(b.counted_targets);
   }
@@ -422,18 +442,24 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     at::Tensor loss;
     {
       RECORD_USER_SCOPE("step/forward");  // named ranges in a --profile_step_start trace
-      ASSIGN_OR_RETURN(loss, MicroBatchLoss(s, b, comm.device(),
-                                            s.per_token_loss ? LossReduction::kSum
-                                                             : LossReduction::kMean));
+      RETURN_IF_ERROR(RunModelPass(s, [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(loss, MicroBatchLoss(s, b, comm.device(),
+                                              s.per_token_loss ? LossReduction::kSum
+                                                               : LossReduction::kMean));
+        return absl::OkStatus();
+      }));
     }
     const absl::Time backward_start = absl::Now();
     {
       RECORD_USER_SCOPE("step/backward");
-      if (s.per_token_loss) {
-        loss.mul(per_token_scale).backward();
-      } else {
-        loss.mul(1.0 / static_cast<double>(batches.size())).backward();
-      }
+      RETURN_IF_ERROR(RunModelPass(s, [&]() -> absl::Status {
+        if (s.per_token_loss) {
+          loss.mul(per_token_scale).backward();
+        } else {
+          loss.mul(1.0 / static_cast<double>(batches.size())).backward();
+        }
+        return absl::OkStatus();
+      }));
     }
     // Averaged over the ranks below: per rank, loss_sum is what makes that average the step's loss.
     loss_sum += s.per_token_loss

@@ -10,16 +10,26 @@ ORTHOSHARD_COPTS = [
     "-Wno-missing-field-initializers",
 ]
 
+# Optimisation of every os_* target, so that a workspace building on orthoshard gets optimised
+# libraries without copying flags: -O2 in fastbuild (Bazel's default mode passes no -O at all),
+# nothing in opt (the toolchain's -O2) or dbg. A build that sets its own level for everything
+# (orthoshard's .bazelrc) passes --define=orthoshard_library_O2=off.
+ORTHOSHARD_OPTIMIZE = select({
+    "//tools:fastbuild_own_optimization": [],
+    "//tools:fastbuild": ["-O2"],
+    "//conditions:default": [],
+})
+
 # Preprocessor flags for code that includes c10d (ProcessGroup, Store, Gloo backend) headers.
 C10D_DEFINES = ["USE_DISTRIBUTED", "USE_C10D_GLOO"]
 
 def os_cc_library(name, copts = [], **kwargs):
-    native.cc_library(name = name, copts = ORTHOSHARD_COPTS + copts, **kwargs)
+    native.cc_library(name = name, copts = ORTHOSHARD_COPTS + ORTHOSHARD_OPTIMIZE + copts, **kwargs)
 
 def os_cc_binary(name, copts = [], deps = [], **kwargs):
     native.cc_binary(
         name = name,
-        copts = ORTHOSHARD_COPTS + copts,
+        copts = ORTHOSHARD_COPTS + ORTHOSHARD_OPTIMIZE + copts,
         # Multi-process tests run their ranks as binaries: they need the TSan suppressions too.
         deps = deps + select({
             "//tools:tsan": ["//tools:tsan_suppressions_public"],
@@ -37,7 +47,7 @@ def os_cc_test(name, copts = [], deps = [], gtest_main = True, linkstatic = True
     main = ["//third_party:gtest_main"] if gtest_main else ["//third_party:gtest"]
     native.cc_test(
         name = name,
-        copts = ORTHOSHARD_COPTS + copts,
+        copts = ORTHOSHARD_COPTS + ORTHOSHARD_OPTIMIZE + copts,
         deps = deps + main + select({
             "//tools:tsan": ["//tools:tsan_suppressions"],
             "//conditions:default": [],
@@ -51,7 +61,7 @@ def os_cc_benchmark(name, copts = [], deps = [], benchmark_main = True, tags = [
     main = ["//third_party:benchmark_main"] if benchmark_main else ["//third_party:benchmark"]
     native.cc_binary(
         name = name,
-        copts = ORTHOSHARD_COPTS + copts,
+        copts = ORTHOSHARD_COPTS + ORTHOSHARD_OPTIMIZE + copts,
         deps = deps + main,
         tags = tags + ["benchmark"],
         **kwargs
@@ -130,7 +140,7 @@ def os_cc_fuzz_test(
     native.cc_test(
         name = name,
         srcs = srcs,
-        copts = ORTHOSHARD_COPTS + copts,
+        copts = ORTHOSHARD_COPTS + ORTHOSHARD_OPTIMIZE + copts,
         data = corpus + ([dictionary] if dictionary else []),
         deps = deps + select({
             "//tools:fuzzing": [],

@@ -4,6 +4,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -595,6 +596,39 @@ C10dOrigin* OriginOf(Communicator& comm) {
   return c10d == nullptr ? nullptr : &c10d->origin();
 }
 
+namespace {
+
+// "host H pid P": who this process is, for the rank claim.
+std::string ThisProcess() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat("host ", host[0] != '\0' ? host : "(unknown)", " pid ", getpid());
+}
+
+// Records this process as the holder of `job.rank` in the (prefixed) store, or fails naming the
+// process that holds it.
+absl::Status ClaimRank(c10d::Store& store, const JobIdentity& job, const std::string& what,
+                       const std::string& address) {
+  const std::string mine = ThisProcess();
+  std::string holder;
+  try {
+    const std::vector<uint8_t> held = store.compareSet(
+        absl::StrCat("rank/", job.rank), {}, std::vector<uint8_t>(mine.begin(), mine.end()));
+    holder.assign(held.begin(), held.end());
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": the TCPStore at ", address, " cannot be used: ", WhatOf(e)));
+  }
+  if (holder == mine) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": rank ", job.rank, " of job ", job.job_id.empty() ? "(unnamed)" : job.job_id,
+      " is already taken by ", holder, " (this is ", mine, "): rank ", job.rank,
+      " was probably started twice (two processes with the same RANK or SLURM_PROCID in one "
+      "job); check how the ranks are numbered"));
+}
+
+}  // namespace
+
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<c10d::Store> store,
                                                             const JobIdentity& job,
                                                             const std::string& what,
@@ -620,6 +654,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<
         "'; this rank is '", mine, "'): MASTER_PORT is probably taken by another job, or the "
         "ranks were started with different WORLD_SIZE"));
   }
+  if (job.rank >= 0) RETURN_IF_ERROR(ClaimRank(*prefixed, job, what, address));
   return prefixed;
 }
 
