@@ -791,7 +791,9 @@ TEST_F(OptimizersTest, EmptyParamsRoundTripTheirState) {
   EXPECT_EQ(shapes["layers.0.fc4.weight/main_param"], (std::vector<int64_t>{7, 0}));
   ASSERT_TRUE(shapes.count("layers.0.fc3.bias/step"));
   for (const StateRecord& r : saved) {
-    if (r.name == "layers.0.fc3.bias/step") EXPECT_EQ(r.tensor.item<int64_t>(), 2);
+    if (r.name == "layers.0.fc3.bias/step") {
+      EXPECT_EQ(r.tensor.item<int64_t>(), 2);
+    }
   }
   // AdamW 3 fields x 3, Muon 2 buffers, 2 counters; then the empty params' 1 + 3 + 2 records.
   EXPECT_EQ(saved.size(), 3 * 3 + 2 + 2 + (1 + 3 + 2));
