@@ -37,7 +37,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "collectives/gloo_communicator.h"
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 #include "collectives/rendezvous.h"
 #include "common/status_macros.h"
 #include "ddp/distributed_data_parallel.h"

@@ -51,7 +51,7 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/manifest.h"
 #include "collectives/gloo_communicator.h"
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 #include "collectives/nccl_communicator.h"
 #include "collectives/rendezvous.h"
 #include "data/dataset.h"

@@ -34,7 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 
 namespace orthoshard::collectives::testing {
 

@@ -29,7 +29,7 @@
 #include "absl/time/time.h"
 #include "buffers/bucket_sync.h"
 #include "collectives/gloo_communicator.h"
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 #include "collectives/rendezvous.h"
 #include "common/status_macros.h"
 #include "optimizers/distributed/distributed_optimizer.h"

@@ -1,4 +1,4 @@
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 
 #include <errno.h>
 #include <fcntl.h>

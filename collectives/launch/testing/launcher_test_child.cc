@@ -13,7 +13,7 @@
 #include <cstring>
 #include <optional>
 
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 
 namespace {
 volatile sig_atomic_t g_terminated = 0;

@@ -1,4 +1,4 @@
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -24,7 +24,7 @@ using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr char kChild[] = "collectives/testing/launcher_test_child";
+constexpr char kChild[] = "collectives/launch/testing/launcher_test_child";
 
 struct Captured {
   std::vector<std::string> out;

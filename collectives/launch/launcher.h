@@ -1,8 +1,8 @@
 // A local launcher: starts N processes of one binary on this machine with torchrun's environment,
 // hosts their rendezvous store, prefixes their output with "[rank N] ", forwards SIGINT, SIGTERM
 // and SIGHUP, and returns the first non-zero exit code. Used by tests and by `pretrain --nproc`.
-#ifndef ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
-#define ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
+#ifndef ORTHOSHARD_COLLECTIVES_LAUNCH_LAUNCHER_H_
+#define ORTHOSHARD_COLLECTIVES_LAUNCH_LAUNCHER_H_
 
 #include <functional>
 #include <optional>
@@ -68,4 +68,4 @@ std::optional<int> LaunchSelfUnlessRank(int argc, char** argv, int nprocs,
 
 }  // namespace orthoshard::collectives
 
-#endif  // ORTHOSHARD_COLLECTIVES_LAUNCHER_H_
+#endif  // ORTHOSHARD_COLLECTIVES_LAUNCH_LAUNCHER_H_

@@ -6,7 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
-#include "collectives/launcher.h"
+#include "collectives/launch/launcher.h"
 
 int main(int argc, char** argv) {
   orthoshard::collectives::LaunchOptions options;
