@@ -2,22 +2,17 @@
 # Two processes claim RANK=1 of one 2-rank job (a launcher or a script numbering ranks wrongly).
 # One of them must fail within seconds, naming the rank, the process that holds it and "started
 # twice" as the likely cause; rank 0 and the other rank 1 train on (and stop on SIGTERM).
-#   $1: the pretrain binary
+#   $1: the pretrain binary  $2: integration/testing/ports.sh
 set -uo pipefail
 pretrain="$(readlink -f "$1")"
 work="${TEST_TMPDIR:-$(mktemp -d)}"
+source "$2"  # listening, free_port
 
 pids=()
 fail() { echo "FAIL: $*" >&2; for f in "$work"/err*; do echo "--- $f"; cat "$f"; done; \
          for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; exit 1; }
-listening() { grep -qi ":$(printf '%04X' "$1") [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
 
-port=""
-for _ in $(seq 1 50); do
-  candidate=$(( 30000 + RANDOM % 20000 ))
-  if ! listening "$candidate"; then port=$candidate; break; fi
-done
-[[ -n "$port" ]] || fail "no free port found"
+port="$(free_port)" || fail "no free port found"
 
 # $1: rank  $2: output name
 start_rank() {

@@ -2,23 +2,18 @@
 # A rank waiting in the rendezvous for a peer that never comes must end promptly on SIGTERM or
 # SIGINT, not at the rendezvous timeout: exit 128 + the signal with one line naming the rank and the
 # signal. Rank 0 hosts the store and waits for rank 1; then rank 1 waits for a store nobody hosts.
-#   $1: the pretrain binary
+#   $1: the pretrain binary  $2: integration/testing/ports.sh
 set -uo pipefail
 pretrain="$(readlink -f "$1")"
 work="${TEST_TMPDIR:-$(mktemp -d)}"
+source "$2"  # listening, free_port
 
 fail() { echo "FAIL: $*" >&2; echo "--- stderr"; cat "$work/err" 2>/dev/null; \
          [[ -n "${pid:-}" ]] && kill -9 "$pid" 2>/dev/null; exit 1; }
 now() { date +%s.%N; }
-listening() { grep -qi ":$(printf '%04X' "$1") [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
 
 # A port nothing listens on.
-port=""
-for _ in $(seq 1 50); do
-  candidate=$(( 30000 + RANDOM % 20000 ))
-  if ! listening "$candidate"; then port=$candidate; break; fi
-done
-[[ -n "$port" ]] || fail "no free port found"
+port="$(free_port)" || fail "no free port found"
 
 # $1: rank  $2: signal name  $3: expected exit code
 run_case() {
