@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "collectives/internal/c10d_communicator.h"
+#include "collectives/internal/job_store.h"
 #include "collectives/internal/gloo_backend.h"
 #include "common/status_macros.h"
 

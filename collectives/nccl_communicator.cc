@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "collectives/internal/c10d_communicator.h"
+#include "collectives/internal/job_store.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::collectives {

@@ -4,14 +4,11 @@
 #include <ATen/ops/zeros.h>
 
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
 #include <vector>
@@ -594,106 +591,6 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectC10dCommunicator(
 C10dOrigin* OriginOf(Communicator& comm) {
   auto* c10d = dynamic_cast<C10dCommunicator*>(&comm);
   return c10d == nullptr ? nullptr : &c10d->origin();
-}
-
-namespace {
-
-// "host H pid P": who this process is, for the rank claim.
-std::string ThisProcess() {
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-  return absl::StrCat("host ", host[0] != '\0' ? host : "(unknown)", " pid ", getpid());
-}
-
-// Records this process as the holder of `job.rank` in the (prefixed) store, or fails naming the
-// process that holds it.
-absl::Status ClaimRank(c10d::Store& store, const JobIdentity& job, const std::string& what,
-                       const std::string& address) {
-  const std::string mine = ThisProcess();
-  std::string holder;
-  try {
-    const std::vector<uint8_t> held = store.compareSet(
-        absl::StrCat("rank/", job.rank), {}, std::vector<uint8_t>(mine.begin(), mine.end()));
-    holder.assign(held.begin(), held.end());
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat(what, ": the TCPStore at ", address, " cannot be used: ", WhatOf(e)));
-  }
-  if (holder == mine) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, ": rank ", job.rank, " of job ", job.job_id.empty() ? "(unnamed)" : job.job_id,
-      " is already taken by ", holder, " (this is ", mine, "): rank ", job.rank,
-      " was probably started twice (two processes with the same RANK or SLURM_PROCID in one "
-      "job); check how the ranks are numbered"));
-}
-
-}  // namespace
-
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<c10d::Store> store,
-                                                            const JobIdentity& job,
-                                                            const std::string& what,
-                                                            const std::string& address,
-                                                            absl::Duration timeout) {
-  c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>(
-      absl::StrCat("orthoshard/attempt", job.attempt), std::move(store));
-  const std::string mine = absl::StrCat("job ", job.job_id.empty() ? "(unnamed)" : job.job_id,
-                                        ", world size ", job.world_size);
-  std::string theirs;
-  try {
-    prefixed->setTimeout(ToChrono(timeout));
-    const std::vector<uint8_t> held =
-        prefixed->compareSet("job", {}, std::vector<uint8_t>(mine.begin(), mine.end()));
-    theirs.assign(held.begin(), held.end());
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat(what, ": the TCPStore at ", address, " cannot be used: ", WhatOf(e)));
-  }
-  if (theirs != mine) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": the TCPStore at ", address, " belongs to another job (it holds '", theirs,
-        "'; this rank is '", mine, "'): MASTER_PORT is probably taken by another job, or the "
-        "ranks were started with different WORLD_SIZE"));
-  }
-  if (job.rank >= 0) RETURN_IF_ERROR(ClaimRank(*prefixed, job, what, address));
-  return prefixed;
-}
-
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectJobStore(const StoreRendezvous& where) {
-  const std::string what = absl::StrCat(where.engine, ": rank ", where.rank);
-  const std::string address = absl::StrCat(where.master_addr, ":", where.master_port);
-  const absl::Duration deadline = where.timeout + absl::Seconds(5);
-  return RunWithDeadline<c10::intrusive_ptr<c10d::Store>>(
-      deadline,
-      absl::StrCat(what, ": no answer from the TCPStore at ", address, " within ",
-                   absl::FormatDuration(deadline),
-                   ": something that is not this job's store (another program, or a stalled "
-                   "process) may be listening there; check MASTER_ADDR and MASTER_PORT"),
-      [what, address, where]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
-        ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
-                         ConnectTcpStore(what, where.master_addr, where.master_port,
-                                         where.host_store, where.timeout));
-        return JoinJobStore(std::move(store), where.job, what, address, where.timeout);
-      });
-}
-
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::string& what,
-                                                                const std::string& addr, int port,
-                                                                bool host_store,
-                                                                absl::Duration timeout) {
-  try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(port);
-    store_options.isServer = host_store;
-    store_options.waitWorkers = false;
-    store_options.timeout = ToChrono(timeout);
-    c10::intrusive_ptr<c10d::Store> store =
-        c10::make_intrusive<c10d::TCPStore>(addr, store_options);
-    return store;
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(what, " cannot reach the TCPStore at ", addr, ":",
-                                               port, (host_store ? " (hosting it)" : ""), ": ",
-                                               WhatOf(e)));
-  }
 }
 
 }  // namespace orthoshard::collectives::internal_collectives

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/internal/c10d_communicator.h"
+#include "collectives/internal/job_store.h"
 #include "collectives/rendezvous.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
