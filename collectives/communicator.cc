@@ -32,6 +32,8 @@ const char* OpKindName(OpKind kind) {
       return "broadcast";
     case OpKind::kBarrier:
       return "barrier";
+    case OpKind::kAllToAll:
+      return "all_to_all";
   }
   return "unknown";
 }
@@ -42,6 +44,7 @@ OpKind KindOf(const CollectiveOp& op) {
     OpKind operator()(const ReduceScatterOp&) const { return OpKind::kReduceScatter; }
     OpKind operator()(const AllGatherOp&) const { return OpKind::kAllGather; }
     OpKind operator()(const BroadcastOp&) const { return OpKind::kBroadcast; }
+    OpKind operator()(const AllToAllOp&) const { return OpKind::kAllToAll; }
   };
   return std::visit(Visitor{}, op);
 }
@@ -74,31 +77,68 @@ absl::StatusOr<std::unique_ptr<Work>> Communicator::Broadcast(at::Tensor tensor,
   return LaunchGroup(std::move(ops));
 }
 
-absl::StatusOr<std::vector<int64_t>> ResolveShardSizes(const std::vector<int64_t>& shard_sizes,
-                                                       int64_t total, int size) {
-  if (shard_sizes.empty()) {
+absl::StatusOr<std::unique_ptr<Work>> Communicator::AllToAll(at::Tensor input, at::Tensor output,
+                                                             const AllToAllOptions& options) {
+  std::vector<CollectiveOp> ops;
+  ops.push_back(AllToAllOp{std::move(input), std::move(output), options});
+  return LaunchGroup(std::move(ops));
+}
+
+namespace {
+
+// How ResolveSizes' messages name the sizes and what they cut.
+struct SizesNaming {
+  std::string list;   // "shard_sizes", "input_split_sizes"
+  std::string equal;  // "equal shards need a numel", "equal splits need an input dim 0"
+  std::string total;  // "numel", "input dim 0 of"
+};
+
+// ResolveShardSizes and ResolveSplitSizes: `sizes` if they are one non-negative entry per rank
+// summing to `total`, else equal parts of `total`.
+absl::StatusOr<std::vector<int64_t>> ResolveSizes(const std::vector<int64_t>& sizes, int64_t total,
+                                                  int size, const SizesNaming& naming) {
+  if (sizes.empty()) {
     if (total % size != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("equal shards need a numel divisible by ", size, " ranks; got ", total));
+          absl::StrCat(naming.equal, " divisible by ", size, " ranks; got ", total));
     }
     return std::vector<int64_t>(size, total / size);
   }
-  if (static_cast<int>(shard_sizes.size()) != size) {
-    return absl::InvalidArgumentError(absl::StrCat("shard_sizes has ", shard_sizes.size(),
+  if (static_cast<int>(sizes.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(naming.list, " has ", sizes.size(),
                                                    " entries, expected one per rank (", size, ")"));
   }
-  for (int64_t s : shard_sizes) {
+  for (int64_t s : sizes) {
     if (s < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("shard_sizes has a negative entry: [",
-                                                     absl::StrJoin(shard_sizes, ","), "]"));
+      return absl::InvalidArgumentError(absl::StrCat(naming.list, " has a negative entry: [",
+                                                     absl::StrJoin(sizes, ","), "]"));
     }
   }
-  const int64_t sum = std::accumulate(shard_sizes.begin(), shard_sizes.end(), int64_t{0});
+  const int64_t sum = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   if (sum != total) {
-    return absl::InvalidArgumentError(absl::StrCat("shard_sizes [", absl::StrJoin(shard_sizes, ","),
-                                                   "] sum to ", sum, ", expected numel ", total));
+    return absl::InvalidArgumentError(absl::StrCat(naming.list, " [", absl::StrJoin(sizes, ","),
+                                                   "] sum to ", sum, ", expected ", naming.total,
+                                                   " ", total));
   }
-  return shard_sizes;
+  return sizes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> ResolveShardSizes(const std::vector<int64_t>& shard_sizes,
+                                                       int64_t total, int size) {
+  return ResolveSizes(shard_sizes, total, size,
+                      {"shard_sizes", "equal shards need a numel", "numel"});
+}
+
+absl::StatusOr<std::vector<int64_t>> ResolveSplitSizes(const std::vector<int64_t>& split_sizes,
+                                                       int64_t rows, int size,
+                                                       const std::string& side) {
+  const std::string article = side == "input" ? "an " : "a ";
+  return ResolveSizes(split_sizes, rows, size,
+                      {absl::StrCat(side, "_split_sizes"),
+                       absl::StrCat("equal splits need ", article, side, " dim 0"),
+                       absl::StrCat(side, " dim 0 of")});
 }
 
 absl::StatusOr<bool> AllRanksOk(Communicator& comm, bool ok) {

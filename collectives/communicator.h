@@ -1,8 +1,9 @@
 // The Communicator interface: asynchronous collectives (all-reduce, tensor-form reduce-scatter and
-// all-gather, broadcast, barrier, grouped launches) over the ranks of one data-parallel group, with
-// a Work handle per launch and logical traffic counters. Backends: Gloo on CPU
-// (gloo_communicator.h), NCCL on CUDA tensors under --config=cuda (nccl_communicator.h); both over
-// the shared c10d wrapper in internal/c10d_communicator.h.
+// all-gather, broadcast, all-to-all with uneven splits, barrier, grouped launches) over the ranks of
+// one group (the data-parallel group, or a mesh role's: mesh.h), with a Work handle per launch and
+// logical traffic counters. Backends: Gloo on CPU (gloo_communicator.h), NCCL on CUDA tensors under
+// --config=cuda (nccl_communicator.h); both over the shared c10d wrapper in
+// internal/c10d_communicator.h.
 //
 // Cross-rank contract (as NCCL's "group semantics" and c10d's ProcessGroup):
 //   - Every rank must launch the same collectives, with the same kinds, element counts, dtypes and
@@ -46,9 +47,9 @@ enum class ReduceOp {
 const char* ReduceOpName(ReduceOp op);  // "sum", "avg"
 
 // Kinds of collective, for traffic counters and error messages.
-enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
-inline constexpr int kNumOpKinds = 5;
-const char* OpKindName(OpKind kind);  // "all_reduce", "reduce_scatter", ...
+enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kAllToAll };
+inline constexpr int kNumOpKinds = 6;
+const char* OpKindName(OpKind kind);  // "all_reduce", "reduce_scatter", ..., "all_to_all"
 
 struct AllReduceOptions {
   ReduceOp op = ReduceOp::kSum;
@@ -73,6 +74,16 @@ struct BroadcastOptions {
 };
 
 struct BarrierOptions {};
+
+struct AllToAllOptions {
+  // Rows (slices along dim 0) of the input sent to each rank, in rank order; must sum to the
+  // input's dim 0. Empty means equal splits: input dim 0 / size each (must divide evenly). Entries
+  // may be 0.
+  std::vector<int64_t> input_split_sizes;
+  // Rows of the output received from each rank, in rank order; must sum to the output's dim 0.
+  // Empty means equal splits of the output's dim 0. Entries may be 0.
+  std::vector<int64_t> output_split_sizes;
+};
 
 // In-place all-reduce of `tensor` (any shape, contiguous).
 struct AllReduceOp {
@@ -105,7 +116,25 @@ struct BroadcastOp {
   BroadcastOptions options;
 };
 
-using CollectiveOp = std::variant<AllReduceOp, ReduceScatterOp, AllGatherOp, BroadcastOp>;
+// Exchanges rows between all ranks (as torch.distributed.all_to_all_single): this rank's `input`
+// is cut along dim 0 into consecutive splits of input_split_sizes[j] rows, split j sent to rank j;
+// what rank j sends here lands in `output` at split j of output_split_sizes (rank order). `input`
+// and `output` are contiguous, have at least one dimension, the same dtype and the same trailing
+// dims (a row's shape: [N, 3] and [M, 3]); either may have 0 rows. They must not overlap. The split
+// to and from this rank itself is a local copy.
+// Cross-rank contract, besides the launch order: rank i's input_split_sizes[j] must equal rank j's
+// output_split_sizes[i] (rank j receives exactly what rank i sends it), and the trailing dims and
+// dtype must be the same on every rank; a mismatch is undefined behaviour of the engine (a hang
+// until the timeout, an engine error, or garbage). Mixture-of-experts token dispatch exchanges its
+// split sizes first (an equal-split all-to-all of one count per rank) to meet it.
+struct AllToAllOp {
+  at::Tensor input;   // [sum(input_split_sizes), ...]
+  at::Tensor output;  // [sum(output_split_sizes), ...], the same trailing dims
+  AllToAllOptions options;
+};
+
+using CollectiveOp =
+    std::variant<AllReduceOp, ReduceScatterOp, AllGatherOp, BroadcastOp, AllToAllOp>;
 OpKind KindOf(const CollectiveOp& op);
 
 // Handle to a launched collective (or group of collectives). Not thread-safe.
@@ -121,12 +150,13 @@ class Work {
 
 // Calls and bytes per kind of collective. `bytes` are LOGICAL: the size of the full (unsharded)
 // tensor of each collective (all-reduce: the tensor; reduce-scatter: the input; all-gather: the
-// output; broadcast: the tensor), independent of how the engine moves them. `wire_bytes` are what
-// this rank sends: counted exactly for the ring reduce-scatter and all-gather (the Gloo
-// communicator's: (N - 1)/N of the logical bytes, the ideal), and for the engine's own
-// collectives what a ring sends per rank: 2 (N - 1)/N of an all-reduce, (N - 1)/N of a
-// reduce-scatter, all-gather or broadcast (an engine may move more; a reduce-scatter emulated by an
-// all-reduce counts as the all-reduce).
+// output; broadcast: the tensor; all-to-all: this rank's input), independent of how the engine
+// moves them. `wire_bytes` are what this rank sends: counted exactly for the ring reduce-scatter
+// and all-gather (the Gloo communicator's: (N - 1)/N of the logical bytes, the ideal) and for
+// all-to-all (the input rows outside this rank's own split), and for the engine's own collectives
+// what a ring sends per rank: 2 (N - 1)/N of an all-reduce, (N - 1)/N of a reduce-scatter,
+// all-gather or broadcast (an engine may move more; a reduce-scatter emulated by an all-reduce
+// counts as the all-reduce).
 struct TrafficCounters {
   std::array<int64_t, kNumOpKinds> calls{};
   std::array<int64_t, kNumOpKinds> bytes{};
@@ -155,8 +185,9 @@ class Communicator {
   // Launches `ops` back to back as one group and returns one Work that completes when all of them
   // have. Each op counts as one collective in the cross-rank order. An empty group is an error.
   // Errors (at launch, nothing is enqueued): kInvalidArgument naming the op's index, kind and the
-  // offending property (undefined or non-contiguous tensor, shard sizes, dtype mismatch, AVG of an
-  // integer dtype, root out of range); kFailedPrecondition after an earlier failure.
+  // offending property (undefined or non-contiguous tensor, shard or split sizes, dtype mismatch,
+  // AVG of an integer dtype, root out of range, all-to-all rows of different shapes);
+  // kFailedPrecondition after an earlier failure.
   virtual absl::StatusOr<std::unique_ptr<Work>> LaunchGroup(std::vector<CollectiveOp> ops) = 0;
 
   // Synchronizes all ranks. Errors as LaunchGroup.
@@ -174,6 +205,8 @@ class Communicator {
                                                   const AllGatherOptions& options = {});
   absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor tensor,
                                                   const BroadcastOptions& options = {});
+  absl::StatusOr<std::unique_ptr<Work>> AllToAll(at::Tensor input, at::Tensor output,
+                                                 const AllToAllOptions& options = {});
 };
 
 // Shard sizes of `total` elements over `size` ranks as the options describe: `shard_sizes` if
@@ -181,6 +214,14 @@ class Communicator {
 // negative entry or the wrong sum, or if `total` does not divide evenly.
 absl::StatusOr<std::vector<int64_t>> ResolveShardSizes(const std::vector<int64_t>& shard_sizes,
                                                        int64_t total, int size);
+
+// Rows per rank of an all-to-all's input or output (`side`: "input" or "output") with `rows` rows
+// over `size` ranks: `split_sizes` if given, else equal splits. Errors: kInvalidArgument if the
+// given sizes have the wrong count, a negative entry or the wrong sum ("input_split_sizes [1,2] sum
+// to 3, expected input dim 0 of 4"), or if `rows` does not divide evenly.
+absl::StatusOr<std::vector<int64_t>> ResolveSplitSizes(const std::vector<int64_t>& split_sizes,
+                                                       int64_t rows, int size,
+                                                       const std::string& side);
 
 // Whether `ok` holds on every rank of `comm`: one SUM all-reduce of a "failed here" flag on
 // comm.device(), waited for with comm.timeout(); also a barrier. Every rank must call it. Errors:

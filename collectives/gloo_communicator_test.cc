@@ -2,6 +2,7 @@
 // Multi-rank behaviour is in gloo_conformance_test (real processes).
 #include "collectives/gloo_communicator.h"
 
+#include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -167,6 +168,21 @@ TEST(GlooCommunicatorTest, SingleRankCollectivesAndLaunchValidation) {
                        AllOf(HasSubstr("all_reduce"), HasSubstr("is undefined"))));
   EXPECT_EQ(comm->traffic().Calls(OpKind::kAllReduce), 1);
   EXPECT_EQ(comm->traffic().Bytes(OpKind::kAllReduce), 16);
+
+  // All-to-all at one rank: a local copy, nothing on the wire.
+  at::Tensor rows = at::arange(6, at::kLong).reshape({3, 2});
+  at::Tensor copied = at::zeros({3, 2}, at::kLong);
+  ASSERT_OK_AND_ASSIGN(work, comm->AllToAll(rows, copied, {{3}, {3}}));
+  EXPECT_OK(work->Wait(absl::Seconds(10)));
+  EXPECT_TRUE(copied.equal(rows));
+  EXPECT_THAT(comm->AllToAll(rows, at::zeros({2, 2}, at::kLong), {{3}, {3}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("op 0 (all_to_all): output_split_sizes [3] sum to 3, expected "
+                                 "output dim 0 of 2")));
+  EXPECT_EQ(comm->traffic().Calls(OpKind::kAllToAll), 1);
+  EXPECT_EQ(comm->traffic().Bytes(OpKind::kAllToAll), 48);
+  EXPECT_EQ(comm->traffic().WireBytes(OpKind::kAllToAll), 0);
+  EXPECT_STREQ(OpKindName(OpKind::kAllToAll), "all_to_all");
 
   // AllRanksOk: one float all-reduce each.
   ASSERT_OK_AND_ASSIGN(const bool all_ok, AllRanksOk(*comm, true));

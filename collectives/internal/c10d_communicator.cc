@@ -206,6 +206,49 @@ absl::Status CheckAvg(ReduceOp op, const at::Tensor& t, const std::string& what)
 
 int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// The shape of one row (the dims after dim 0) of `t`, for messages: "[3]", "[]".
+std::string RowShape(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes().slice(1), ","), "]");
+}
+
+// Whether the bytes of contiguous `a` and `b` overlap.
+bool Overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto* a_begin = static_cast<const char*>(a.data_ptr());
+  const auto* b_begin = static_cast<const char*>(b.data_ptr());
+  return a_begin < b_begin + Bytes(b) && b_begin < a_begin + Bytes(a);
+}
+
+// The launch checks of an all-to-all over `size` ranks (communicator.h's AllToAllOp).
+absl::Status CheckAllToAll(const AllToAllOp& op, int size, const EngineTraits& traits,
+                           const std::string& what) {
+  RETURN_IF_ERROR(CheckTensor(op.input, what + " input", traits));
+  RETURN_IF_ERROR(CheckTensor(op.output, what + " output", traits));
+  RETURN_IF_ERROR(CheckSameDtype(op.input, op.output, what));
+  if (op.input.dim() == 0 || op.output.dim() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", op.input.dim() == 0 ? "input" : "output",
+        " is 0-d; all_to_all splits rows along dim 0 (shape [N] or [N, ...])"));
+  }
+  if (op.input.sizes().slice(1) != op.output.sizes().slice(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": input rows have shape ", RowShape(op.input), ", output rows ",
+                     RowShape(op.output), "; the dims after dim 0 must match"));
+  }
+  if (Overlap(op.input, op.output)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": input and output overlap in memory"));
+  }
+  absl::StatusOr<std::vector<int64_t>> splits =
+      ResolveSplitSizes(op.options.input_split_sizes, op.input.size(0), size, "input");
+  if (splits.ok()) {
+    splits = ResolveSplitSizes(op.options.output_split_sizes, op.output.size(0), size, "output");
+  }
+  if (!splits.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", splits.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 class C10dCommunicator : public Communicator {
  public:
   C10dCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
@@ -370,6 +413,9 @@ class C10dCommunicator : public Communicator {
       }
       return absl::OkStatus();
     }
+    if (const auto* op = std::get_if<AllToAllOp>(&any)) {
+      return CheckAllToAll(*op, size, traits_, what);
+    }
     const auto& op = std::get<BroadcastOp>(any);
     RETURN_IF_ERROR(CheckTensor(op.tensor, what + " tensor", traits_));
     if (op.options.root < 0 || op.options.root >= size) {
@@ -466,6 +512,24 @@ class C10dCommunicator : public Communicator {
     options.rootRank = op.options.root;
     options.timeout = ToChrono(timeout_);
     pending.work = backend_->broadcast(tensors, options);
+  }
+
+  // All-to-all by the engine (c10d's alltoall_base, rows along dim 0), always with explicit splits.
+  // Wire bytes: every input row but those of this rank's own split, which is a local copy.
+  void Enqueue(AllToAllOp& op, PendingOp& pending) {
+    const int size = shared_->size;
+    const int rank = shared_->rank;
+    std::vector<int64_t> input_splits =
+        *ResolveSplitSizes(op.options.input_split_sizes, op.input.size(0), size, "input");
+    std::vector<int64_t> output_splits =
+        *ResolveSplitSizes(op.options.output_split_sizes, op.output.size(0), size, "output");
+    const int64_t rows = op.input.size(0);
+    const int64_t row_bytes = rows > 0 ? Bytes(op.input) / rows : 0;
+    Count(OpKind::kAllToAll, Bytes(op.input), (rows - input_splits[rank]) * row_bytes);
+    c10d::AllToAllOptions options;
+    options.timeout = ToChrono(timeout_);
+    pending.work =
+        backend_->alltoall_base(op.output, op.input, output_splits, input_splits, options);
   }
 
   // Reduce-scatter by the engine: uneven shards are staged in an input padded to the largest
