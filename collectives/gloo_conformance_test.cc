@@ -48,6 +48,19 @@ TEST_P(GlooConformanceTest, RankKilled) {
   }
 }
 
+TEST_P(GlooConformanceTest, AllToAll) {
+  testing::RunOnRanks(
+      GetParam(), [](Communicator& comm) { ASSERT_OK(RunConformanceCase("all_to_all", comm)); },
+      WithTimeout(absl::Seconds(20)));
+}
+
+TEST_P(GlooConformanceTest, AllToAllNotLaunchedByAPeer) {
+  testing::RunOnRanks(
+      GetParam(),
+      [](Communicator& comm) { ASSERT_OK(RunConformanceCase("all_to_all_not_launched", comm)); },
+      WithTimeout(absl::Seconds(2)));
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooConformanceTest, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat(info.param, "Ranks");

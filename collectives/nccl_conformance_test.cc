@@ -82,6 +82,23 @@ TEST_P(NcclConformanceTest, Arithmetic) {
       Nccl(absl::Seconds(20)));
 }
 
+TEST_P(NcclConformanceTest, AllToAll) {
+  testing::RunOnRanks(
+      GetParam(),
+      [](Communicator& comm) { ASSERT_OK(RunConformanceCase("all_to_all", comm, comm.device())); },
+      Nccl(absl::Seconds(20)));
+}
+
+TEST_P(NcclConformanceTest, AllToAllNotLaunchedByAPeer) {
+  if (GetParam() < 2) GTEST_SKIP() << "needs a surviving rank";
+  testing::RunOnRanks(
+      GetParam(),
+      [](Communicator& comm) {
+        ASSERT_OK(RunConformanceCase("all_to_all_not_launched", comm, comm.device()));
+      },
+      Nccl(absl::Seconds(2)));
+}
+
 TEST_P(NcclConformanceTest, RankSleepsPastTimeout) {
   if (GetParam() < 2) GTEST_SKIP() << "needs a surviving rank";
   testing::RunOnRanks(

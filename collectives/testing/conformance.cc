@@ -1,14 +1,19 @@
 #include "collectives/testing/conformance.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 #include <numeric>
+#include <tuple>
 #include <thread>
 #include <utility>
 
@@ -298,6 +303,153 @@ absl::Status TrafficAndValidation(Communicator& comm) {
                absl::StrCat("empty group gave ", empty.status().ToString()));
 }
 
+// All-to-all layouts: counts[s][d] rows go from rank s to rank d.
+struct AllToAllLayout {
+  std::string name;
+  std::vector<std::vector<int64_t>> counts;  // [sender][receiver]
+  bool equal = false;                         // launched with empty split sizes (equal splits)
+
+  std::vector<int64_t> Sent(int rank) const { return counts[rank]; }
+  std::vector<int64_t> Received(int rank) const {
+    std::vector<int64_t> column;
+    for (const std::vector<int64_t>& row : counts) column.push_back(row[rank]);
+    return column;
+  }
+  AllToAllOptions OptionsOf(int rank) const {
+    if (equal) return {};
+    return {Sent(rank), Received(rank)};
+  }
+};
+
+// Equal splits; uneven ones with zero rows between some pairs; rank 0 sending nothing and the last
+// rank receiving nothing (a rank with an empty input, another with an empty output); all empty.
+std::vector<AllToAllLayout> AllToAllLayouts(int size) {
+  auto matrix = [size](const std::function<int64_t(int, int)>& rows) {
+    std::vector<std::vector<int64_t>> counts(size, std::vector<int64_t>(size));
+    for (int s = 0; s < size; ++s) {
+      for (int d = 0; d < size; ++d) counts[s][d] = rows(s, d);
+    }
+    return counts;
+  };
+  return {
+      {"equal", matrix([](int, int) { return 2; }), true},
+      {"uneven", matrix([](int s, int d) { return (s + 2 * d) % 3; }), false},
+      {"rank 0 sends nothing, the last rank receives nothing",
+       matrix([size](int s, int d) { return s == 0 || d == size - 1 ? 0 : (s + d) % 2 + 1; }),
+       false},
+      {"all empty", matrix([](int, int) { return 0; }), false},
+  };
+}
+
+// The `count` rows rank `src` sends rank `dst`, each of shape `row`, on the CPU: small integers that
+// name the pair (exact in bf16).
+at::Tensor SentRows(int src, int dst, int64_t count, const std::vector<int64_t>& row,
+                    at::ScalarType dtype) {
+  std::vector<int64_t> shape = {count};
+  shape.insert(shape.end(), row.begin(), row.end());
+  int64_t row_numel = 1;
+  for (int64_t d : row) row_numel *= d;
+  return at::arange(count * row_numel, at::kFloat)
+      .add(src * 16 + dst * 4)
+      .remainder(128)
+      .to(dtype)
+      .reshape(shape);
+}
+
+// Rank `rank`'s all-to-all input under `layout` (on the conformance device), and the output it
+// must receive (on the CPU).
+std::pair<at::Tensor, at::Tensor> AllToAllData(const AllToAllLayout& layout, int rank,
+                                               const std::vector<int64_t>& row,
+                                               at::ScalarType dtype) {
+  std::vector<at::Tensor> sent, received;
+  for (int r = 0; r < static_cast<int>(layout.counts.size()); ++r) {
+    sent.push_back(SentRows(rank, r, layout.counts[rank][r], row, dtype));
+    received.push_back(SentRows(r, rank, layout.counts[r][rank], row, dtype));
+  }
+  return {at::cat(sent).to(g_device), at::cat(received)};
+}
+
+// An output for `want` on the conformance device, filled with -1 so rows left unwritten show.
+at::Tensor PoisonedLike(const at::Tensor& want) {
+  return at::full(want.sizes(), -1, On(want.scalar_type()));
+}
+
+absl::Status AllToAllCases(Communicator& comm) {
+  const int rank = comm.rank();
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    for (const std::vector<int64_t>& row : {std::vector<int64_t>{}, std::vector<int64_t>{3}}) {
+      for (const AllToAllLayout& layout : AllToAllLayouts(comm.size())) {
+        const std::string what = Name("all_to_all", dtype,
+                                      absl::StrCat(layout.name, ", rows [", absl::StrJoin(row, ","),
+                                                   "], sent [", absl::StrJoin(layout.Sent(rank), ","),
+                                                   "], received [",
+                                                   absl::StrJoin(layout.Received(rank), ","), "]"));
+        auto [input, want] = AllToAllData(layout, rank, row, dtype);
+        at::Tensor output = PoisonedLike(want);
+        RETURN_IF_ERROR(WaitOk(comm.AllToAll(input, output, layout.OptionsOf(rank)), comm, what));
+        RETURN_IF_ERROR(Check(output.sizes() == want.sizes(), what + ": output reshaped"));
+        RETURN_IF_ERROR(ExpectEqual(output, want, what));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Three all-to-alls (uneven fp32 [N, 3], equal int64 [N], rank 0 sending nothing in bf16 [N, 3])
+// around an all-reduce, in one group; then their traffic: one call each, the input's bytes, and on
+// the wire exactly the rows sent to other ranks.
+absl::Status AllToAllGrouped(Communicator& comm) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  const std::vector<AllToAllLayout> layouts = AllToAllLayouts(size);
+  struct Exchange {
+    const AllToAllLayout* layout;
+    std::vector<int64_t> row;
+    at::ScalarType dtype;
+    at::Tensor input, output, want;
+  };
+  std::vector<Exchange> exchanges = {{&layouts[1], {3}, at::kFloat, {}, {}, {}},
+                                     {&layouts[0], {}, at::kLong, {}, {}, {}},
+                                     {&layouts[2], {3}, at::kBFloat16, {}, {}, {}}};
+  int64_t bytes = 0, wire = 0;
+  for (Exchange& e : exchanges) {
+    std::tie(e.input, e.want) = AllToAllData(*e.layout, rank, e.row, e.dtype);
+    e.output = PoisonedLike(e.want);
+    const int64_t row_bytes =
+        static_cast<int64_t>(e.input.element_size()) * (e.row.empty() ? 1 : e.row[0]);
+    for (int d = 0; d < size; ++d) {
+      bytes += e.layout->counts[rank][d] * row_bytes;
+      if (d != rank) wire += e.layout->counts[rank][d] * row_bytes;
+    }
+  }
+  at::Tensor summed = Input(rank, 40, at::kFloat, 6);
+  std::vector<CollectiveOp> ops;
+  ops.push_back(AllToAllOp{exchanges[0].input, exchanges[0].output, layouts[1].OptionsOf(rank)});
+  ops.push_back(AllReduceOp{summed, {ReduceOp::kSum}});
+  ops.push_back(AllToAllOp{exchanges[1].input, exchanges[1].output, layouts[0].OptionsOf(rank)});
+  ops.push_back(AllToAllOp{exchanges[2].input, exchanges[2].output, layouts[2].OptionsOf(rank)});
+  const TrafficCounters before = comm.traffic();
+  RETURN_IF_ERROR(WaitOk(comm.LaunchGroup(std::move(ops)), comm, "grouped all_to_all"));
+  const TrafficCounters after = comm.traffic();
+  for (size_t i = 0; i < exchanges.size(); ++i) {
+    RETURN_IF_ERROR(ExpectEqual(exchanges[i].output, exchanges[i].want,
+                                absl::StrCat("group all_to_all ", i, " (", exchanges[i].layout->name,
+                                             ")")));
+  }
+  RETURN_IF_ERROR(ExpectReduced(comm, summed, Reduced(size, 40, ReduceOp::kSum, 6), ReduceOp::kSum,
+                                "group all_reduce between all_to_alls"));
+  const OpKind kind = OpKind::kAllToAll;
+  RETURN_IF_ERROR(Check(after.Calls(kind) - before.Calls(kind) == 3 &&
+                            after.Calls(OpKind::kAllReduce) - before.Calls(OpKind::kAllReduce) == 1,
+                        "a group of 3 all_to_all and 1 all_reduce did not count 3 and 1 calls"));
+  RETURN_IF_ERROR(Check(after.Bytes(kind) - before.Bytes(kind) == bytes,
+                        absl::StrCat("all_to_all bytes ", after.Bytes(kind) - before.Bytes(kind),
+                                     ", expected the inputs' ", bytes)));
+  return Check(after.WireBytes(kind) - before.WireBytes(kind) == wire,
+               absl::StrCat("all_to_all wire bytes ", after.WireBytes(kind) - before.WireBytes(kind),
+                            ", expected the ", wire, " bytes of rows sent to other ranks"));
+}
+
 absl::Status ExpectError(const absl::Status& status, absl::StatusCode code,
                          const std::vector<std::string>& substrings, const std::string& what) {
   std::fprintf(stderr, "%s: got %s\n", what.c_str(), status.ToString().c_str());
@@ -330,6 +482,59 @@ absl::Status ExpectNamesRank(const absl::Status& status, int rank, absl::string_
   return Check(NamesRank(status.message(), rank, detail),
                absl::StrCat(what, ": expected rank ", rank, " named with '", detail, "', got ",
                             status.ToString()));
+}
+
+// Launch validation of all-to-all: each bad launch fails locally with kInvalidArgument naming the
+// op, its kind and the property, and enqueues nothing, so a good all-to-all after them still
+// matches the other ranks'.
+absl::Status AllToAllValidation(Communicator& comm) {
+  const int size = comm.size();
+  const at::Tensor rows = at::zeros({2 * size, 3}, On(at::kFloat));
+  auto expect = [&](absl::StatusOr<std::unique_ptr<Work>> got, const std::string& substring) {
+    return ExpectError(got.status(), absl::StatusCode::kInvalidArgument,
+                       {"(all_to_all)", substring}, absl::StrCat("all_to_all: ", substring));
+  };
+  auto splits = [](std::vector<int64_t> input, std::vector<int64_t> output) {
+    return AllToAllOptions{std::move(input), std::move(output)};
+  };
+  RETURN_IF_ERROR(expect(comm.AllToAll(at::Tensor(), rows), "op 0 (all_to_all) input is undefined"));
+  RETURN_IF_ERROR(expect(comm.AllToAll(at::zeros({3, 2 * size}, On(at::kFloat)).t(), rows.clone()),
+                         "input must be contiguous"));
+  RETURN_IF_ERROR(expect(comm.AllToAll(rows, at::zeros({2 * size, 3}, On(at::kBFloat16))),
+                         "output dtype BFloat16 differs from input dtype Float"));
+  RETURN_IF_ERROR(expect(comm.AllToAll(rows, at::zeros({2 * size, 4}, On(at::kFloat))),
+                         "input rows have shape [3], output rows [4]"));
+  RETURN_IF_ERROR(expect(comm.AllToAll(at::zeros({}, On(at::kFloat)), rows.clone()),
+                         "input is 0-d"));
+  RETURN_IF_ERROR(expect(comm.AllToAll(rows, rows), "input and output overlap in memory"));
+  const std::vector<int64_t> two(size, 2);
+  std::vector<int64_t> one_more = two;
+  one_more.push_back(0);
+  RETURN_IF_ERROR(expect(comm.AllToAll(rows, rows.clone(), splits(one_more, two)),
+                         absl::StrCat("input_split_sizes has ", size + 1,
+                                      " entries, expected one per rank (", size, ")")));
+  std::vector<int64_t> negative = two;
+  negative[0] = -1;
+  RETURN_IF_ERROR(expect(comm.AllToAll(rows, rows.clone(), splits(two, negative)),
+                         "output_split_sizes has a negative entry"));
+  RETURN_IF_ERROR(expect(
+      comm.AllToAll(rows, at::zeros({2 * size + 1, 3}, On(at::kFloat)), splits(two, two)),
+      absl::StrCat("output_split_sizes [", absl::StrJoin(two, ","), "] sum to ", 2 * size,
+                   ", expected output dim 0 of ", 2 * size + 1)));
+  if (size > 1) {
+    RETURN_IF_ERROR(expect(comm.AllToAll(at::zeros({2 * size + 1}, On(at::kFloat)),
+                                         at::zeros({2 * size}, On(at::kFloat))),
+                           absl::StrCat("equal splits need an input dim 0 divisible by ", size,
+                                        " ranks; got ", 2 * size + 1)));
+  }
+  // In a group: the op's index, and nothing of the group enqueued.
+  std::vector<CollectiveOp> group;
+  group.push_back(AllReduceOp{at::zeros({4}, On(at::kFloat)), {}});
+  group.push_back(AllToAllOp{rows, at::zeros({2 * size, 3}, On(at::kLong)), {}});
+  RETURN_IF_ERROR(expect(comm.LaunchGroup(std::move(group)), "op 1 (all_to_all): output dtype"));
+  at::Tensor output = at::zeros({2 * size, 3}, On(at::kFloat));
+  RETURN_IF_ERROR(WaitOk(comm.AllToAll(rows.add(1), output), comm, "all_to_all after rejections"));
+  return ExpectEqual(output, at::ones({2 * size, 3}, at::kFloat), "all_to_all after rejections");
 }
 
 absl::Status SleepPastTimeout(Communicator& comm) {
@@ -375,6 +580,36 @@ absl::Status KilledRank(Communicator& comm) {
                      {"unusable after an earlier collective failed"}, "launch after failure");
 }
 
+// The last rank never launches all-to-all #2 (it sleeps past the timeout, then leaves): the others
+// see kDeadlineExceeded from a short wait and kUnavailable from the engine's timeout, both naming
+// "all_to_all #2" and the rank that did not launch it.
+absl::Status AllToAllNotLaunched(Communicator& comm) {
+  const int victim = comm.size() - 1;
+  const AllToAllLayout layout = AllToAllLayouts(comm.size())[1];
+  auto [input, want] = AllToAllData(layout, comm.rank(), {3}, at::kFloat);
+  at::Tensor output = PoisonedLike(want);
+  RETURN_IF_ERROR(WaitOk(comm.AllToAll(input, output, layout.OptionsOf(comm.rank())), comm,
+                         "all_to_all #1"));
+  const absl::Duration timeout = comm.timeout();
+  if (comm.rank() == victim) {
+    // Alive (its connections open) until the others' engine timeout has passed.
+    absl::SleepFor(timeout + absl::Seconds(5));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Work> work,
+                   comm.AllToAll(input, output, layout.OptionsOf(comm.rank())));
+  const absl::Status short_wait = work->Wait(timeout / 2);
+  RETURN_IF_ERROR(ExpectError(short_wait, absl::StatusCode::kDeadlineExceeded,
+                              {"all_to_all #2 did not complete within", "not launched by"},
+                              "all_to_all short wait"));
+  RETURN_IF_ERROR(ExpectNamesRank(short_wait, victim, "last launched #1", "all_to_all short wait"));
+  const absl::Status engine = work->Wait(timeout + absl::Seconds(3));
+  RETURN_IF_ERROR(ExpectError(engine, absl::StatusCode::kUnavailable,
+                              {"all_to_all #2 failed on rank", "not launched by"},
+                              "all_to_all engine timeout"));
+  return ExpectNamesRank(engine, victim, "last launched #1", "all_to_all engine timeout");
+}
+
 }  // namespace
 
 absl::Status RunConformanceCase(absl::string_view name, Communicator& comm, at::Device device) {
@@ -387,7 +622,13 @@ absl::Status RunConformanceCase(absl::string_view name, Communicator& comm, at::
     RETURN_IF_ERROR(GroupedLaunch(comm));
     return TrafficAndValidation(comm);
   }
+  if (name == "all_to_all") {
+    RETURN_IF_ERROR(AllToAllCases(comm));
+    RETURN_IF_ERROR(AllToAllGrouped(comm));
+    return AllToAllValidation(comm);
+  }
   if (name == "sleep_past_timeout") return SleepPastTimeout(comm);
+  if (name == "all_to_all_not_launched") return AllToAllNotLaunched(comm);
   if (name == "killed_rank") return KilledRank(comm);
   return absl::InvalidArgumentError(absl::StrCat("unknown conformance case '", name, "'"));
 }

@@ -16,6 +16,15 @@ namespace orthoshard::collectives::testing {
 //   "arithmetic": every collective, SUM and AVG, fp32 and bf16, even/uneven/empty shards, in-place
 //     shards, grouped launches, barrier, traffic counters and launch validation, each compared with
 //     the same arithmetic done locally.
+//   "all_to_all": all-to-all with equal splits, uneven ones with zero rows between some ranks, a
+//     rank sending nothing and one receiving nothing, and all empty; rows of shape [] and [3];
+//     fp32, bf16 and int64; three all-to-alls and an all-reduce in one group with their traffic
+//     counters (calls, the inputs' bytes, the wire bytes of rows sent to other ranks, exactly);
+//     launch validation (undefined, non-contiguous, 0-d, overlapping tensors, dtypes, row shapes,
+//     split counts, negative splits, sums, equal splits that do not divide).
+//   "all_to_all_not_launched": the last rank never launches all-to-all #2; the others must see
+//     kDeadlineExceeded from a short Wait and kUnavailable from the engine's timeout, both naming
+//     "all_to_all #2" and that rank ("last launched #1"). Needs 2 ranks or more.
 //   "sleep_past_timeout": the last rank sleeps past the communicator's timeout before an
 //     all-reduce; the others must see kDeadlineExceeded naming "all_reduce #2" and that rank from a
 //     short Wait, then kUnavailable from the engine's own timeout; the sleeper gets kUnavailable.
