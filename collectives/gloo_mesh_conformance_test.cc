@@ -2,7 +2,9 @@
 // (testing/multi_rank.h) as a tp 2 x dp 2 grid, the suite on the dp groups and on the tp groups
 // (two groups of each at once, each its own communicator), and the arithmetic on a group of one
 // rank (cp). In the failure cases "the last rank" is each group's last; their errors name ranks
-// by their rank in the group and the world rank: "rank 1 (global 3, last launched #1)".
+// by their rank in the group and the world rank: "rank 1 (global 3, last launched #1)". The
+// all-to-all case runs on the expert-parallel groups of dp 4 x ep 2, as mixture-of-experts token
+// dispatch does: two groups {0, 1} and {2, 3} at once, neither the world nor a dp group.
 #include <ATen/Parallel.h>
 
 #include <string>
@@ -44,6 +46,22 @@ TEST(GlooMeshConformanceTest, ArithmeticOnDpTpAndSingleRankGroups) {
         ASSERT_OK(RunConformanceCase("arithmetic", mesh.dp()));
         ASSERT_OK(RunConformanceCase("arithmetic", mesh.tp()));
         ASSERT_OK(RunConformanceCase("arithmetic", mesh.cp()));
+      },
+      testing::WithTimeouts(absl::Seconds(30), absl::Seconds(120)));
+}
+
+TEST(GlooMeshConformanceTest, AllToAllOnEpGroups) {
+  testing::RunOnRanks(
+      kWorld,
+      [](Communicator& world) {
+        at::set_num_threads(1);
+        MeshGrid grid;
+        grid.dp = kWorld;
+        grid.ep = 2;
+        ASSERT_OK_AND_ASSIGN(Mesh mesh, Mesh::Create(world, grid));
+        ASSERT_EQ(mesh.ep().size(), 2);
+        ASSERT_NE(&mesh.ep(), &world);
+        ASSERT_OK(RunConformanceCase("all_to_all", mesh.ep()));
       },
       testing::WithTimeouts(absl::Seconds(30), absl::Seconds(120)));
 }
