@@ -65,8 +65,9 @@ absl::Status ParamAndGradBucketGroup::StartGradSync() {
     // A group none of whose params got a gradient this step has no full grads yet: zeros.
     for (int bucket : buckets()) buffer_->MaterializeGrads(bucket);
     // Pre-scale so that the SUM is the mean (Megatron's gradient_scaling_factor).
-    if (options_->average_gradients && size > 1) {
-      for (int bucket : buckets()) buffer_->GradBucket(bucket).mul_(1.0 / size);
+    const int over = options_->average_over > 0 ? options_->average_over : size;
+    if (options_->average_gradients && over > 1) {
+      for (int bucket : buckets()) buffer_->GradBucket(bucket).mul_(1.0 / over);
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("scaling the gradients of ", Name(),

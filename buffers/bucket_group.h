@@ -73,6 +73,11 @@ struct BucketGroupOptions {
   // Multiply each bucket by 1 / (ranks of its communicator) before the SUM grad sync, so that the
   // result is the mean (Megatron's gradient pre-scaling). false: the plain sum.
   bool average_gradients = true;
+  // With average_gradients, the ranks the mean is over, for every group: 0 means each group's
+  // communicator size. Experts: the dense data-parallel size, because an expert's gradient on its
+  // expt_dp rank already sums the contributions of every ep rank's tokens (routed to it by
+  // all-to-all): Megatron's expert_gradient_scaling_factor = 1 / dense dp size.
+  int average_over = 0;
   // Start a group's grad sync from RegisterGradReady as soon as it (and every group before it in
   // its chain) is complete. false: FinishGradSync starts them all.
   bool overlap_grad_reduce = true;

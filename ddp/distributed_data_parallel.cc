@@ -153,17 +153,18 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
     buffers_.push_back(std::move(buffer));
     comms.push_back(comm);
   }
-  RETURN_IF_ERROR(BuildSync(comms, num_params));
+  RETURN_IF_ERROR(BuildSync(comms, num_params, dense_comm->size()));
   return HookGradients(params, names);
 }
 
 // The bucket groups (dense buffers chained apart from expert ones when their communicators
 // differ), and which group every param belongs to.
 absl::Status DistributedDataParallel::BuildSync(const std::vector<Communicator*>& comms,
-                                                int num_params) {
+                                                int num_params, int dense_ranks) {
   buffers::BucketGroupOptions options;
   options.grad_sync = config_.grad_sync;
   options.average_gradients = config_.average_gradients;
+  options.average_over = dense_ranks;  // experts too (BucketGroupOptions::average_over)
   options.overlap_grad_reduce = config_.overlap_grad_reduce;
   options.overlap_param_gather = config_.overlap_param_gather;
   options.timeout = config_.timeout;

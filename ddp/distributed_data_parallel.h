@@ -194,7 +194,9 @@ class DistributedDataParallel {
   //     are allocated), dtypes and numels as planned.
   //   dense_comm: the data-parallel group of dense buffers; size() must equal their layout dp.
   //   expert_comm: the group of expert buffers (layout key.expert); nullptr means dense_comm.
-  //   Both must outlive this object.
+  //   Both must outlive this object. With average_gradients every buffer's grads are scaled by
+  //   1 / dense_comm->size(), expert ones too: an expert's gradient already sums what every ep
+  //   rank's tokens contributed (BucketGroupOptions::average_over).
   // Errors: kInvalidArgument naming the param or buffer for a param placed in no buffer or in two,
   // a param without requires_grad or not a leaf, a communicator whose size differs from the
   // buffer's dp, communicators on different devices, a non-fp32 grad buffer with
@@ -319,7 +321,8 @@ class DistributedDataParallel {
                                 const std::vector<at::Tensor>& params,
                                 collectives::Communicator* dense_comm,
                                 collectives::Communicator* expert_comm);
-  absl::Status BuildSync(const std::vector<collectives::Communicator*>& comms, int num_params);
+  absl::Status BuildSync(const std::vector<collectives::Communicator*>& comms, int num_params,
+                         int dense_ranks);
   absl::Status HookGradients(const std::vector<at::Tensor>& params,
                              const std::vector<std::string>& names);
   void ResetGradSyncState();

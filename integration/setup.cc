@@ -156,9 +156,12 @@ absl::Status RouteAndLayOut(const TrainerConfig& c, const model::GptConfig& gpt,
     spec.role = s.routing.entries[i].route == optimizers::Route::kMuon ? layout::ParamRole::kMuon
                                                                       : layout::ParamRole::kAdam;
     spec.shared_embedding = params[i].kind == model::ParamKind::kEmbedding && gpt.tie_embeddings;
+    spec.expert = params[i].expert >= 0;  // planned over expt_dp, in buffers of their own
     specs.push_back(std::move(spec));
   }
-  ASSIGN_OR_RETURN(s.layout, layout::ComputeFullParamLayout(specs, LayoutOptionsOf(c, dp)));
+  layout::LayoutOptions options = LayoutOptionsOf(c, dp);
+  options.expert_dp = s.mesh->expt_dp().size();
+  ASSIGN_OR_RETURN(s.layout, layout::ComputeFullParamLayout(specs, options));
   return absl::OkStatus();
 }
 
@@ -203,7 +206,7 @@ absl::Status BuildOptimizer(const TrainerConfig& c, Setup& s) {
                                     SpecOf(c.dist).sharded_step
                                         ? optimizers::distributed::DistributedMode::kSharded
                                         : optimizers::distributed::DistributedMode::kReplicated,
-                                    splits, &s.ddp->bucket_groups()));
+                                    splits, &s.ddp->bucket_groups(), &s.mesh->expt_dp()));
   return absl::OkStatus();
 }
 
@@ -254,8 +257,11 @@ std::string LayoutSummary(const layout::FullParamLayout& full) {
 absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   Setup s;
   s.mode = c.dist;
-  ASSIGN_OR_RETURN(collectives::Mesh mesh,
-                   collectives::Mesh::Create(comm, collectives::DataParallelGrid(comm.size())));
+  // Dense params data parallel over the world; experts split over ep, their params data parallel
+  // over expt_dp = world / ep.
+  collectives::MeshGrid grid = collectives::DataParallelGrid(comm.size());
+  grid.ep = static_cast<int>(c.ep);
+  ASSIGN_OR_RETURN(collectives::Mesh mesh, collectives::Mesh::Create(comm, grid));
   s.mesh = std::make_unique<collectives::Mesh>(std::move(mesh));
   ASSIGN_OR_RETURN(TrainingData data, LoadTrainingData(c));
   const model::GptConfig& gpt = data.model.config;
@@ -276,7 +282,7 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   // device starts from the same weights) into the buffers.
   ASSIGN_OR_RETURN(Gpt model, Gpt::CreateUninitialized(
                                   gpt, c.precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat,
-                                  comm.device()));
+                                  comm.device(), model::ExpertParallel{&s.mesh->ep()}));
   s.model = std::make_unique<Gpt>(std::move(model));
   RETURN_IF_ERROR(RouteAndLayOut(c, gpt, s.mesh->dp().size(), s));
   RETURN_IF_ERROR(BuildDataParallel(c, s));

@@ -41,6 +41,7 @@
 #include "data/loader.h"
 #include "ddp/distributed_data_parallel.h"
 #include "integration/checkpointer.h"
+#include "integration/experts.h"
 #include "integration/metrics/progress.h"
 #include "integration/metrics/run_metrics.h"
 #include "integration/metrics/step_profiler.h"
@@ -128,9 +129,11 @@ absl::Status RunModelPass(Setup& s, const std::function<absl::Status()>& pass) {
     status = pass();
   } catch (const c10::Error&) {
     RETURN_IF_ERROR(s.ddp->TakeHookError());
+    RETURN_IF_ERROR(s.model->TakeCollectiveError());  // an expert all-to-all in backward
     throw;
   }
   RETURN_IF_ERROR(s.ddp->TakeHookError());
+  RETURN_IF_ERROR(s.model->TakeCollectiveError());
   return status;
 }
 
@@ -168,47 +171,69 @@ void AddToSum(const at::Tensor& t, ExactFloatSum& sum) {
   sum.Add(absl::MakeConstSpan(values.data_ptr<float>(), static_cast<size_t>(values.numel())));
 }
 
-// The exact sum of every param (common/exact_sum.h), the same on every rank and for bitwise-equal
-// params at any rank count or layout. With full residency every rank holds every param: each sums
-// its own copy and compares it with rank 0's, and every rank learns whether any differs (a
-// divergence fails the run; `*compared` is set). With sharded residency (fsdp) each rank holds
-// only its shards, so there is nothing to compare: the ranks' exact partial sums are added.
-absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step, bool* compared) {
-  at::NoGradGuard no_grad;
-  RETURN_IF_ERROR(s.ddp->FinishParamSync());
+// The exact sum of the params of the dense buffers (expert = false) or the expert buffers, over the
+// ranks of `copies`, which hold the same params: with full residency each rank sums its own copy
+// and compares it with rank 0's (a divergence fails the run; `*compared` is set); with sharded
+// residency (fsdp) each holds only its shards, whose exact partial sums are added.
+absl::StatusOr<ExactFloatSum> GroupChecksum(Setup& s, bool expert, Communicator& copies,
+                                            int64_t step, bool* compared) {
   const bool sharded = SpecOf(s.mode).sharded_params;
   ExactFloatSum local;
   for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
+    if (buffer->layout().key.expert != expert) continue;
     if (!sharded) {
       AddToSum(buffer->param_data(), local);
       continue;
     }
     for (int b = 0; b < buffer->num_buckets(); ++b)
-      AddToSum(buffer->ParamShard(b, comm.rank()), local);
+      AddToSum(buffer->ParamShard(b, copies.rank()), local);
   }
   const ExactFloatSum::Limbs limbs = local.limbs();
   at::Tensor agreed =
-      at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong).to(comm.device());
+      at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong).to(copies.device());
   *compared = !sharded;
   if (sharded) {
-    RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreed, {ReduceOp::kSum}}}));
+    RETURN_IF_ERROR(RunGroup(copies, {AllReduceOp{agreed, {ReduceOp::kSum}}}));
   } else {
-    RETURN_IF_ERROR(RunGroup(comm, {collectives::BroadcastOp{agreed, {0}}}));
+    RETURN_IF_ERROR(RunGroup(copies, {collectives::BroadcastOp{agreed, {0}}}));
   }
   agreed = agreed.cpu();
   ExactFloatSum::Limbs got;
   std::copy(agreed.data_ptr<int64_t>(), agreed.data_ptr<int64_t>() + got.size(), got.begin());
   ExactFloatSum total;
   total.Merge(got);
-  if (sharded) return total.ToDouble();
-  at::Tensor flag = ScalarOn(comm, total.limbs() != limbs ? 1.0 : 0.0);
-  RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{flag, {ReduceOp::kSum}}}));
+  if (sharded) return total;
+  at::Tensor flag = ScalarOn(copies, total.limbs() != limbs ? 1.0 : 0.0);
+  RETURN_IF_ERROR(RunGroup(copies, {AllReduceOp{flag, {ReduceOp::kSum}}}));
   if (const double ranks = ValueOf(flag); ranks != 0) {
     return absl::InternalError(absl::StrFormat(
-        "param checksum differs from rank 0's at step %d on %d rank(s) (this rank: %.17g vs "
+        "param checksum%s differs from rank 0's at step %d on %d rank(s) (this rank: %.17g vs "
         "%.17g)",
-        step, static_cast<int64_t>(ranks), local.ToDouble(), total.ToDouble()));
+        expert ? " of the experts" : "", step, static_cast<int64_t>(ranks), local.ToDouble(),
+        total.ToDouble()));
   }
+  return total;
+}
+
+// The exact sum of every param (common/exact_sum.h), the same on every rank and for bitwise-equal
+// params at any rank count, ep or layout: the dense params' over the data-parallel ranks, plus,
+// for MoE, the experts' over each expt_dp group (the copies of an ep rank's experts) added over
+// the ep group (every expert once).
+absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step, bool* compared) {
+  at::NoGradGuard no_grad;
+  RETURN_IF_ERROR(s.ddp->FinishParamSync());
+  ASSIGN_OR_RETURN(ExactFloatSum total, GroupChecksum(s, /*expert=*/false, comm, step, compared));
+  if (!s.model->config().is_moe()) return total.ToDouble();
+  ASSIGN_OR_RETURN(ExactFloatSum experts,
+                   GroupChecksum(s, /*expert=*/true, s.mesh->expt_dp(), step, compared));
+  const ExactFloatSum::Limbs limbs = experts.limbs();
+  at::Tensor all =
+      at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong).to(comm.device());
+  RETURN_IF_ERROR(RunGroup(s.mesh->ep(), {AllReduceOp{all, {ReduceOp::kSum}}}));
+  all = all.cpu();
+  ExactFloatSum::Limbs got;
+  std::copy(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + got.size(), got.begin());
+  total.Merge(got);
   return total.ToDouble();
 }
 
@@ -407,20 +432,39 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
 // What one step produced.
 struct StepOutcome {
   optimizers::StepResult result;
+  ExpertStats experts;           // MoE: the same on every rank (all_to_all_bytes: this rank's)
   StepAgreement::Agreed agreed;  // the same on every rank
   StepCost cost;                 // this rank's
 };
+
+// What a rank launched so far over every distinct communicator of its mesh (roles that share one
+// counted once): logical and wire bytes of every kind, and the logical bytes of all-to-alls.
+struct MeshTraffic {
+  int64_t bytes = 0, wire_bytes = 0, all_to_all_bytes = 0;
+};
+MeshTraffic TrafficOf(const collectives::Mesh& mesh) {
+  MeshTraffic out;
+  std::vector<const Communicator*> seen;
+  for (collectives::MeshRole role : collectives::kMeshRoles) {
+    const Communicator* group = &mesh.group(role);
+    if (std::find(seen.begin(), seen.end(), group) != seen.end()) continue;
+    seen.push_back(group);
+    out.bytes += TotalBytes(*group);
+    out.wire_bytes += TotalWireBytes(*group);
+    out.all_to_all_bytes += group->traffic().Bytes(collectives::OpKind::kAllToAll);
+  }
+  return out;
+}
 
 // One optimizer step: the micro-batches' forward and backward (DDP syncs grads as backward goes:
 // reduce-scatter, or all-reduce for replicated), the step agreement folded into one all-reduce,
 // this rank's part of the update, and the start of the param all-gathers that the next forward's
 // pre-forward hooks wait on layer by layer (nothing to gather for replicated).
 absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement& agreement,
-                                    int stop_signal, bool save_written) {
+                                    ExpertStep& experts, int stop_signal, bool save_written) {
   const absl::Time start = absl::Now();
   const double cpu_start = ProcessCpuSeconds();
-  const int64_t bytes_before = TotalBytes(comm);
-  const int64_t wire_before = TotalWireBytes(comm);
+  const MeshTraffic traffic_before = TrafficOf(*s.mesh);
   const ddp::DdpWaits waits_before = s.ddp->waits();
   StepOutcome out;
   s.ddp->ZeroGradBuffers();
@@ -453,11 +497,11 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     {
       RECORD_USER_SCOPE("step/backward");
       RETURN_IF_ERROR(RunModelPass(s, [&]() -> absl::Status {
-        if (s.per_token_loss) {
-          loss.mul(per_token_scale).backward();
-        } else {
-          loss.mul(1.0 / static_cast<double>(batches.size())).backward();
-        }
+        const double micro_scale = 1.0 / static_cast<double>(batches.size());
+        // MoE: plus the weighted auxiliary losses of this micro-batch (nothing for a dense model).
+        experts
+            .AddAuxLosses(loss.mul(s.per_token_loss ? per_token_scale : micro_scale), micro_scale)
+            .backward();
         return absl::OkStatus();
       }));
     }
@@ -475,6 +519,7 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     agreement.Set(loss_sum / static_cast<double>(batches.size()), stop_signal, save_written,
                   waited.param_gather_s + waited.grad_sync_s);
     RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{agreement.tensor(), {ReduceOp::kAvg}}}));
+    ASSIGN_OR_RETURN(out.experts, experts.Finish(comm, static_cast<int>(batches.size())));
   }
   {
     RECORD_USER_SCOPE("step/optimizer");
@@ -485,8 +530,10 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   }
   out.cost.time = absl::Now() - start;
   out.cost.cpu_s = ProcessCpuSeconds() - cpu_start;
-  out.cost.comm_bytes = TotalBytes(comm) - bytes_before;
-  out.cost.wire_bytes = TotalWireBytes(comm) - wire_before;
+  const MeshTraffic traffic = TrafficOf(*s.mesh);
+  out.cost.comm_bytes = traffic.bytes - traffic_before.bytes;
+  out.cost.wire_bytes = traffic.wire_bytes - traffic_before.wire_bytes;
+  out.experts.all_to_all_bytes = traffic.all_to_all_bytes - traffic_before.all_to_all_bytes;
   out.cost.param_gather_wait_s = s.ddp->waits().param_gather_s - waits_before.param_gather_s;
   out.cost.grad_sync_wait_s = s.ddp->waits().grad_sync_s - waits_before.grad_sync_s;
   out.agreed = agreement.Read();
@@ -560,10 +607,11 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
                            c.profile_step_end > 0 ? c.profile_step_end : c.profile_step_start,
                            comm.rank(), comm.device().is_cuda()));
   StepPlan plan;
+  ExpertStep experts(c, *s.model);
   for (int64_t step = first_step; step <= policy.last_step() && !plan.last; ++step) {
     profiler->BeforeStep(step);
     ASSIGN_OR_RETURN(const StepOutcome outcome,
-                     RunStep(s, comm, agreement, StopSignal(options),
+                     RunStep(s, comm, agreement, experts, StopSignal(options),
                              saver && saver->in_flight_written()));
     plan = policy.After(step, outcome.result.skipped, outcome.agreed.stop_signal);
     if (profiler->StopsAfter(step, plan.last)) RETURN_IF_ERROR(s.ddp->FinishParamSync());
@@ -574,7 +622,8 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
     if (saver) {
       RETURN_IF_ERROR(saver->CommitIfWrittenEverywhere(outcome.agreed.save_written_everywhere));
     }
-    RETURN_IF_ERROR(metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.cost));
+    RETURN_IF_ERROR(
+        metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.cost, outcome.experts));
     if (plan.eval) {
       ASSIGN_OR_RETURN(const double eval, Evaluate(s, comm));
       RETURN_IF_ERROR(metrics.Eval(step, eval));
@@ -620,7 +669,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   summary.dist = ChoiceName(c.dist);
   summary.model = c.model;
   summary.optimizer = ChoiceName(c.optimizer);
-  summary.num_params = s.model->num_params();
+  summary.num_params = model::GptParamCount(s.model->config());  // every expert, at any ep
   for (const layout::PerBufferParamLayout& b : s.layout.buffers) {
     summary.param_buffer_bytes += b.numel() * DTypeSize(b.key.param_dtype);
   }

@@ -51,6 +51,7 @@ absl::Status CheckVocabulary(const TokenDataset& data, const ResolvedModel& mode
 absl::StatusOr<ResolvedModel> ResolveModel(const TrainerConfig& config) {
   ResolvedModel model;
   ASSIGN_OR_RETURN(model.config, GptPreset(config.model));
+  if (config.moe_top_k > 0) model.config.moe_top_k = config.moe_top_k;
   ASSIGN_OR_RETURN(const TokenDataset described, DescribeDatasetSpec(config.data));
   if (config.vocab_size > 0) {
     if (described.vocab_size > config.vocab_size) {

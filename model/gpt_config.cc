@@ -52,8 +52,29 @@ absl::StatusOr<GptConfig> GptPreset(absl::string_view name) {
     c.tie_embeddings = false;
     return c;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown model preset '", name, "'; expected one of tiny, small, gpt2-124m, tinyllama-1.1b"));
+  if (name == "moe-tiny" || name == "moe-tiny-shared") {
+    c.num_layers = 4;
+    c.num_experts = 8;
+    c.moe_top_k = 2;
+    c.moe_ffn_hidden = 64;
+    c.moe_shared_ffn_hidden = name == "moe-tiny-shared" ? 64 : 0;
+    return c;
+  }
+  if (name == "moe-small") {
+    c.num_layers = 4;
+    c.hidden = 256;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.max_seq_len = 256;
+    c.num_experts = 8;
+    c.moe_top_k = 2;
+    c.moe_ffn_hidden = 352;
+    return c;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model preset '", name,
+                   "'; expected one of tiny, small, gpt2-124m, tinyllama-1.1b, moe-tiny, "
+                   "moe-tiny-shared, moe-small"));
 }
 
 absl::Status ValidateConfig(const GptConfig& c) {
@@ -82,19 +103,40 @@ absl::Status ValidateConfig(const GptConfig& c) {
         "GptConfig: rope_theta, norm_eps and init_std must be > 0, got ", c.rope_theta, ", ",
         c.norm_eps, ", ", c.init_std));
   }
+  if (c.num_experts < 0 || c.moe_shared_ffn_hidden < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptConfig: num_experts and moe_shared_ffn_hidden must be >= 0, got ", c.num_experts,
+        " and ", c.moe_shared_ffn_hidden));
+  }
+  if (c.is_moe()) {
+    if (c.moe_top_k < 1 || c.moe_top_k > c.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("GptConfig: moe_top_k must be in [1, ",
+                                                     c.num_experts, "] (the experts), got ",
+                                                     c.moe_top_k));
+    }
+    RETURN_IF_ERROR(Positive("moe_ffn_hidden", c.moe_ffn_hidden));
+  }
   return absl::OkStatus();
+}
+
+int64_t GptExpertParamCount(const GptConfig& c) {
+  return c.num_layers * c.num_experts * 3 * c.moe_ffn_hidden * c.hidden;
 }
 
 int64_t GptHiddenMatrixCount(const GptConfig& c) {
   const int64_t C = c.hidden, F = c.ffn_hidden;
   const int64_t D = C / c.num_heads;
-  return c.num_layers *
-         ((c.num_heads + 2 * c.num_kv_heads) * D * C + C * c.num_heads * D + 2 * F * C + C * F);
+  const int64_t mlp = c.is_moe() ? 3 * c.moe_shared_ffn_hidden * C : 3 * F * C;
+  return c.num_layers * ((c.num_heads + 2 * c.num_kv_heads) * D * C + C * c.num_heads * D + mlp) +
+         GptExpertParamCount(c);
 }
 
 int64_t GptParamCount(const GptConfig& c) {
   const int64_t C = c.hidden, V = c.vocab_size;
-  return V * C + GptHiddenMatrixCount(c) + c.num_layers * 2 * C + C +
+  // MoE: the router and, with a shared expert, its gate.
+  const int64_t moe_extra =
+      c.is_moe() ? c.num_experts * C + (c.moe_shared_ffn_hidden > 0 ? C : 0) : 0;
+  return V * C + GptHiddenMatrixCount(c) + c.num_layers * (2 * C + moe_extra) + C +
          (c.tie_embeddings ? 0 : V * C);
 }
 
@@ -105,13 +147,16 @@ std::string FormatSavedModel(const SavedModel& saved) {
       preset.ok() && preset->vocab_size == saved.config.vocab_size
           ? ""
           : absl::StrCat(" vocab=", saved.config.vocab_size),
+      !preset.ok() || preset->moe_top_k == saved.config.moe_top_k
+          ? ""
+          : absl::StrCat(" top_k=", saved.config.moe_top_k),
       saved.precision == "fp32" ? "" : absl::StrCat(" precision=", saved.precision),
       saved.documents.empty() ? "" : absl::StrCat(" documents=", saved.documents));
 }
 
 absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
   SavedModel saved;
-  int64_t vocab = 0;
+  int64_t vocab = 0, top_k = 0;
   bool have_model = false, have_seq_len = false;
   for (absl::string_view field : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
     const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(field, '=');
@@ -124,6 +169,8 @@ absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
       have_seq_len = ok;
     } else if (kv.first == "vocab") {
       ok = ok && absl::SimpleAtoi(kv.second, &vocab) && vocab > 0;
+    } else if (kv.first == "top_k") {
+      ok = ok && absl::SimpleAtoi(kv.second, &top_k) && top_k > 0;
     } else if (kv.first == "documents") {
       saved.documents = std::string(kv.second);
       ok = ok && (absl::StartsWith(saved.documents, "eod") || saved.documents == "index,reset");
@@ -145,6 +192,8 @@ absl::StatusOr<SavedModel> ParseSavedModel(absl::string_view text) {
   }
   ASSIGN_OR_RETURN(saved.config, GptPreset(saved.preset));
   if (vocab > 0) saved.config.vocab_size = vocab;
+  if (top_k > 0) saved.config.moe_top_k = top_k;
+  RETURN_IF_ERROR(ValidateConfig(saved.config));
   return saved;
 }
 

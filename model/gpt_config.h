@@ -25,6 +25,17 @@ struct GptConfig {
   double rope_theta = 10000.0;  // rotary base
   double norm_eps = 1e-5;       // RMSNorm epsilon
   double init_std = 0.02;       // normal init std; proj and fc2 use init_std / sqrt(2 L) (GPT-2)
+
+  // Mixture of experts: with num_experts > 0 every block's MLP is an MoE layer (model/moe.h): a
+  // router [E, C] picks moe_top_k of E SwiGLU experts of width moe_ffn_hidden per token (Mixtral's
+  // routing), plus, with moe_shared_ffn_hidden > 0, a shared SwiGLU expert of that width under a
+  // sigmoid gate [1, C] (Qwen2-MoE's). ffn_hidden is then unused.
+  int64_t num_experts = 0;            // E; 0: the dense MLP
+  int64_t moe_top_k = 2;              // experts per token, 1 <= k <= E
+  int64_t moe_ffn_hidden = 0;         // F_e, each expert's SwiGLU width
+  int64_t moe_shared_ffn_hidden = 0;  // the shared expert's width; 0: none
+
+  bool is_moe() const { return num_experts > 0; }
 };
 
 // Presets by name: "tiny" (2 layers, C 64, 4 heads, F 192, V 256, T 64, tied: about 19 ms per
@@ -34,31 +45,45 @@ struct GptConfig {
 // a SwiGLU MLP of about the same parameter count), and "tinyllama-1.1b" (TinyLlama-1.1B's shape: 22
 // layers, C 2048, 32 heads, 4 KV heads, F 5632, V 32000, T 2048, untied head; 1.10B params, 17.6 GB
 // of fp32 params, grads and AdamW state: more than this project's 24 GB machine holds for two
-// layerwise ranks, which --dist=fsdp trains). Errors: kInvalidArgument naming the known presets.
+// layerwise ranks, which --dist=fsdp trains). Mixture-of-experts presets: "moe-tiny" (tiny's
+// attention, 4 layers, 8 experts of F_e 64, top-2: Mixtral's shape), "moe-tiny-shared" (the same
+// with a shared expert of width 64 under a sigmoid gate: Qwen2-MoE's shape) and "moe-small" (small's
+// attention, 8 experts of F_e 352, top-2: the active expert width 2 x 352 = small's F 704, so
+// moe-small and small spend the same FLOPs per token; 4.0x small's MLP params).
+// Errors: kInvalidArgument naming the known presets.
 absl::StatusOr<GptConfig> GptPreset(absl::string_view name);
 
-// Number of parameters of a model of `config` (what Gpt::num_params() returns once it is built):
-// embedding V x C; per layer qkv (H + 2 KV) x D x C, proj C x C, fc1 2F x C, fc2 C x F and two
-// norms of C; the final norm C; an untied head V x C. Precondition: ValidateConfig(config) is OK.
+// Number of parameters of a model of `config` (what Gpt::num_params() returns once it is built with
+// every expert): embedding V x C; per layer qkv (H + 2 KV) x D x C, proj C x C, fc1 2F x C, fc2
+// C x F (MoE: a router E x C, E experts of 2 F_e x C + C x F_e, a shared expert of 2 F_s x C +
+// C x F_s and its gate C) and two norms of C; the final norm C; an untied head V x C.
+// Precondition: ValidateConfig(config) is OK.
 int64_t GptParamCount(const GptConfig& config);
 
-// The elements of the hidden matrices (qkv, proj, fc1, fc2 of every layer): what Muon updates
-// with --optimizer=muon; the rest (embedding, norms, an untied head) is AdamW's.
+// The elements of the hidden matrices (qkv, proj, fc1, fc2 of every layer, every expert's and the
+// shared expert's): what Muon updates with --optimizer=muon; the rest (embedding, norms, router,
+// shared expert gate, an untied head) is AdamW's.
 int64_t GptHiddenMatrixCount(const GptConfig& config);
 
+// The elements of the experts' matrices (0 for a dense model): every expert's fc1 and fc2.
+int64_t GptExpertParamCount(const GptConfig& config);
+
 // Errors: kInvalidArgument for a non-positive size, hidden not divisible by num_heads, num_heads
-// not divisible by num_kv_heads, an odd head_dim (rotary pairs), or a non-positive theta/eps/std.
+// not divisible by num_kv_heads, an odd head_dim (rotary pairs), or a non-positive theta/eps/std;
+// for MoE a negative expert count or shared width, moe_top_k outside [1, num_experts], or
+// moe_ffn_hidden < 1.
 absl::Status ValidateConfig(const GptConfig& config);
 
 // A model's identity as a checkpoint records it (SharedState::model_config), written by the
 // trainer and read back by `ckpt` to rebuild the model:
-//   "model=<preset> seq_len=<S>[ vocab=<V>][ precision=<p>][ documents=<d>]"
-// vocab only when it differs from the preset's, precision only when not fp32, documents only when
+//   "model=<preset> seq_len=<S>[ vocab=<V>][ top_k=<k>][ precision=<p>][ documents=<d>]"
+// vocab and top_k (MoE experts per token) only when they differ from the preset's, precision only
+// when not fp32, documents only when
 // the data has an EOD token or the run keeps a Megatron .idx's documents apart (so checkpoints of
 // earlier versions, which had none, read the same).
 struct SavedModel {
   std::string preset;
-  GptConfig config;  // the preset with the saved vocabulary
+  GptConfig config;  // the preset with the saved vocabulary and top-k
   int64_t seq_len = 0;
   std::string precision = "fp32";
   // How the run treats documents: "" (no documents), "eod<id>" + ",reset" (attention within

@@ -15,10 +15,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
-#include <ATen/ops/silu.h>
-#include <ATen/ops/silu_backward.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <optional>
@@ -28,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "model/swiglu.h"
 
 namespace orthoshard::model {
 namespace {
@@ -69,6 +67,7 @@ const char* ParamKindName(ParamKind kind) {
     case ParamKind::kHidden: return "hidden";
     case ParamKind::kNorm: return "norm";
     case ParamKind::kOutput: return "output";
+    case ParamKind::kRouter: return "router";
   }
   return "?";
 }
@@ -91,57 +90,6 @@ void RotaryTables(int64_t max_seq_len, int64_t head_dim, double theta, at::Scala
   *sin = at::from_blob(s.data(), {max_seq_len, half}, opts).clone().to(dtype);
 }
 
-// SiLU(m Wg^T) * (m Wu^T) for fc1 = [Wg; Wu] ([2F, C], gate rows then up rows): fc1's matrix product
-// and the SwiGLU in one autograd function. The forward runs gate and up as two products with the
-// contiguous row halves of fc1, as a model with separate gate and up Linears does: on a CPU with a
-// 1 MB L2 the [.., 2F] product of `small` (a 1.4 MB weight) ran at 56 GFLOP/s where the halves'
-// products run at 64 (bench/trace_ops.py). The backward writes both halves' gradients into one
-// [.., 2F] tensor with the element-wise ops autograd would run for silu(gate) * up (MulBackward:
-// da * up and da * silu(gate); SiluBackward: silu_backward), then takes fc1's and the input's
-// gradients as one product each, exactly as at::linear's backward over the fused output (splitting
-// those into halves too was slower: two more products and an add). Measured against at::linear +
-// a SwiGLU over narrowed halves of its output (`small`, distopt AdamW, 2 ranks x 4 x 256 tokens,
-// 7 A/B pairs in both orders): forward ~15 ms (10%) shorter per step, CPU per step 1-13% less in
-// all 7, the same loss.
-// The forward is the same per-element reductions (only the products' N is split), the backward
-// the same ops.
-struct GatedMlpIn : public torch::autograd::Function<GatedMlpIn> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& m,
-                            const at::Tensor& fc1) {
-    const int64_t f = fc1.size(0) / 2;
-    const at::Tensor m2 = m.reshape({-1, m.size(-1)});
-    const at::Tensor gate = at::mm(m2, fc1.narrow(0, 0, f).t());
-    const at::Tensor up = at::mm(m2, fc1.narrow(0, f, f).t());
-    const at::Tensor activated = at::silu(gate);
-    ctx->save_for_backward({m2, fc1, gate, up, activated});
-    ctx->saved_data["m_sizes"] = m.sizes().vec();
-    std::vector<int64_t> out_sizes = m.sizes().vec();
-    out_sizes.back() = f;
-    return (activated * up).view(out_sizes);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& m2 = saved[0];
-    const at::Tensor& fc1 = saved[1];
-    const at::Tensor& gate = saved[2];
-    const at::Tensor& up = saved[3];
-    const at::Tensor& activated = saved[4];
-    const int64_t f = fc1.size(0) / 2;
-    const at::Tensor da = grads[0].reshape({-1, f});
-    at::Tensor d = at::empty({da.size(0), 2 * f}, da.options());
-    at::Tensor d_gate = d.narrow(1, 0, f), d_up = d.narrow(1, f, f);
-    at::mul_out(d_up, da, activated);
-    at::silu_backward_out(d_gate, da * up, gate);
-    at::Tensor d_m, d_fc1;
-    if (ctx->needs_input_grad(0)) {
-      d_m = at::mm(d, fc1).view(ctx->saved_data["m_sizes"].toIntVector());
-    }
-    if (ctx->needs_input_grad(1)) d_fc1 = at::mm(d.t(), m2);
-    return {d_m, d_fc1};
-  }
-};
-
 at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t t = x.size(-2);
   const int64_t half = x.size(-1) / 2;
@@ -158,29 +106,50 @@ at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 }
 
 absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::ScalarType dtype,
-                                             at::Device device) {
+                                             at::Device device, ExpertParallel ep) {
   RETURN_IF_ERROR(ValidateConfig(config));
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kDouble) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gpt: param dtype must be float, bfloat16 or double, got ", c10::toString(dtype)));
   }
+  if (config.is_moe() && config.num_experts % ep.size() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gpt: ", config.num_experts, " experts do not split evenly over an ep group of ",
+                     ep.size(), " ranks"));
+  }
   try {
     Gpt model;
     model.config_ = config;
+    model.ep_ = ep;
     const int64_t C = config.hidden, V = config.vocab_size, F = config.ffn_hidden;
     const int64_t H = config.num_heads, KV = config.num_kv_heads, D = C / H;
     const int L = static_cast<int>(config.num_layers);
     const double residual_std = config.init_std / std::sqrt(2.0 * L);
+    const int64_t local_experts = config.is_moe() ? config.num_experts / ep.size() : 0;
+    const int64_t first_expert = ep.rank() * local_experts;
 
     // Uninitialised memory: nothing is written (or, for large params, even committed) until the
-    // values arrive.
+    // values arrive. An expert of another ep rank is only listed for the initial values.
     auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
-                   double std, FusedSplit split = {}) {
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
-      t.set_requires_grad(true);
-      model.params_.push_back({std::move(name), t, kind, layer, std::move(split)});
-      model.init_std_.push_back(std);
+                   double std, FusedSplit split = {}, int expert = -1) {
+      InitialParam initial{shape, kind == ParamKind::kNorm, std, -1};
+      at::Tensor t;
+      if (expert < 0 || (expert >= first_expert && expert < first_expert + local_experts)) {
+        initial.local = static_cast<int>(model.params_.size());
+        t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
+        t.set_requires_grad(true);
+        model.params_.push_back({std::move(name), t, kind, layer, std::move(split), {}, expert});
+      }
+      model.initial_.push_back(std::move(initial));
       return t;
+    };
+    auto add_mlp = [&](const std::string& p, int64_t width, int layer, int expert,
+                       at::Tensor* fc1, at::Tensor* fc2) {
+      at::Tensor a = add(p + "fc1.weight", {2 * width, C}, ParamKind::kHidden, layer,
+                         config.init_std, FusedSplit{1, {width, width}}, expert);
+      at::Tensor b = add(p + "fc2.weight", {C, width}, ParamKind::kHidden, layer, residual_std, {},
+                         expert);
+      if (a.defined()) *fc1 = a, *fc2 = b;
     };
 
     model.embedding_ = add("embedding.weight", {V, C}, ParamKind::kEmbedding, 0, config.init_std);
@@ -192,9 +161,28 @@ absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::Scalar
                       config.init_std, FusedSplit{KV, {H / KV * D, D, D}});
       layer.proj = add(p + "attn.proj.weight", {C, H * D}, ParamKind::kHidden, i + 1, residual_std);
       layer.mlp_norm = add(p + "mlp_norm.weight", {C}, ParamKind::kNorm, i + 1, 0);
-      layer.fc1 = add(p + "mlp.fc1.weight", {2 * F, C}, ParamKind::kHidden, i + 1,
-                      config.init_std, FusedSplit{1, {F, F}});
-      layer.fc2 = add(p + "mlp.fc2.weight", {C, F}, ParamKind::kHidden, i + 1, residual_std);
+      if (!config.is_moe()) {
+        add_mlp(p + "mlp.", F, i + 1, -1, &layer.fc1, &layer.fc2);
+      } else {
+        MoeWeights& moe = layer.moe;
+        moe.router = add(p + "mlp.router.weight", {config.num_experts, C}, ParamKind::kRouter,
+                         i + 1, config.init_std);
+        moe.fc1.resize(local_experts);
+        moe.fc2.resize(local_experts);
+        for (int e = 0; e < config.num_experts; ++e) {
+          const int64_t j = e - first_expert;
+          at::Tensor fc1, fc2;
+          add_mlp(absl::StrCat(p, "mlp.experts.", e, "."), config.moe_ffn_hidden, i + 1, e, &fc1,
+                  &fc2);
+          if (fc1.defined()) moe.fc1[j] = fc1, moe.fc2[j] = fc2;
+        }
+        if (config.moe_shared_ffn_hidden > 0) {
+          add_mlp(p + "mlp.shared_expert.", config.moe_shared_ffn_hidden, i + 1, -1,
+                  &moe.shared_fc1, &moe.shared_fc2);
+          moe.shared_gate = add(p + "mlp.shared_expert_gate.weight", {1, C}, ParamKind::kRouter,
+                                i + 1, config.init_std);
+        }
+      }
       model.layers_.push_back(std::move(layer));
     }
     model.final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0);
@@ -220,16 +208,15 @@ absl::Status Gpt::ForEachInitialValue(
     const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const {
   try {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const ModelParam& p = params_[i];
+    for (const InitialParam& p : initial_) {
       at::Tensor value;
-      if (p.kind == ParamKind::kNorm) {
-        value = at::ones(p.tensor.sizes(), at::kFloat);
+      if (p.ones) {
+        value = at::ones(p.shape, at::kFloat);
       } else {
-        value = at::empty(p.tensor.sizes(), at::kFloat);
-        value.normal_(0.0, init_std_[i], gen);
+        value = at::empty(p.shape, at::kFloat);
+        value.normal_(0.0, p.std, gen);
       }
-      RETURN_IF_ERROR(fn(static_cast<int>(i), value));
+      if (p.local >= 0) RETURN_IF_ERROR(fn(p.local, value));
     }
     return absl::OkStatus();
   } catch (const c10::Error& e) {
@@ -238,8 +225,8 @@ absl::Status Gpt::ForEachInitialValue(
 }
 
 absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::ScalarType dtype,
-                                at::Device device) {
-  ASSIGN_OR_RETURN(Gpt model, CreateUninitialized(config, dtype, device));
+                                at::Device device, ExpertParallel ep) {
+  ASSIGN_OR_RETURN(Gpt model, CreateUninitialized(config, dtype, device, ep));
   const std::vector<ModelParam>& params = model.params();
   RETURN_IF_ERROR(model.ForEachInitialValue(seed, [&](int i, const at::Tensor& value) {
     at::NoGradGuard no_grad;
@@ -247,6 +234,12 @@ absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::Scal
     return absl::OkStatus();
   }));
   return model;
+}
+
+absl::Status Gpt::TakeCollectiveError() const {
+  absl::Status error = std::move(*collective_error_);
+  *collective_error_ = absl::OkStatus();
+  return error;
 }
 
 int64_t Gpt::num_params() const {
@@ -285,7 +278,11 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
   const at::Tensor x1 = x + at::linear(y.transpose(1, 2).reshape({B, T, H * D}), layer.proj);
 
   const at::Tensor m = at::rms_norm(x1, {C}, layer.mlp_norm, config_.norm_eps);
-  const at::Tensor a = GatedMlpIn::apply(m, layer.fc1);  // [B, T, F]
+  if (config_.is_moe()) {
+    moe_aux_.emplace_back();
+    return x1 + MoeMlp(config_, layer.moe, ep_, m, &moe_aux_.back(), collective_error_.get());
+  }
+  const at::Tensor a = SwiGluIn(m, layer.fc1);  // [B, T, F]
   return x1 + at::linear(a, layer.fc2);
 }
 
@@ -303,6 +300,7 @@ at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens, const Documents* docu
                          .logical_and_(at::ones({T, T}, seg.options().dtype(at::kBool)).tril_())
                          .unsqueeze(1);
   }
+  moe_aux_.clear();
   Enter(0);
   at::Tensor x = at::embedding(embedding_, tokens);  // [B, T, C]
   Leave(0, x);
@@ -348,6 +346,7 @@ absl::StatusOr<at::Tensor> Gpt::Forward(const at::Tensor& tokens, const Document
     if (documents != nullptr) RETURN_IF_ERROR(CheckDocuments(tokens, *documents));
     return ForwardUnchecked(tokens, documents);
   } catch (const c10::Error& e) {
+    RETURN_IF_ERROR(TakeCollectiveError());
     return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
   }
 }
@@ -373,6 +372,7 @@ absl::StatusOr<at::Tensor> Gpt::Loss(const at::Tensor& tokens, const at::Tensor&
         reduction == LossReduction::kSum ? at::Reduction::Sum : at::Reduction::Mean,
         /*ignore_index=*/kIgnoredTarget);
   } catch (const c10::Error& e) {
+    RETURN_IF_ERROR(TakeCollectiveError());
     return absl::InternalError(absl::StrCat("Gpt: LibTorch error: ", e.what_without_backtrace()));
   }
 }

@@ -21,6 +21,15 @@
 //   layers.{i}.mlp_norm.weight      [C]                             norm
 //   layers.{i}.mlp.fc1.weight       [2 * F, C]                      hidden; 1 group of {F, F}
 //   (gate, up) layers.{i}.mlp.fc2.weight       [C, F]                          hidden
+// An MoE model (GptConfig::num_experts E > 0, model/moe.h) has, in place of mlp.fc1 and mlp.fc2:
+//   layers.{i}.mlp.router.weight                 [E, C]           router
+//   layers.{i}.mlp.experts.{e}.fc1.weight        [2 * F_e, C]     hidden, expert e; {F_e, F_e}
+//   layers.{i}.mlp.experts.{e}.fc2.weight        [C, F_e]         hidden, expert e
+//   layers.{i}.mlp.shared_expert.fc1.weight      [2 * F_s, C]     hidden; {F_s, F_s} (if F_s > 0)
+//   layers.{i}.mlp.shared_expert.fc2.weight      [C, F_s]         hidden
+//   layers.{i}.mlp.shared_expert_gate.weight     [1, C]           router
+// With expert parallelism (ExpertParallel of size ep) a rank holds only its E / ep experts,
+// e in [r E / ep, (r + 1) E / ep), under their global names; every other param is on every rank.
 //   final_norm.weight               [C]                             norm
 //   output_layer.weight             [V, C]                          output (absent when tied)
 // The fused QKV rows are ordered per query group g (Megatron's layout): the H/KV query heads of the
@@ -42,6 +51,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,11 +61,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "model/gpt_config.h"
+#include "model/moe.h"
 
 namespace orthoshard::model {
 
 // What a param is, for optimizer routing: Muon takes kHidden; AdamW takes the rest.
-enum class ParamKind { kEmbedding, kHidden, kNorm, kOutput };
+enum class ParamKind { kEmbedding, kHidden, kNorm, kOutput, kRouter };
 const char* ParamKindName(ParamKind kind);
 
 // The logical blocks of a fused 2-D weight: num_groups repetitions of block_rows (rows of each
@@ -73,6 +84,7 @@ struct ModelParam {
   FusedSplit split;
   std::vector<int>
       also_read_by;  // other forward layers reading it (the head, for a tied embedding)
+  int expert = -1;   // MoE: the global index of the expert this param belongs to; -1: dense
 };
 
 // Called around each forward layer; see the file comment for the contract. Either may be empty.
@@ -114,7 +126,7 @@ class Gpt {
   // `device`.
   static absl::StatusOr<Gpt> Create(const GptConfig& config, uint64_t seed,
                                     at::ScalarType dtype = at::kFloat,
-                                    at::Device device = at::kCPU);
+                                    at::Device device = at::kCPU, ExpertParallel ep = {});
 
   // The same model with uninitialised params (allocated, never written: on the CPU, large ones
   // take no memory until touched), for a caller that moves the params into its own storage
@@ -122,11 +134,14 @@ class Gpt {
   // values there, so that no process ever holds the whole initialised model. Errors: as Create.
   static absl::StatusOr<Gpt> CreateUninitialized(const GptConfig& config,
                                                  at::ScalarType dtype = at::kFloat,
-                                                 at::Device device = at::kCPU);
+                                                 at::Device device = at::kCPU,
+                                                 ExpertParallel ep = {});
 
   // Calls fn(i, value) for every param i in order with its initial value for `seed`: an fp32 CPU
-  // tensor of the param's shape, drawn from one CPU generator in the listed order (normal with
-  // the param's init std; norms are ones), one param at a time. Errors: the first of fn's.
+  // tensor of the param's shape, drawn from one CPU generator in the listed order of the whole
+  // model (normal with the param's init std; norms are ones), one param at a time; the values of
+  // experts this rank does not hold are drawn and dropped, so every expert starts the same at
+  // every ep. Errors: the first of fn's.
   absl::Status ForEachInitialValue(
       uint64_t seed,
       const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const;
@@ -138,6 +153,15 @@ class Gpt {
   const std::vector<ModelParam>& params() const { return params_; }
   int64_t num_params() const;  // total elements
   int num_forward_layers() const { return static_cast<int>(config_.num_layers) + 2; }
+
+  // MoE: the auxiliary losses and expert loads of the last Forward or Loss, one per layer (empty
+  // for a dense model). The losses are in that forward's autograd graph.
+  const std::vector<MoeAux>& moe_aux() const { return moe_aux_; }
+  // The experts' ep group (size 1 without one).
+  const ExpertParallel& expert_parallel() const { return ep_; }
+  // The first failed expert all-to-all (forward or backward) since the last call, which a
+  // LibTorch error thrown from backward carries only as text; OK when none failed.
+  absl::Status TakeCollectiveError() const;
 
   // Installs (or, with empty functions, clears) the layer hooks.
   void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
@@ -161,6 +185,14 @@ class Gpt {
  private:
   struct Layer {
     at::Tensor attn_norm, qkv, proj, mlp_norm, fc1, fc2;
+    MoeWeights moe;  // MoE models: the router and this rank's experts (fc1, fc2 undefined)
+  };
+  // A param of the whole model (every expert's), in the listed order, for ForEachInitialValue.
+  struct InitialParam {
+    std::vector<int64_t> shape;
+    bool ones = false;  // norms start at 1
+    double std = 0;
+    int local = -1;     // its index in params_, or -1: an expert another ep rank holds
   };
 
   // What every block's attention shares in one forward: the rotary rows and the document mask.
@@ -181,7 +213,10 @@ class Gpt {
 
   GptConfig config_;
   std::vector<ModelParam> params_;
-  std::vector<double> init_std_;  // parallel to params_ (0 for norms, which start at 1)
+  std::vector<InitialParam> initial_;  // the whole model's params
+  ExpertParallel ep_;
+  mutable std::vector<MoeAux> moe_aux_;
+  std::shared_ptr<absl::Status> collective_error_ = std::make_shared<absl::Status>();
   at::Tensor embedding_, final_norm_, output_;  // output_ aliases embedding_ when tied
   std::vector<Layer> layers_;
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, D/2]

@@ -110,17 +110,18 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
 
 absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
   GradStats stats;
-  ASSIGN_OR_RETURN(stats.adamw_sum_squares, adamw_->GradSumSquares());
-  ASSIGN_OR_RETURN(stats.muon_sum_squares, muon_->GradSumSquares());
+  const bool saved = config_.stats_over_saved_elements;
+  ASSIGN_OR_RETURN(stats.adamw_sum_squares, adamw_->GradSumSquares(saved));
+  ASSIGN_OR_RETURN(stats.muon_sum_squares, muon_->GradSumSquares(saved));
   stats.nonfinite = !std::isfinite(stats.adamw_sum_squares + stats.muon_sum_squares);
   if (config_.params_norm) {
-    ASSIGN_OR_RETURN(const double adamw, adamw_->ParamSumSquares());
-    ASSIGN_OR_RETURN(const double muon, muon_->ParamSumSquares());
+    ASSIGN_OR_RETURN(const double adamw, adamw_->ParamSumSquares(saved));
+    ASSIGN_OR_RETURN(const double muon, muon_->ParamSumSquares(saved));
     stats.param_sum_squares = adamw + muon;
   }
   if (config_.count_zero_grads) {
-    ASSIGN_OR_RETURN(const int64_t adamw, adamw_->GradZeros());
-    ASSIGN_OR_RETURN(const int64_t muon, muon_->GradZeros());
+    ASSIGN_OR_RETURN(const int64_t adamw, adamw_->GradZeros(saved));
+    ASSIGN_OR_RETURN(const int64_t muon, muon_->GradZeros(saved));
     stats.zero_grads = static_cast<double>(adamw + muon);
   }
   return stats;

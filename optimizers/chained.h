@@ -61,6 +61,10 @@ struct ChainedConfig {
   // param_sum_squares (the params entering the step) and zero_grads.
   bool params_norm = false;
   bool count_zero_grads = false;
+  // The local statistics over each slot's saved elements only (SlotOptimizer::GradSumSquares's
+  // saved_only), for replicated ranks that do not all hold the same params (experts split over an
+  // ep group), whose reducer then sums over every rank.
+  bool stats_over_saved_elements = false;
 };
 
 // Sums of ||g||^2 per optimizer and whether a gradient held inf/NaN: this rank's (partial) or,

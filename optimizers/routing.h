@@ -3,7 +3,7 @@
 //   1. overrides: the first name pattern that matches decides (Muon only for 2-D params);
 //   2. a param that is not 2-D (norm weights, biases, scalars, conv kernels) goes to AdamW;
 //   3. a 2-D param whose name matches an `adamw_patterns` entry (embeddings, output head, norms,
-//      biases) goes to AdamW;
+//      biases, MoE routers and gates) goes to AdamW;
 //   4. every other 2-D param is a hidden matrix and goes to Muon.
 // Patterns are globs over the full param name where '*' matches any run of characters.
 #ifndef ORTHOSHARD_OPTIMIZERS_ROUTING_H_
@@ -31,8 +31,9 @@ struct RouteOverride {
 
 struct RoutingConfig {
   // 2-D params that are not hidden matrices, by name.
-  std::vector<std::string> adamw_patterns = {"*embed*", "*output_layer*", "*lm_head*",
-                                             "*norm*", "*bias*"};
+  // MoE routers and gates (Megatron: the router weight is not a hidden matrix) too.
+  std::vector<std::string> adamw_patterns = {"*embed*", "*output_layer*", "*lm_head*", "*norm*",
+                                             "*bias*",  "*router*",        "*expert_gate*"};
   // Checked before every other rule; the first match wins.
   std::vector<RouteOverride> overrides;
 };

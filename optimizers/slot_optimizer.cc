@@ -178,26 +178,39 @@ at::Tensor SlotOptimizer::ScaledGrad(size_t i, double grad_scale) const {
   return GradAsFloat(slots_[i].slot.grad, grad_scale);
 }
 
-absl::StatusOr<double> SlotOptimizer::GradSumSquares() const {
-  return SumOverSlots<double>(slots_, "grad norm", [](const Held& h) {
+namespace {
+
+// `t` (a slot's grad or main param), or with `saved_only` the elements the slot saves.
+at::Tensor Counted(const Slot& s, const at::Tensor& t, bool saved_only) {
+  if (!saved_only) return t;
+  return t.reshape({-1}).narrow(0, s.saved_begin, s.saved_end - s.saved_begin);
+}
+
+}  // namespace
+
+absl::StatusOr<double> SlotOptimizer::GradSumSquares(bool saved_only) const {
+  return SumOverSlots<double>(slots_, "grad norm", [saved_only](const Held& h) {
     if (!h.slot.grad.defined()) return 0.0;
+    const double norm = at::linalg_vector_norm(Counted(h.slot, h.slot.grad, saved_only), 2,
+                                               c10::nullopt, false, at::kFloat)
+                            .item<double>();
+    return norm * norm;
+  });
+}
+
+absl::StatusOr<double> SlotOptimizer::ParamSumSquares(bool saved_only) const {
+  return SumOverSlots<double>(slots_, "param norm", [saved_only](const Held& h) {
     const double norm =
-        at::linalg_vector_norm(h.slot.grad, 2, c10::nullopt, false, at::kFloat).item<double>();
+        at::linalg_vector_norm(Counted(h.slot, h.main, saved_only), 2).item<double>();
     return norm * norm;
   });
 }
 
-absl::StatusOr<double> SlotOptimizer::ParamSumSquares() const {
-  return SumOverSlots<double>(slots_, "param norm", [](const Held& h) {
-    const double norm = at::linalg_vector_norm(h.main, 2).item<double>();
-    return norm * norm;
-  });
-}
-
-absl::StatusOr<int64_t> SlotOptimizer::GradZeros() const {
-  return SumOverSlots<int64_t>(slots_, "zero gradients", [](const Held& h) -> int64_t {
+absl::StatusOr<int64_t> SlotOptimizer::GradZeros(bool saved_only) const {
+  return SumOverSlots<int64_t>(slots_, "zero gradients", [saved_only](const Held& h) -> int64_t {
     if (!h.slot.grad.defined()) return 0;
-    return h.slot.grad.numel() - at::count_nonzero(h.slot.grad).item<int64_t>();
+    const at::Tensor g = Counted(h.slot, h.slot.grad, saved_only);
+    return g.numel() - at::count_nonzero(g).item<int64_t>();
   });
 }
 

@@ -99,12 +99,15 @@ class SlotOptimizer {
   absl::Status Step(const StepContext& context, absl::Span<const int64_t> indices);
 
   // Sum over this optimizer's gradients of ||g||^2 (each norm in fp32, summed in double, in slot
-  // order). Not finite when a gradient holds inf/NaN (or the sum overflows). Error: kInternal.
-  absl::StatusOr<double> GradSumSquares() const;
+  // order). Not finite when a gradient holds inf/NaN (or the sum overflows). With `saved_only`,
+  // over each slot's saved elements [saved_begin, saved_end) only: replicated ranks that split the
+  // saving count every element once over all of them. Error: kInternal.
+  absl::StatusOr<double> GradSumSquares(bool saved_only = false) const;
   // Sum over this optimizer's fp32 main params of ||p||^2 (as GradSumSquares). Error: kInternal.
-  absl::StatusOr<double> ParamSumSquares() const;
-  // Elements of this optimizer's gradients that are exactly zero. Error: kInternal.
-  absl::StatusOr<int64_t> GradZeros() const;
+  absl::StatusOr<double> ParamSumSquares(bool saved_only = false) const;
+  // Elements of this optimizer's gradients that are exactly zero (as GradSumSquares). Error:
+  // kInternal.
+  absl::StatusOr<int64_t> GradZeros(bool saved_only = false) const;
 
   // Appends the records this rank saves: per slot "<name>/<field>" for every state tensor (the
   // saved elements, at their offset in the whole param), each counter field as an int64 scalar

@@ -337,6 +337,43 @@ absl::Status ValidateModelAndBatch(const TrainerConfig& c, int world_size) {
   return absl::OkStatus();
 }
 
+// Mixture of experts: the flags need an MoE preset, --ep splits the world and the experts.
+absl::Status ValidateExperts(const TrainerConfig& c, int world_size) {
+  ASSIGN_OR_RETURN(const GptConfig preset, GptPreset(c.model));
+  const bool moe_flags = c.ep != 1 || c.moe_top_k != 0 || c.moe_aux_loss_coeff != -1 ||
+                         c.moe_z_loss_coeff != -1;
+  if (!preset.is_moe()) {
+    if (!moe_flags) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ep, --moe_top_k, --moe_aux_loss_coeff and --moe_z_loss_coeff need a mixture-of-experts "
+        "model, but '", c.model, "' is dense (MoE presets: moe-tiny, moe-tiny-shared, moe-small)"));
+  }
+  if (c.ep < 1 || world_size % c.ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep ", c.ep,
+                                                   " must be >= 1 and divide the world size ",
+                                                   world_size));
+  }
+  if (preset.num_experts % c.ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep ", c.ep, " does not divide model '",
+                                                   c.model, "''s ", preset.num_experts,
+                                                   " experts per layer"));
+  }
+  if (c.moe_top_k < 0 || c.moe_top_k > preset.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--moe_top_k ", c.moe_top_k, " must be in [1, ", preset.num_experts, "] (model '", c.model,
+        "''s experts per layer), or 0 for the preset's ", preset.moe_top_k));
+  }
+  for (const auto& [name, value] : {std::pair<const char*, double>{"moe_aux_loss_coeff",
+                                                                   c.moe_aux_loss_coeff},
+                                    {"moe_z_loss_coeff", c.moe_z_loss_coeff}}) {
+    if (value != -1 && !(value >= 0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, " ", value, ": expected a finite weight >= 0, or -1 for the default"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
@@ -348,7 +385,8 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   RETURN_IF_ERROR(ValidateStepScalars(c));
   RETURN_IF_ERROR(ValidateCounts(c));
   RETURN_IF_ERROR(ValidateProfiling(c));
-  return ValidateModelAndBatch(c, world_size);
+  RETURN_IF_ERROR(ValidateModelAndBatch(c, world_size));
+  return ValidateExperts(c, world_size);
 }
 
 namespace {
@@ -449,6 +487,18 @@ std::string TrainSummary::ToJson() const {
   // -1 (not asked for) leaves them out; NaN is not >= 0 but was asked for: null.
   if (!(params_norm < 0)) j.Double("params_norm", params_norm, 9, /*general=*/true);
   if (num_zeros_in_grad >= 0) j.Int("num_zeros_in_grad", num_zeros_in_grad);
+  if (moe) {
+    j.Double("moe_aux_loss", moe_aux_loss, 6);
+    j.Double("moe_z_loss", moe_z_loss, 6);
+    j.Int("all_to_all_bytes_per_step", all_to_all_bytes_per_step);
+    auto list = [](const std::vector<double>& v) {
+      std::vector<std::string> parts;
+      for (double x : v) parts.push_back(absl::StrFormat("%.4f", x));
+      return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
+    };
+    j.Raw(absl::StrCat("\"expert_load_max\":", list(expert_load_max)));
+    j.Raw(absl::StrCat("\"expert_load_min\":", list(expert_load_min)));
+  }
   j.Raw(MemoryJson(memory));
   if (!j.all_finite()) j.Raw(absl::StrCat("\"non_finite\":", j.non_finite()));
   return j.Object();

@@ -125,6 +125,15 @@ struct TrainSummary {
   // when not asked for (left out of the JSON then).
   double params_norm = -1;
   int64_t num_zeros_in_grad = -1;
+  // MoE (absent from the JSON for a dense model): the last step's auxiliary losses (unweighted,
+  // summed over layers, mean over ranks and micro-batches), the all-to-all bytes per step this rank
+  // launched (logical; TrafficCounters), and per layer the busiest and idlest expert's token
+  // copies over every rank's step relative to the mean (1 = perfectly balanced).
+  bool moe = false;
+  double moe_aux_loss = 0;
+  double moe_z_loss = 0;
+  int64_t all_to_all_bytes_per_step = 0;
+  std::vector<double> expert_load_max, expert_load_min;
   std::vector<RankMemory> memory;  // per rank, at the end of the run
 
   // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}. A double

@@ -10,7 +10,20 @@
 // clang-format off
 #define ORTHOSHARD_TRAINER_CONFIG_FIELDS(X) \
   X(std::string, model, "tiny", \
-    "model preset: tiny, small, gpt2-124m, tinyllama-1.1b") \
+    "model preset: tiny, small, gpt2-124m, tinyllama-1.1b, or mixture of experts: moe-tiny " \
+    "(Mixtral's shape), moe-tiny-shared (with a shared expert: Qwen2-MoE's), moe-small") \
+  X(int64_t, ep, 1, \
+    "expert parallel size (MoE presets): the experts of each layer split evenly over ep ranks, " \
+    "tokens reach them by all-to-all; dense params stay data parallel over the world, expert " \
+    "params over expt_dp = world / ep. Divides the world size and the expert count") \
+  X(int64_t, moe_top_k, 0, \
+    "MoE: experts per token; 0 = the preset's (2). At most the expert count") \
+  X(double, moe_aux_loss_coeff, -1, \
+    "MoE: weight of the load-balancing loss (Switch Transformer: E x sum_e f_e P_e per layer, " \
+    "added to the loss that backward runs on); -1 = 0.01") \
+  X(double, moe_z_loss_coeff, -1, \
+    "MoE: weight of the router z-loss (ST-MoE: mean logsumexp(logits)^2 per layer); " \
+    "-1 = 0.001") \
   X(std::string, data, "synthetic", \
     "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX | prepared:DIR " \
     "(tools/prepare_data.py's output: tokens, vocabulary, EOD, val split)") \

@@ -45,6 +45,11 @@ std::string FormatProgress(const ProgressSample& sample, int64_t total_steps) {
     absl::StrAppendFormat(&extra, " | params norm %.4g", sample.params_norm);
   }
   if (sample.zero_grads >= 0) absl::StrAppendFormat(&extra, " | zeros %.0f", sample.zero_grads);
+  if (sample.moe_aux_loss >= 0) absl::StrAppendFormat(&extra, " | aux %.4f", sample.moe_aux_loss);
+  if (sample.expert_load_max >= 0) {
+    absl::StrAppendFormat(&extra, " | load %.2f-%.2f", sample.expert_load_min,
+                          sample.expert_load_max);
+  }
   return absl::StrFormat("step %d/%d | loss %.4f | %s tok/s | lr %.2e%s | ETA %s", sample.step,
                          total_steps, sample.loss, FormatRate(sample.tokens_per_s), sample.lr,
                          extra, eta);

@@ -25,6 +25,11 @@ struct ProgressSample {
   double grad_norm = -1.0;
   double params_norm = -1.0;
   double zero_grads = -1.0;
+  // MoE, shown when >= 0: the auxiliary load-balancing loss, and the busiest and idlest expert's
+  // load relative to the mean over every layer (" | aux 1.0123 | load 0.62-1.41").
+  double moe_aux_loss = -1.0;
+  double expert_load_min = -1.0;
+  double expert_load_max = -1.0;
 };
 
 struct ProgressOptions {

@@ -76,7 +76,7 @@ absl::Status RunMetrics::OpenTensorBoard(const std::string& log_dir) {
 }
 
 absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepResult& result,
-                              const StepCost& cost) {
+                              const StepCost& cost, const ExpertStats& experts) {
   const absl::Duration time = cost.time;
   train_time_ += time;
   totals_.comm_bytes += cost.comm_bytes;
@@ -101,6 +101,14 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   const double zero_grads = zero_grads_ ? result.stats.zero_grads : -1.0;
   summary_.params_norm = params_norm;
   summary_.num_zeros_in_grad = static_cast<int64_t>(zero_grads);
+  if (experts.moe) {
+    summary_.moe = true;
+    summary_.moe_aux_loss = experts.aux_loss;
+    summary_.moe_z_loss = experts.z_loss;
+    summary_.expert_load_max = experts.load_max;
+    summary_.expert_load_min = experts.load_min;
+    summary_.all_to_all_bytes_per_step = experts.all_to_all_bytes;
+  }
   if (comm_.rank() != 0) return absl::OkStatus();
   const double elapsed = absl::ToDoubleSeconds(train_time_);
   const double tokens_per_s = elapsed > 0 ? tokens_per_step_ * StepsRun() / elapsed : 0;
@@ -111,7 +119,13 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   sample.grad_norm = result.grad_norm;
   sample.params_norm = params_norm;
   sample.zero_grads = zero_grads;
+  if (experts.moe) {
+    sample.moe_aux_loss = experts.aux_loss;
+    sample.expert_load_max = *std::max_element(experts.load_max.begin(), experts.load_max.end());
+    sample.expert_load_min = *std::min_element(experts.load_min.begin(), experts.load_min.end());
+  }
   progress_.Update(sample);
+  RETURN_IF_ERROR(ExpertScalars(step, experts));
   RETURN_IF_ERROR(Scalar("train/loss", step, loss));
   RETURN_IF_ERROR(Scalar("train/lr", step, lr));
   if (muon_lr_ > 0) RETURN_IF_ERROR(Scalar("train/muon_lr", step, muon_lr));
@@ -130,6 +144,19 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   RETURN_IF_ERROR(Scalar("comm/exposed_s", step, cost.exposed_comm_s));
   RETURN_IF_ERROR(Scalar("comm/rank_skew_s", step, cost.rank_skew_s));
   return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
+}
+
+absl::Status RunMetrics::ExpertScalars(int64_t step, const ExpertStats& experts) {
+  if (!experts.moe) return absl::OkStatus();
+  RETURN_IF_ERROR(Scalar("moe/aux_loss", step, experts.aux_loss));
+  RETURN_IF_ERROR(Scalar("moe/z_loss", step, experts.z_loss));
+  RETURN_IF_ERROR(
+      Scalar("comm/all_to_all_bytes", step, static_cast<double>(experts.all_to_all_bytes)));
+  for (size_t l = 0; l < experts.load_max.size(); ++l) {
+    RETURN_IF_ERROR(Scalar(absl::StrCat("moe/layer", l, "/load_max"), step, experts.load_max[l]));
+    RETURN_IF_ERROR(Scalar(absl::StrCat("moe/layer", l, "/load_min"), step, experts.load_min[l]));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RunMetrics::InitialEval(double loss) {

@@ -50,6 +50,19 @@ struct StepCost {
   double cpu_s = 0;
 };
 
+// A mixture-of-experts step over every rank (integration/experts.h): the auxiliary losses
+// (unweighted, mean over layers, ranks and micro-batches; the load-balancing loss is 1 for a
+// perfectly balanced router) and per layer the busiest and idlest expert's token copies relative
+// to the mean; all_to_all_bytes: the logical bytes of the step's token all-to-alls this rank
+// launched. moe false: a dense model (nothing reported).
+struct ExpertStats {
+  bool moe = false;
+  double aux_loss = 0;
+  double z_loss = 0;
+  std::vector<double> load_max, load_min;
+  int64_t all_to_all_bytes = 0;
+};
+
 // CPU seconds this process has used so far (user + system, all threads).
 double ProcessCpuSeconds();
 // The most resident memory this process has held so far (getrusage's ru_maxrss), in bytes.
@@ -73,8 +86,9 @@ class RunMetrics {
 
   // Step `step` cost `cost`, its loss (mean over ranks) was `loss` and the optimizer reported
   // `result`. Errors: the event writer's.
+  // `experts`: an MoE model's step (progress line "aux", TensorBoard moe/..., the summary).
   absl::Status Step(int64_t step, double loss, const optimizers::StepResult& result,
-                    const StepCost& cost);
+                    const StepCost& cost, const ExpertStats& experts = {});
 
   // The eval loss before the first step run (TensorBoard: at step 0 in a fresh run, not logged in a
   // resumed one), and after step `step`. Errors: the event writer's.
@@ -92,6 +106,7 @@ class RunMetrics {
  private:
   int64_t StepsRun() const { return summary_.steps - first_step_ + 1; }
   absl::Status Scalar(absl::string_view tag, int64_t step, double value);
+  absl::Status ExpertScalars(int64_t step, const ExpertStats& experts);
 
   const collectives::Communicator& comm_;
   std::FILE* out_;

@@ -98,11 +98,13 @@ RoutingReport LayoutRouting(absl::Span<ParamAndGradBuffer* const> buffers) {
 }
 
 absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const> buffers,
-                                            int rank, DistributedMode mode) {
+                                            int dense_rank, DistributedMode mode,
+                                            int expert_rank) {
   std::vector<Slot> slots;
   for (ParamAndGradBuffer* buffer : buffers) {
     if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
     const layout::PerBufferParamLayout& layout = buffer->layout();
+    const int rank = layout.key.expert && expert_rank >= 0 ? expert_rank : dense_rank;
     if (mode == DistributedMode::kReplicated && buffer->residency() != buffers::Residency::kFull) {
       return absl::InvalidArgumentError(absl::StrCat(
           "buffer ", layout.key.ToString(), " keeps only rank ", buffer->rank(),
@@ -158,15 +160,20 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     std::vector<ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
     ChainedConfig config, DistributedMode mode, const std::map<std::string, FusedSplit>& splits,
-    buffers::BucketGroupSync* param_sync) {
+    buffers::BucketGroupSync* param_sync, collectives::Communicator* expert_comm) {
   if (comm == nullptr) return absl::InvalidArgumentError("communicator is null");
+  if (expert_comm == nullptr) expert_comm = comm;
+  bool split_experts = false;  // expert buffers over a smaller group than the dense ones
   for (const ParamAndGradBuffer* buffer : buffers) {
     if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
-    if (buffer->layout().dp != comm->size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("buffer ", buffer->layout().key.ToString(), " is sharded over dp ",
-                       buffer->layout().dp, ", the communicator has ", comm->size(), " ranks"));
+    const bool expert = buffer->layout().key.expert;
+    const collectives::Communicator* group = expert ? expert_comm : comm;
+    if (buffer->layout().dp != group->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buffer ", buffer->layout().key.ToString(), " is sharded over dp ", buffer->layout().dp,
+          ", the ", expert ? "expert " : "", "communicator has ", group->size(), " ranks"));
     }
+    split_experts = split_experts || (expert && expert_comm->size() != comm->size());
     // Every rank checks every Muon param's split, so that all reject a bad one, owner or not.
     for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
       const layout::ParamPlacement& p = buffer->layout().params[i];
@@ -175,13 +182,23 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
       RETURN_IF_ERROR(ValidateSplit(p.name, split->second, buffer->Param(i).size(0)));
     }
   }
-  ASSIGN_OR_RETURN(std::vector<Slot> slots, RankSlots(buffers, comm->rank(), mode));
+  ASSIGN_OR_RETURN(std::vector<Slot> slots,
+                   RankSlots(buffers, comm->rank(), mode, expert_comm->rank()));
   std::unique_ptr<StepSync> step_sync;
   if (param_sync != nullptr) {
     ASSIGN_OR_RETURN(step_sync, MakeStepSync(param_sync, buffers, mode));
   }
   std::unique_ptr<StatsReducer> reducer;
-  if (mode == DistributedMode::kSharded) reducer = std::make_unique<AllReduceStatsReducer>(comm);
+  // Sharded: each rank's slots are its shards, so the sum over `comm` counts every element once
+  // (experts too: each ep rank holds other experts, each expt_dp rank other shards of them).
+  // Replicated with experts split over ep: every rank counts the elements it saves, summed the
+  // same way.
+  if (mode == DistributedMode::kReplicated && split_experts) {
+    config.stats_over_saved_elements = true;
+  }
+  if (mode == DistributedMode::kSharded || split_experts) {
+    reducer = std::make_unique<AllReduceStatsReducer>(comm);
+  }
   return ChainedOptimizer::Create(std::move(config), LayoutRouting(buffers), std::move(slots),
                                   splits, std::move(reducer), std::move(step_sync));
 }

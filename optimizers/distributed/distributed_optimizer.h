@@ -80,8 +80,10 @@ RoutingReport LayoutRouting(absl::Span<buffers::ParamAndGradBuffer* const> buffe
 // grads. Errors: kInvalidArgument when a buffer is null, kReplicated over a buffer with sharded
 // residency, or a Muon param straddles a shard boundary ("param 'w' is routed to muon but straddles
 // a shard boundary of a distopt buffer; Muon needs whole matrices (use a shard-aligned layout)").
+// `expert_rank` (>= 0) is the rank in the expert data-parallel group, used for expert buffers
+// (layout key.expert); -1: `rank` for every buffer.
 absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                                            int rank, DistributedMode mode);
+                                            int rank, DistributedMode mode, int expert_rank = -1);
 
 // The ChainedOptimizer of rank comm->rank() over `buffers` (routes from the layout, slots from
 // RankSlots, statistics reduced over `comm` in kSharded mode). `splits` maps a fused param's name
@@ -92,11 +94,19 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<buffers::ParamAndGradBuff
 // possibly more), whose param sync every Step then runs (see the file comment). Errors: also
 // kInvalidArgument for a buffer that is not one of param_sync's, or a param_sync whose grad sync
 // does not match `mode` (kSharded: reduce-scatter; kReplicated: all-reduce).
+// Experts (MoE): `expert_comm` (may be null: `comm`) is the expert data-parallel group over which
+// the expert buffers (layout key.expert) are sharded, this rank's slots in them by its rank
+// there; `comm` is then the dense data-parallel group spanning every ep rank (the world without
+// tensor parallelism), over which the statistics are summed: every param is counted once at any
+// (dp, ep), including dense dp 1 with expert dp 2 (no "dp size 1" shortcut). Replicated with
+// experts split over ep ranks sums each rank's saved elements (ChainedConfig::
+// stats_over_saved_elements) over `comm`: one all-reduce per step it otherwise does not need.
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     std::vector<buffers::ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
     ChainedConfig config, DistributedMode mode,
     const std::map<std::string, FusedSplit>& splits = {},
-    buffers::BucketGroupSync* param_sync = nullptr);
+    buffers::BucketGroupSync* param_sync = nullptr,
+    collectives::Communicator* expert_comm = nullptr);
 
 }  // namespace orthoshard::optimizers::distributed
 
