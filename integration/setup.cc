@@ -140,6 +140,13 @@ absl::Status RouteAndLayOut(const TrainerConfig& c, const model::GptConfig& gpt,
   optimizers::RoutingConfig routing;
   if (c.optimizer == OptimizerChoice::kAdamW) {
     routing.overrides.push_back({"*", optimizers::Route::kAdamW});
+  } else {
+    ASSIGN_OR_RETURN(const std::vector<RouteOverrideSpec> overrides, RouteOverrides(c));
+    for (const RouteOverrideSpec& o : overrides) {
+      routing.overrides.push_back({o.pattern, o.optimizer == OptimizerChoice::kMuon
+                                                  ? optimizers::Route::kMuon
+                                                  : optimizers::Route::kAdamW});
+    }
   }
   std::vector<optimizers::ParamDescriptor> descriptors;
   for (const ModelParam& p : params) {

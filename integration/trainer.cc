@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
+#include <set>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -240,19 +242,36 @@ absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step,
 // What every rank holds (params, grads, optimizer state, transient peak), one row per rank.
 absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator& comm) {
   const ddp::DdpMemory m = s.ddp->memory();
-  at::Tensor rows = at::zeros({comm.size(), 5}, at::kLong);
-  rows[comm.rank()][0].fill_(m.param_bytes);
-  rows[comm.rank()][1].fill_(m.grad_bytes);
-  rows[comm.rank()][2].fill_(s.optimizer->state_bytes());
-  rows[comm.rank()][3].fill_(m.peak_transient_bytes);
-  rows[comm.rank()][4].fill_(MaxRssBytes());
+  // The experts' params and grads as their buffers keep them (whole, or this rank's shards).
+  int64_t expert_params = 0, expert_grads = 0;
+  std::set<std::string> expert_names;
+  for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
+    const layout::PerBufferParamLayout& l = buffer->layout();
+    if (!l.key.expert) continue;
+    for (const layout::ParamPlacement& p : l.params) expert_names.insert(p.name);
+    int64_t held = l.numel();
+    if (buffer->residency() == buffers::Residency::kSharded) {
+      held = 0;
+      for (const layout::Bucket& bucket : l.buckets) held += bucket.shard_size;
+    }
+    expert_params += held * DTypeSize(l.key.param_dtype);
+    expert_grads += held * DTypeSize(l.key.grad_dtype);
+  }
+  const int64_t expert_state = s.optimizer->state_bytes(
+      [&](absl::string_view name) { return expert_names.count(std::string(name)) > 0; });
+  const std::array<int64_t, 9> mine = {
+      m.param_bytes,        s.optimizer->state_bytes(), m.peak_transient_bytes, MaxRssBytes(),
+      expert_params,        expert_grads,               expert_state,
+      static_cast<int64_t>(s.optimizer->ns_cost()),     m.grad_bytes};
+  at::Tensor rows = at::zeros({comm.size(), static_cast<int64_t>(mine.size())}, at::kLong);
+  for (size_t i = 0; i < mine.size(); ++i) rows[comm.rank()][i].fill_(mine[i]);
   rows = rows.to(comm.device());
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{rows, {ReduceOp::kSum}}}));
   rows = rows.cpu();
   std::vector<RankMemory> out(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* row = rows[r].data_ptr<int64_t>();
-    out[r] = {row[0], row[1], row[2], row[3], row[4]};
+    out[r] = {row[0], row[8], row[1], row[2], row[3], row[4], row[5], row[6], row[7]};
   }
   return out;
 }
@@ -440,7 +459,7 @@ struct StepOutcome {
 // What a rank launched so far over every distinct communicator of its mesh (roles that share one
 // counted once): logical and wire bytes of every kind, and the logical bytes of all-to-alls.
 struct MeshTraffic {
-  int64_t bytes = 0, wire_bytes = 0, all_to_all_bytes = 0;
+  int64_t bytes = 0, wire_bytes = 0, all_to_all_bytes = 0, all_to_all_wire_bytes = 0;
 };
 MeshTraffic TrafficOf(const collectives::Mesh& mesh) {
   MeshTraffic out;
@@ -452,6 +471,7 @@ MeshTraffic TrafficOf(const collectives::Mesh& mesh) {
     out.bytes += TotalBytes(*group);
     out.wire_bytes += TotalWireBytes(*group);
     out.all_to_all_bytes += group->traffic().Bytes(collectives::OpKind::kAllToAll);
+    out.all_to_all_wire_bytes += group->traffic().WireBytes(collectives::OpKind::kAllToAll);
   }
   return out;
 }
@@ -534,6 +554,8 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   out.cost.comm_bytes = traffic.bytes - traffic_before.bytes;
   out.cost.wire_bytes = traffic.wire_bytes - traffic_before.wire_bytes;
   out.experts.all_to_all_bytes = traffic.all_to_all_bytes - traffic_before.all_to_all_bytes;
+  out.experts.all_to_all_wire_bytes =
+      traffic.all_to_all_wire_bytes - traffic_before.all_to_all_wire_bytes;
   out.cost.param_gather_wait_s = s.ddp->waits().param_gather_s - waits_before.param_gather_s;
   out.cost.grad_sync_wait_s = s.ddp->waits().grad_sync_s - waits_before.grad_sync_s;
   out.agreed = agreement.Read();

@@ -108,6 +108,8 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
   return Create(std::move(config), std::move(routing), std::move(slots), splits, nullptr);
 }
 
+double ChainedOptimizer::ns_cost() const { return muon_->ns_cost(); }
+
 absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
   GradStats stats;
   const bool saved = config_.stats_over_saved_elements;

@@ -201,7 +201,12 @@ class ChainedOptimizer final : public OptimizerState {
   int64_t steps_taken() const { return steps_; }
   int64_t skipped_steps() const { return skipped_; }
   // Bytes of state this rank holds (AdamW's and Muon's SlotOptimizer::state_bytes).
-  int64_t state_bytes() const { return adamw_->state_bytes() + muon_->state_bytes(); }
+  // `include` (may be empty: all) picks params by name.
+  int64_t state_bytes(const std::function<bool(absl::string_view name)>& include = {}) const {
+    return adamw_->state_bytes(include) + muon_->state_bytes(include);
+  }
+  // Muon's Newton–Schulz cost on this rank per step (Muon::ns_cost).
+  double ns_cost() const;
   const AdamW& adamw() const { return *adamw_; }
   const Muon& muon() const { return *muon_; }
 

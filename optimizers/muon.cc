@@ -377,4 +377,22 @@ std::vector<SlotOptimizer::Field> Muon::Fields(size_t i) const {
   return {{"momentum_buffer", momentum_[i]}};
 }
 
+double Muon::ns_cost() const {
+  double cost = 0;
+  for (int64_t i = 0; i < num_slots(); ++i) {
+    const Slot& s = slot(i);
+    const double cols = static_cast<double>(s.full_shape[1]);
+    std::vector<double> rows;
+    if (splits_[i].block_rows.empty()) {
+      rows.push_back(static_cast<double>(s.full_shape[0]));
+    } else {
+      for (int64_t r : splits_[i].block_rows) {
+        rows.push_back(static_cast<double>(r * splits_[i].num_groups));
+      }
+    }
+    for (double m : rows) cost += std::max(m, cols) * std::min(m, cols) * std::min(m, cols);
+  }
+  return cost;
+}
+
 }  // namespace orthoshard::optimizers

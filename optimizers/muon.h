@@ -136,6 +136,11 @@ class Muon final : public SlotOptimizer {
   absl::string_view kind() const override { return "muon"; }
   std::vector<std::string> FieldNames() const override;
 
+  // Newton–Schulz cost of one step over this optimizer's slots, in the layout's units: max(m, n) x
+  // min(m, n)^2 per logical matrix (each block of a fused split), summed; for how evenly the
+  // orthogonalisation work is spread over ranks.
+  double ns_cost() const;
+
  private:
   Muon() = default;
   void Update(size_t i, const at::Tensor& grad, double lr_multiplier) override;

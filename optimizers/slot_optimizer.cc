@@ -277,9 +277,11 @@ int64_t SlotOptimizer::numel() const {
   return n;
 }
 
-int64_t SlotOptimizer::state_bytes() const {
+int64_t SlotOptimizer::state_bytes(
+    const std::function<bool(absl::string_view name)>& include) const {
   int64_t bytes = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
+    if (include && !include(slots_[i].slot.name)) continue;
     if (slots_[i].owns_main()) bytes += static_cast<int64_t>(slots_[i].main.nbytes());
     for (const Field& f : Fields(i)) {
       if (f.tensor.defined()) bytes += static_cast<int64_t>(f.tensor.nbytes());

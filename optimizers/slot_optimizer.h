@@ -23,6 +23,7 @@
 #define ORTHOSHARD_OPTIMIZERS_SLOT_OPTIMIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -129,7 +130,8 @@ class SlotOptimizer {
   int64_t numel() const;
   // Bytes of optimizer state this rank holds: every state tensor of every slot plus the fp32
   // main params it owns (an fp32 param is its own main param and costs nothing extra).
-  int64_t state_bytes() const;
+  // `include` (may be empty: every slot) picks the slots counted by their param's name.
+  int64_t state_bytes(const std::function<bool(absl::string_view name)>& include = {}) const;
   const Slot& slot(int64_t i) const { return slots_[i].slot; }
 
  protected:

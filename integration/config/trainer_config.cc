@@ -116,6 +116,7 @@ absl::Status ValidateRunControl(const TrainerConfig& c) {
 
 // The optimizers' choices and fractions, and which optimizer the --dist mode can run.
 absl::Status ValidateOptimizer(const TrainerConfig& c) {
+  RETURN_IF_ERROR(RouteOverrides(c).status());
   if (c.muon_ns_steps < 1 || c.muon_ns_steps >= 100) {
     return absl::InvalidArgumentError(
         absl::StrCat("--muon_ns_steps must be in [1, 100), got ", c.muon_ns_steps));
@@ -399,11 +400,18 @@ std::string MemoryJson(const std::vector<RankMemory>& memory) {
     const RankMemory& m = memory[r];
     max_persistent = std::max(max_persistent, m.persistent_bytes());
     max_transient = std::max(max_transient, m.peak_transient_bytes);
+    const std::string experts =
+        m.expert_params_bytes > 0
+            ? absl::StrFormat(",\"expert_params_bytes\":%d,\"expert_grads_bytes\":%d,"
+                              "\"expert_state_bytes\":%d,\"ns_cost\":%d",
+                              m.expert_params_bytes, m.expert_grads_bytes, m.expert_state_bytes,
+                              m.ns_cost)
+            : "";
     ranks.push_back(absl::StrFormat(
         "{\"rank\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,\"optimizer_state_bytes\":%d,"
-        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d}",
+        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d%s}",
         r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes,
-        m.max_rss_bytes));
+        m.max_rss_bytes, experts));
   }
   return absl::StrFormat(
       "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]", max_persistent,
@@ -491,6 +499,7 @@ std::string TrainSummary::ToJson() const {
     j.Double("moe_aux_loss", moe_aux_loss, 6);
     j.Double("moe_z_loss", moe_z_loss, 6);
     j.Int("all_to_all_bytes_per_step", all_to_all_bytes_per_step);
+    j.Int("all_to_all_wire_bytes_per_step", all_to_all_wire_bytes_per_step);
     auto list = [](const std::vector<double>& v) {
       std::vector<std::string> parts;
       for (double x : v) parts.push_back(absl::StrFormat("%.4f", x));
@@ -508,6 +517,25 @@ bool GramNewtonSchulz(const TrainerConfig& config) {
   return config.muon_ns_form == NsForm::kGram ||
          (config.muon_ns_form == NsForm::kAuto &&
           config.muon_ns_dtype == optimizers::NsDType::kFloat32);
+}
+
+absl::StatusOr<std::vector<RouteOverrideSpec>> RouteOverrides(const TrainerConfig& config) {
+  std::vector<RouteOverrideSpec> out;
+  for (absl::string_view entry : absl::StrSplit(config.route, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) continue;
+    const size_t eq = entry.rfind('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--route entry '", entry, "': expected GLOB=OPTIMIZER, e.g. '*experts*=adamw'"));
+    }
+    RouteOverrideSpec spec;
+    spec.pattern = std::string(absl::StripAsciiWhitespace(entry.substr(0, eq)));
+    ASSIGN_OR_RETURN(spec.optimizer, ParseChoice<OptimizerChoice>(
+                                         "route", absl::StripAsciiWhitespace(entry.substr(eq + 1))));
+    out.push_back(std::move(spec));
+  }
+  return out;
 }
 
 std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config) {

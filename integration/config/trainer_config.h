@@ -60,6 +60,15 @@ void ResolveResumeAuto(TrainerConfig* config);
 // its eval losses were within 0.0025 of the direct form's, or lower: README, GPU).
 bool GramNewtonSchulz(const TrainerConfig& config);
 
+// One --route entry: params whose name matches the glob go to that optimizer.
+struct RouteOverrideSpec {
+  std::string pattern;
+  OptimizerChoice optimizer = OptimizerChoice::kMuon;
+};
+// --route split at commas (blanks trimmed, empty entries dropped), in order. Errors:
+// kInvalidArgument naming an entry without '=' or with an unknown optimizer.
+absl::StatusOr<std::vector<RouteOverrideSpec>> RouteOverrides(const TrainerConfig& config);
+
 // --no_weight_decay split at commas, blanks trimmed, empty entries dropped.
 std::vector<std::string> NoWeightDecayPatterns(const TrainerConfig& config);
 
@@ -72,6 +81,12 @@ struct RankMemory {
   int64_t optimizer_state_bytes = 0;
   int64_t peak_transient_bytes = 0;
   int64_t max_rss_bytes = 0;  // the process's peak resident memory (all of it, LibTorch included)
+  // MoE: the part of the three above that is experts' (0 for a dense model, and then not in the
+  // JSON), and the Newton–Schulz cost this rank's Muon slots take per step (Muon::ns_cost).
+  int64_t expert_params_bytes = 0;
+  int64_t expert_grads_bytes = 0;
+  int64_t expert_state_bytes = 0;
+  int64_t ns_cost = 0;
   int64_t persistent_bytes() const { return params_bytes + grads_bytes + optimizer_state_bytes; }
 };
 
@@ -133,6 +148,7 @@ struct TrainSummary {
   double moe_aux_loss = 0;
   double moe_z_loss = 0;
   int64_t all_to_all_bytes_per_step = 0;
+  int64_t all_to_all_wire_bytes_per_step = 0;  // of which sent to other ranks
   std::vector<double> expert_load_max, expert_load_min;
   std::vector<RankMemory> memory;  // per rank, at the end of the run
 

@@ -108,6 +108,12 @@
     "AdamW second-moment decay, in [0, 1)") \
   X(double, adam_eps, 1e-8, \
     "AdamW epsilon (added to the bias-corrected root), in [0, 2^64]") \
+  X(std::string, route, "", \
+    "comma-separated GLOB=OPTIMIZER routing overrides (muon or adamw), checked in order before " \
+    "the default rules (2-D hidden matrices to Muon; embeddings, head, norms, biases, MoE " \
+    "routers and gates to AdamW), e.g. '*experts*=adamw' (AdamW on experts, as Megatron-LM's " \
+    "layer-wise optimizer does) or '*router*=muon'; only 2-D params can go to Muon; ignored " \
+    "with --optimizer=adamw") \
   X(std::string, no_weight_decay, "", \
     "comma-separated globs of param names never weight-decayed, by either optimizer (e.g. " \
     "'embedding*,output_layer*'); norm weights and other non-matrix params never are") \

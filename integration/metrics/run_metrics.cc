@@ -108,6 +108,7 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
     summary_.expert_load_max = experts.load_max;
     summary_.expert_load_min = experts.load_min;
     summary_.all_to_all_bytes_per_step = experts.all_to_all_bytes;
+    summary_.all_to_all_wire_bytes_per_step = experts.all_to_all_wire_bytes;
   }
   if (comm_.rank() != 0) return absl::OkStatus();
   const double elapsed = absl::ToDoubleSeconds(train_time_);

@@ -53,14 +53,16 @@ struct StepCost {
 // A mixture-of-experts step over every rank (integration/experts.h): the auxiliary losses
 // (unweighted, mean over layers, ranks and micro-batches; the load-balancing loss is 1 for a
 // perfectly balanced router) and per layer the busiest and idlest expert's token copies relative
-// to the mean; all_to_all_bytes: the logical bytes of the step's token all-to-alls this rank
-// launched. moe false: a dense model (nothing reported).
+// to the mean; all_to_all_bytes: the logical bytes of the step's all-to-alls this rank launched
+// (dispatch and combine, forward and backward, and the counts), all_to_all_wire_bytes what of them
+// it sent to other ranks. moe false: a dense model (nothing reported).
 struct ExpertStats {
   bool moe = false;
   double aux_loss = 0;
   double z_loss = 0;
   std::vector<double> load_max, load_min;
   int64_t all_to_all_bytes = 0;
+  int64_t all_to_all_wire_bytes = 0;
 };
 
 // CPU seconds this process has used so far (user + system, all threads).
