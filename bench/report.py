@@ -22,10 +22,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_shapes  # noqa: E402
+import moe_bench  # noqa: E402
 import report_lib as rl  # noqa: E402
 
 SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint", "peer",
-            "precision"]
+            "precision", "moe"]
 
 
 def sh(cmd, cwd=None):
@@ -464,6 +465,13 @@ def main():
         if raw.get(name):  # per model
             summaries[name] = {model: rl.summarize([r[model] for r in raw[name]])
                                for model in raw[name][0] if all(model in r for r in raw[name])}
+    moe_md = None  # section 9: its own runs (bench/moe_bench.py), after the others
+    if "moe" in only and os.path.exists(BIN["pretrain"]):
+        try:
+            moe_md = moe_bench.section(BIN["pretrain"], a.quick, repeats)
+        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            errors["moe"] = str(e)
+            print(f"[bench] moe failed: {e}", file=sys.stderr)
     load_end = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 
@@ -769,6 +777,15 @@ def main():
                 md += ["Not measured: a run of this model failed or timed out (see the run log).", ""]
         if "precision" in errors:
             md.append(failed("precision"))
+
+    # 9. Mixture of experts.
+    if "moe" in only:
+        md += ["## 9. Mixture of experts: Muon on whole experts, all-to-all, expert memory", "",
+               "Reproduce: `tools/python3 bench/moe_bench.py --pretrain=bazel-bin/integration/"
+               "pretrain` (after `bazel build //integration:pretrain`).", ""]
+        md += [moe_md, ""] if moe_md else [failed("moe") if "moe" in errors else
+                                           "Not measured: `//integration:pretrain` is not built.",
+                                           ""]
 
     md += ["## Run log", "", rl.markdown_table(
         ["binary", "arguments", "wall s", "exit"],
