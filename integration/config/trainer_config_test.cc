@@ -108,6 +108,65 @@ TEST(TrainerConfig, ValidationNamesTheField) {
                        HasSubstr("config 'c': --muon_ns_form 'polar': expected auto, direct or "
                                  "gram")));
   EXPECT_EQ(config.muon_ns_form, NsForm::kGram);  // nothing applied
+}
+
+// Mixture-of-experts flags: only on an MoE preset; --ep divides the world and the experts;
+// top-k within the experts; weights finite and >= 0 (or -1: the default).
+TEST(TrainerConfigTest, ExpertFlags) {
+  TrainerConfig config;
+  config.ep = 2;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("need a mixture-of-experts model, but 'tiny' is dense")));
+  config = TrainerConfig();
+  config.moe_aux_loss_coeff = 0.1;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'tiny' is dense")));
+  config = TrainerConfig();
+  config.model = "moe-tiny";
+  config.global_batch = 48;  // divisible by every world size below
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.ep = 2;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  EXPECT_OK(ValidateTrainerConfig(config, 4));
+  EXPECT_THAT(ValidateTrainerConfig(config, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--ep 2 must be >= 1 and divide the world size 3")));
+  config.ep = 3;
+  EXPECT_THAT(ValidateTrainerConfig(config, 6),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--ep 3 does not divide model 'moe-tiny''s 8 experts per layer")));
+  config.ep = 0;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--ep 0 must be >= 1")));
+  config.ep = 1;
+  config.moe_top_k = 9;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--moe_top_k 9 must be in [1, 8]")));
+  config.moe_top_k = 8;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config.moe_z_loss_coeff = -0.5;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--moe_z_loss_coeff -0.5: expected a finite weight >= 0")));
+}
+
+TEST(TrainerConfigTest, RouteOverrides) {
+  TrainerConfig config;
+  config.route = " *experts*=adamw , ,*router*=muon";
+  ASSERT_OK_AND_ASSIGN(const std::vector<RouteOverrideSpec> routes, RouteOverrides(config));
+  ASSERT_EQ(routes.size(), 2u);
+  EXPECT_EQ(routes[0].pattern, "*experts*");
+  EXPECT_EQ(routes[0].optimizer, OptimizerChoice::kAdamW);
+  EXPECT_EQ(routes[1].pattern, "*router*");
+  EXPECT_EQ(routes[1].optimizer, OptimizerChoice::kMuon);
+  for (const char* bad : {"*experts*", "=adamw", "*experts*=sgd"}) {
+    config.route = bad;
+    EXPECT_THAT(ValidateTrainerConfig(config, 2),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--route")))
+        << bad;
+  }
   // auto: the Gram form for the fp32 iteration only.
   config = TrainerConfig();
   EXPECT_FALSE(GramNewtonSchulz(config));  // bf16
