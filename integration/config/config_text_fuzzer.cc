@@ -148,7 +148,8 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   const absl::StatusOr<optimizers::NsSchedule> ns =
       optimizers::ParseNsSchedule(c.muon_ns_coefficients);
   Check(ns.ok() && optimizers::NsSingularValueBound(ns->coefficients, ns->norm_scale,
-                                                    c.muon_ns_steps) <= 16);
+                                                    c.muon_ns_steps, ns->cycle) <= 16);
+  Check(!ns->cycle || c.muon_ns_steps % static_cast<int>(ns->coefficients.size()) == 0);
 }
 
 int TestOneInput(const uint8_t* data, size_t size) {

@@ -123,7 +123,8 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
   absl::StatusOr<optimizers::NsSchedule> ns = optimizers::ParseNsSchedule(c.muon_ns_coefficients);
   if (ns.ok()) {
     if (absl::Status bounded =
-            optimizers::CheckNsScheduleBounded(ns->coefficients, ns->norm_scale, c.muon_ns_steps);
+            optimizers::CheckNsScheduleBounded(ns->coefficients, ns->norm_scale, c.muon_ns_steps,
+                                               ns->cycle);
         !bounded.ok()) {
       ns = absl::InvalidArgumentError(absl::StrCat("'", c.muon_ns_coefficients,
                                                    "' with --muon_ns_steps ", c.muon_ns_steps, ": ",
