@@ -370,7 +370,7 @@ void Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& con
     const int64_t i = indices[k];
     const Held& h = slots_[i];
     ApplyOrthos(h.main, orthos[k], hps_[i], hps_[i].lr * context.lr_multiplier, splits_[i]);
-    if (h.owns_main()) h.slot.param.copy_(h.main);
+    FinishUpdate(i);
   }
 }
 

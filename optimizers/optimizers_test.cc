@@ -23,6 +23,7 @@
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/sum.h>
@@ -1114,6 +1115,103 @@ TEST_F(OptimizersTest, ChainedImportIsAllOrNothing) {
                          HasSubstr(absl::StrCat("unexpected state tensor '", name, "'"))));
     EXPECT_TRUE(StatesEqual((*b)->ExportState(), b_before)) << name;
   }
+}
+
+// SetRowScales: the rows of a Muon param and of an AdamW param are scaled right after their update
+// (bitwise the update followed by the same multiply), in the per-slot and the batched Newton-Schulz
+// paths; a bf16 model param gets the scaled main param rounded; the scales are consumed by the
+// step, and dropped by a skipped one.
+TEST_F(OptimizersTest, RowScalesApplyAfterTheUpdate) {
+  for (const bool batched : {false, true}) {
+    ChainedConfig config;
+    config.muon.ns.batched = batched;
+    std::vector<Param> a_params = ToyParams(), b_params = ToyParams();
+    a_params[3].param = a_params[3].param.to(at::kBFloat16);  // fc2: bf16 with a main param
+    b_params[3].param = b_params[3].param.to(at::kBFloat16);
+    auto a = ChainedOptimizer::Create(a_params, config);
+    auto b = ChainedOptimizer::Create(b_params, config);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const at::Tensor embed_scales = Det({20}, 0.7).abs_();
+    const at::Tensor fc1_scales = Det({16}, 0.8).abs_();
+    const at::Tensor fc2_scales = Det({8}, 0.9).abs_();
+    ASSERT_OK((*a)->SetRowScales("embed.weight", embed_scales));
+    ASSERT_OK((*a)->SetRowScales("layers.0.fc1.weight", fc1_scales));
+    ASSERT_OK((*a)->SetRowScales("layers.0.fc2.weight", fc2_scales));
+    ASSERT_TRUE((*a)->Step().ok());
+    ASSERT_TRUE((*b)->Step().ok());
+    b_params[0].param.mul_(embed_scales.view({-1, 1}));
+    b_params[2].param.mul_(fc1_scales.view({-1, 1}));
+    EXPECT_TRUE(at::equal(a_params[0].param, b_params[0].param)) << batched;
+    EXPECT_TRUE(at::equal(a_params[2].param, b_params[2].param)) << batched;
+    EXPECT_TRUE(at::equal(a_params[1].param, b_params[1].param)) << batched;
+    const at::Tensor a_main = Record((*a)->ExportState(), "layers.0.fc2.weight/main_param");
+    const at::Tensor b_main = Record((*b)->ExportState(), "layers.0.fc2.weight/main_param");
+    EXPECT_TRUE(at::equal(a_main, b_main.mul(fc2_scales.view({-1, 1})))) << batched;
+    EXPECT_TRUE(at::equal(a_params[3].param, a_main.to(at::kBFloat16))) << batched;
+    // Consumed: the next step scales nothing (the fp32 params and every state still agree).
+    ASSERT_TRUE((*a)->Step().ok());
+    ASSERT_TRUE((*b)->Step().ok());
+    EXPECT_TRUE(at::equal(a_params[0].param, b_params[0].param)) << batched;
+    EXPECT_TRUE(at::equal(a_params[2].param, b_params[2].param)) << batched;
+  }
+  // A skipped step scales nothing and drops the scales.
+  std::vector<Param> params = ToyParams();
+  auto c = ChainedOptimizer::Create(params, ChainedConfig{});
+  ASSERT_TRUE(c.ok());
+  const at::Tensor kept = params[2].param.clone();
+  ASSERT_OK((*c)->SetRowScales("layers.0.fc1.weight", at::full({16}, 0.5)));
+  params[2].grad[0][0] = NAN;
+  ASSERT_OK_AND_ASSIGN(const StepResult skipped, (*c)->Step());
+  EXPECT_TRUE(skipped.skipped);
+  EXPECT_TRUE(at::equal(params[2].param, kept));
+  // Errors name the param.
+  EXPECT_THAT((*c)->SetRowScales("nope", at::ones({3})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row scales for param 'nope', which the routing does not list")));
+  EXPECT_THAT((*c)->SetRowScales("layers.0.fc1.weight", at::ones({3})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'layers.0.fc1.weight' of shape [16,8]: row scales of "
+                                 "shape [3], expected one per row of a 2-D param")));
+  EXPECT_THAT((*c)->SetRowScales("layers.0.norm.weight", at::ones({8})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of shape [8]: row scales")));
+}
+
+// Row scales of a param held in parts (ZeRO-1 element ranges that start and end inside rows) scale
+// each part's elements by their row's factor: bitwise the whole param's scaled update.
+TEST_F(OptimizersTest, RowScalesOfAdamWPartsMatchTheWhole) {
+  const at::Tensor init = Det({6, 5}, 0.4);
+  const at::Tensor grad = Det({6, 5}, 1.4, 0.1);
+  const at::Tensor scales = Det({6}, 0.6).abs_();
+  at::Tensor whole = init.clone();
+  auto whole_opt = AdamW::Create({{Slot::Whole("w", whole, grad), AdamWHyper{}}});
+  ASSERT_TRUE(whole_opt.ok());
+  at::Tensor parted = init.clone();
+  std::vector<AdamW::Entry> parts;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 7}, {7, 19}, {19, 30}};
+  for (const auto& [lo, hi] : ranges) {
+    Slot s;
+    s.name = "w" + std::to_string(lo);
+    s.full_shape = {6, 5};
+    s.offset = lo;
+    s.param = parted.view({-1}).narrow(0, lo, hi - lo);
+    s.grad = grad.view({-1}).narrow(0, lo, hi - lo);
+    s.saved_end = hi - lo;
+    parts.push_back({s, AdamWHyper{}});
+  }
+  auto parts_opt = AdamW::Create(std::move(parts));
+  ASSERT_TRUE(parts_opt.ok()) << parts_opt.status();
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_OK_AND_ASSIGN(const bool held, (*whole_opt)->SetRowScales("w", scales));
+    EXPECT_TRUE(held);
+    for (const auto& [lo, hi] : ranges) {
+      ASSERT_OK((*parts_opt)->SetRowScales("w" + std::to_string(lo), scales).status());
+    }
+    ASSERT_TRUE((*whole_opt)->Step({0.5, 1.0}).ok());
+    ASSERT_TRUE((*parts_opt)->Step({0.5, 1.0}).ok());
+    EXPECT_TRUE(at::equal(parted, whole)) << step;
+  }
+  ASSERT_OK_AND_ASSIGN(const bool held, (*whole_opt)->SetRowScales("other", scales));
+  EXPECT_FALSE(held);
 }
 
 // The same params split into parts (as ZeRO-1 ranks hold them) step bitwise as the whole; the
