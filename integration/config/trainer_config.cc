@@ -234,6 +234,11 @@ absl::Status ValidateStepScalars(const TrainerConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got ", c.adam_eps));
   }
+  if (!(c.qk_clip_threshold >= 0.0 && std::isfinite(c.qk_clip_threshold))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--qk_clip_threshold must be a finite number >= 0 (0 disables QK-clip), got ",
+        c.qk_clip_threshold));
+  }
   if (!std::isfinite(c.max_grad_norm)) {
     // NaN compares false with everything: the optimizers would silently not clip.
     return absl::InvalidArgumentError(absl::StrCat(
@@ -450,6 +455,10 @@ std::string TrainSummary::ToJson() const {
   // -1 (not asked for) leaves them out; NaN is not >= 0 but was asked for: null.
   if (!(params_norm < 0)) j.Double("params_norm", params_norm, 9, /*general=*/true);
   if (num_zeros_in_grad >= 0) j.Int("num_zeros_in_grad", num_zeros_in_grad);
+  if (qk_clip_clipped_groups >= 0) {
+    j.Double("qk_clip_max_logit", qk_clip_max_logit, 6, /*general=*/true);
+    j.Int("qk_clip_clipped_groups", qk_clip_clipped_groups);
+  }
   j.Raw(MemoryJson(memory));
   if (!j.all_finite()) j.Raw(absl::StrCat("\"non_finite\":", j.non_finite()));
   return j.Object();

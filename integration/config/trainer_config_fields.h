@@ -107,6 +107,11 @@
     "all: one global norm over every gradient clips all of them, Muon's before its momentum " \
     "(Megatron-LM); exclude_muon: the norm and clip cover AdamW's params only (Newton-Schulz " \
     "normalises Muon's update anyway)") \
+  X(double, qk_clip_threshold, 0.0, \
+    "QK-clip (MuonClip, Kimi K2) threshold tau: after each step, the query and key rows of every " \
+    "KV group whose largest attention logit (q.k/sqrt(d) after rotary, over the step's attended " \
+    "pairs on all ranks) exceeded tau are scaled by sqrt(tau / that logit), whichever optimizer " \
+    "owns the qkv weights (Kimi K2 used 100); finite, >= 0; 0 = off (no logits are measured)") \
   X(optimizers::ScheduleKind, schedule, optimizers::ScheduleKind::kWarmupCosine, \
     "lr schedule: constant, cosine, linear, wsd") \
   X(int64_t, warmup_steps, 20, \

@@ -120,6 +120,24 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
 }
 
+TEST(TrainerConfig, QkClipThresholdIsFiniteAndNotNegative) {
+  for (const char* bad : {"qk_clip_threshold: -1", "qk_clip_threshold: nan",
+                          "qk_clip_threshold: inf"}) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(bad, "c", &config));
+    EXPECT_THAT(ValidateTrainerConfig(config, 2),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("--qk_clip_threshold must be a finite number >= 0 (0 disables "
+                                   "QK-clip), got ")))
+        << bad;
+  }
+  for (const char* good : {"qk_clip_threshold: 0", "qk_clip_threshold: 100"}) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(good, "c", &config));
+    EXPECT_OK(ValidateTrainerConfig(config, 2)) << good;
+  }
+}
+
 TEST(TrainerConfig, NonFiniteMaxGradNormIsRejected) {
   TrainerConfig config;
   ASSERT_OK(ApplyConfigText("max_grad_norm: nan\n", "c", &config));

@@ -25,6 +25,10 @@ struct ProgressSample {
   double grad_norm = -1.0;
   double params_norm = -1.0;
   double zero_grads = -1.0;
+  // Shown when clipped_groups >= 0 (QK-clip on): the step's largest attention logit and the KV
+  // groups it clipped.
+  double max_logit = 0.0;
+  int64_t clipped_groups = -1;
 };
 
 struct ProgressOptions {

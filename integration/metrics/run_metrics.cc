@@ -111,6 +111,8 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   sample.grad_norm = result.grad_norm;
   sample.params_norm = params_norm;
   sample.zero_grads = zero_grads;
+  sample.max_logit = qk_clip_.max_logit;
+  sample.clipped_groups = qk_clip_.clipped_groups;
   progress_.Update(sample);
   RETURN_IF_ERROR(Scalar("train/loss", step, loss));
   RETURN_IF_ERROR(Scalar("train/lr", step, lr));
@@ -130,6 +132,18 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   RETURN_IF_ERROR(Scalar("comm/exposed_s", step, cost.exposed_comm_s));
   RETURN_IF_ERROR(Scalar("comm/rank_skew_s", step, cost.rank_skew_s));
   return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
+}
+
+absl::Status RunMetrics::QkClip(int64_t step, double max_logit, int64_t clipped_groups,
+                                bool skipped) {
+  const int64_t applied = skipped ? 0 : clipped_groups;
+  const bool first = summary_.qk_clip_clipped_groups < 0;
+  summary_.qk_clip_max_logit = first ? max_logit : std::max(summary_.qk_clip_max_logit, max_logit);
+  summary_.qk_clip_clipped_groups = (first ? 0 : summary_.qk_clip_clipped_groups) + applied;
+  qk_clip_.max_logit = max_logit;
+  qk_clip_.clipped_groups = applied;
+  RETURN_IF_ERROR(Scalar("qk_clip/max_logit", step, max_logit));
+  return Scalar("qk_clip/clipped_groups", step, static_cast<double>(applied));
 }
 
 absl::Status RunMetrics::InitialEval(double loss) {
