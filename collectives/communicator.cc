@@ -16,6 +16,8 @@ const char* ReduceOpName(ReduceOp op) {
       return "sum";
     case ReduceOp::kAvg:
       return "avg";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "unknown";
 }

@@ -43,8 +43,9 @@ namespace orthoshard::collectives {
 enum class ReduceOp {
   kSum,
   kAvg,  // the sum divided by the number of ranks; floating-point dtypes only
+  kMax,  // the elementwise maximum (the engine's MAX, exact); all-reduce only
 };
-const char* ReduceOpName(ReduceOp op);  // "sum", "avg"
+const char* ReduceOpName(ReduceOp op);  // "sum", "avg", "max"
 
 // Kinds of collective, for traffic counters and error messages.
 enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kAllToAll };
@@ -56,7 +57,7 @@ struct AllReduceOptions {
 };
 
 struct ReduceScatterOptions {
-  ReduceOp op = ReduceOp::kSum;
+  ReduceOp op = ReduceOp::kSum;  // kSum or kAvg (the Gloo ring only adds)
   // Elements of the input that each rank receives, in rank order; must sum to the input's numel.
   // Empty means equal shards: input numel / size each (the input must divide evenly). Entries may
   // be 0 (a rank with an empty shard).
@@ -186,8 +187,8 @@ class Communicator {
   // have. Each op counts as one collective in the cross-rank order. An empty group is an error.
   // Errors (at launch, nothing is enqueued): kInvalidArgument naming the op's index, kind and the
   // offending property (undefined or non-contiguous tensor, shard or split sizes, dtype mismatch,
-  // AVG of an integer dtype, root out of range, all-to-all rows of different shapes);
-  // kFailedPrecondition after an earlier failure.
+  // AVG of an integer dtype, MAX in a reduce-scatter, root out of range, all-to-all rows of
+  // different shapes); kFailedPrecondition after an earlier failure.
   virtual absl::StatusOr<std::unique_ptr<Work>> LaunchGroup(std::vector<CollectiveOp> ops) = 0;
 
   // Synchronizes all ranks. Errors as LaunchGroup.

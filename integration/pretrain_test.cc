@@ -199,6 +199,50 @@ TEST(Pretrain, LayerwiseAndReplicatedMuonAgreeBitwise) {
   EXPECT_NEAR(norms[0], norms[1], 1e-5 * norms[1]);
 }
 
+// QK-clip is the same computation at any rank count and in every mode: the step's max logits are
+// a MAX over micro-batches and ranks (exact), and the factors scale the updated weights wherever
+// the optimizer holds them. 1 rank with 2 micro-batches and 2 ranks in layerwise, fsdp and
+// replicated mode (Muon), and distopt (ZeRO-1 AdamW, the qkv split over ranks by element ranges),
+// end at the same params, bitwise, with the same largest logit and clipped groups; clipping is off
+// (the global norm is summed in another order over shards, see above). tau = 0.1 is below tiny's
+// first logits (~0.13), so every step clips, and the params differ from an unclipped run.
+TEST(Pretrain, QkClipIsTheSameAtAnyRankCountAndMode) {
+  const std::vector<std::string> base = {"--steps=4", "--eval_every=0", "--check_every=0",
+                                         "--global_batch=16", "--warmup_steps=1",
+                                         "--max_grad_norm=0", "--log_every=1"};
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    RunResult result = RunPretrain(args);
+    EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+    return LastLine(result.out);
+  };
+  const std::vector<std::string> fields = {"param_checksum", "final_loss", "qk_clip_max_logit",
+                                           "qk_clip_clipped_groups"};
+  for (const char* optimizer : {"--optimizer=muon", "--optimizer=adamw"}) {
+    const bool muon = std::string(optimizer) == "--optimizer=muon";
+    const char* dist = muon ? "--dist=layerwise" : "--dist=distopt";
+    const std::string one = run({optimizer, dist, "--qk_clip_threshold=0.1", "--nproc_per_node=1",
+                                 "--micro_batches=2"});
+    EXPECT_EQ(JsonField(one, "world_size"), "1");
+    EXPECT_GT(JsonNumber(one, "qk_clip_clipped_groups"), 0) << one;
+    EXPECT_GT(JsonNumber(one, "qk_clip_max_logit"), 0.1) << one;
+    const std::string off = run({optimizer, dist, "--nproc_per_node=1", "--micro_batches=2"});
+    EXPECT_NE(JsonField(off, "param_checksum"), JsonField(one, "param_checksum"));
+    EXPECT_EQ(JsonField(off, "qk_clip_clipped_groups"), "");  // off: not in the summary
+    std::vector<const char*> modes = {dist};
+    if (muon) modes = {"--dist=layerwise", "--dist=fsdp", "--dist=replicated"};
+    for (const char* mode : modes) {
+      const std::string two = run({optimizer, mode, "--qk_clip_threshold=0.1"});
+      EXPECT_EQ(JsonField(two, "world_size"), "2");
+      for (const std::string& field : fields) {
+        EXPECT_EQ(JsonField(two, field), JsonField(one, field)) << optimizer << " " << mode << ": "
+                                                                << field;
+      }
+    }
+  }
+}
+
 TEST(Pretrain, FlagsOverrideTheConfigFile) {
   const std::string config = TempDir() + "/run.textproto";
   std::ofstream(config) << "steps: 50\nglobal_batch: 8\neval_every: 0\noptimizer: \"adamw\"\n";
@@ -340,7 +384,8 @@ TEST(Pretrain, EveryOptimizerFlagReachesTheOptimizer) {
        {"--muon_momentum=0.5", "--muon_nesterov=false", "--muon_scale_rule=match_rms_adamw",
         "--muon_scale_rule=spectral", "--muon_ns_steps=3", "--muon_ns_coefficients=polar_express",
         "--muon_ns_coefficients=2,-1.5,0.5", "--adam_beta1=0.5", "--adam_beta2=0.5",
-        "--adam_eps=1e-3", "--clip_mode=exclude_muon", "--no_weight_decay=embedding*"}) {
+        "--adam_eps=1e-3", "--clip_mode=exclude_muon", "--no_weight_decay=embedding*",
+        "--muon_ns_coefficients=quintic", "--qk_clip_threshold=0.05"}) {
     std::vector<std::string> args = base;
     args.push_back(flag);
     const RunResult run = RunPretrain(args);

@@ -47,6 +47,7 @@
 #include "integration/metrics/progress.h"
 #include "integration/metrics/run_metrics.h"
 #include "integration/metrics/step_profiler.h"
+#include "integration/qk_clip.h"
 #include "integration/run_policy.h"
 #include "integration/step_agreement.h"
 #include "integration/setup.h"
@@ -454,6 +455,7 @@ struct StepOutcome {
   ExpertStats experts;           // MoE: the same on every rank (all_to_all_bytes: this rank's)
   StepAgreement::Agreed agreed;  // the same on every rank
   StepCost cost;                 // this rank's
+  QkClipStats qk_clip;           // with --qk_clip_threshold; the same on every rank
 };
 
 // What a rank launched so far over every distinct communicator of its mesh (roles that share one
@@ -479,15 +481,18 @@ MeshTraffic TrafficOf(const collectives::Mesh& mesh) {
 // One optimizer step: the micro-batches' forward and backward (DDP syncs grads as backward goes:
 // reduce-scatter, or all-reduce for replicated), the step agreement folded into one all-reduce,
 // this rank's part of the update, and the start of the param all-gathers that the next forward's
-// pre-forward hooks wait on layer by layer (nothing to gather for replicated).
+// pre-forward hooks wait on layer by layer (nothing to gather for replicated). With `qk_clip` (may
+// be null) the forwards record their max logits and the update clips the qkv weights.
 absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement& agreement,
-                                    ExpertStep& experts, int stop_signal, bool save_written) {
+                                    ExpertStep& experts, int stop_signal, bool save_written,
+                                    QkClip* qk_clip) {
   const absl::Time start = absl::Now();
   const double cpu_start = ProcessCpuSeconds();
   const MeshTraffic traffic_before = TrafficOf(*s.mesh);
   const ddp::DdpWaits waits_before = s.ddp->waits();
   StepOutcome out;
   s.ddp->ZeroGradBuffers();
+  if (qk_clip != nullptr) qk_clip->BeginStep();
   double loss_sum = 0;
   const int64_t step = s.train->state().step;
   const std::vector<MicroBatch> batches = s.train->Next();
@@ -545,6 +550,9 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
     RECORD_USER_SCOPE("step/optimizer");
     const absl::Time optimizer_start = absl::Now();
     at::NoGradGuard no_grad;  // the optimizers update leaf params in place
+    if (qk_clip != nullptr) {
+      ASSIGN_OR_RETURN(out.qk_clip, qk_clip->Prepare(comm, *s.optimizer));
+    }
     ASSIGN_OR_RETURN(out.result, s.optimizer->Step());  // starts the param sync
     out.cost.optimizer_s = absl::ToDoubleSeconds(absl::Now() - optimizer_start);
   }
@@ -622,6 +630,10 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
   }
   RunPolicy policy(c, first_step);
   StepAgreement agreement(comm);
+  std::unique_ptr<QkClip> qk_clip;
+  if (c.qk_clip_threshold > 0) {
+    qk_clip = std::make_unique<QkClip>(c.qk_clip_threshold, s.model.get());
+  }
   ASSIGN_OR_RETURN(
       const std::unique_ptr<StepProfiler> profiler,
       StepProfiler::Create(c.profile_dir.empty() ? c.log_dir : c.profile_dir,
@@ -634,7 +646,7 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
     profiler->BeforeStep(step);
     ASSIGN_OR_RETURN(const StepOutcome outcome,
                      RunStep(s, comm, agreement, experts, StopSignal(options),
-                             saver && saver->in_flight_written()));
+                             saver && saver->in_flight_written(), qk_clip.get()));
     plan = policy.After(step, outcome.result.skipped, outcome.agreed.stop_signal);
     if (profiler->StopsAfter(step, plan.last)) RETURN_IF_ERROR(s.ddp->FinishParamSync());
     RETURN_IF_ERROR(profiler->AfterStep(step, plan.last));
@@ -643,6 +655,10 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
     // a failure shows) within a step of the slowest write, not at the next save.
     if (saver) {
       RETURN_IF_ERROR(saver->CommitIfWrittenEverywhere(outcome.agreed.save_written_everywhere));
+    }
+    if (qk_clip) {
+      RETURN_IF_ERROR(metrics.QkClip(step, outcome.qk_clip.max_logit,
+                                     outcome.qk_clip.clipped_groups, outcome.result.skipped));
     }
     RETURN_IF_ERROR(
         metrics.Step(step, outcome.agreed.loss, outcome.result, outcome.cost, outcome.experts));

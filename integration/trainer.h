@@ -44,7 +44,8 @@ namespace orthoshard::integration {
 // Runs the whole training on this rank. Every rank of `comm` must call it with the same config.
 // Rank 0 prints the routing report, the layout summary and progress to options.out and writes
 // TensorBoard scalars to config.log_dir (created if missing): train/loss, train/lr,
-// train/grad_norm, train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss.
+// train/grad_norm, train/tokens_per_s, train/step_time_s, comm/bytes, eval/loss (and with
+// config.qk_clip_threshold, qk_clip/max_logit and qk_clip/clipped_groups: integration/qk_clip.h).
 //
 // Checkpoints (config.save_dir, every mode): after every save_every-th step and after
 // the last step run (stop_after or steps), each rank snapshots what it owns (params, sharded

@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/maximum.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones.h>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "model/qk_clip.h"
 #include "model/swiglu.h"
 
 namespace orthoshard::model {
@@ -266,6 +268,7 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
   const at::Tensor v = qkv_parts[2].squeeze(3).transpose(1, 2);       // [B, KV, T, D]
   q = ApplyRotary(q, attention.cos, attention.sin);
   k = ApplyRotary(k, attention.cos, attention.sin);
+  if (max_logit_record_.defined()) RecordMaxLogits(layer, q, k, attention);
   // A document mask replaces the causal flag (it is causal itself); ATen's CPU flash kernel takes
   // either at about the same speed (8 x 8 heads x 256 x 32, forward + backward: 49 vs 51 ms).
   // Grouped-query attention by the kernel (enable_gqa: query head h reads KV head h / R, as
@@ -284,6 +287,13 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
   }
   const at::Tensor a = SwiGluIn(m, layer.fc1);  // [B, T, F]
   return x1 + at::linear(a, layer.fc2);
+}
+
+void Gpt::RecordMaxLogits(const Layer& layer, const at::Tensor& q, const at::Tensor& k,
+                          const AttentionInputs& attention) const {
+  const int64_t block = &layer - layers_.data();
+  at::Tensor row = max_logit_record_.select(0, block);
+  row.copy_(at::maximum(row, MaxAttentionLogits(q, k, attention.mask)));
 }
 
 at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const {

@@ -166,6 +166,14 @@ class Gpt {
   // Installs (or, with empty functions, clears) the layer hooks.
   void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
 
+  // QK-clip's measurement (model/qk_clip.h): with a record set, every Forward (and Loss) also
+  // computes, under no-grad, each block's per-head largest attention logit (MaxAttentionLogits of
+  // its q and k after rotary, with the forward's causal or document mask) and folds it into
+  // record[block][head] by max, in place. `record`: fp32 [L, H] on the params' device (fill it
+  // with -inf to start); an undefined tensor (the default) turns it off, at no cost. Each block
+  // then costs one more q k^T product.
+  void set_max_logit_record(at::Tensor record) { max_logit_record_ = std::move(record); }
+
   // logits [B, T, V] for tokens [B, T] (int64 on the params' device, 1 <= T <= max_seq_len, ids
   // in [0, V)); causal attention over each whole row, or within each document when `documents`
   // is given.
@@ -204,6 +212,9 @@ class Gpt {
   absl::Status CheckDocuments(const at::Tensor& tokens, const Documents& documents) const;
   at::Tensor ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const;
   at::Tensor Block(const Layer& layer, const at::Tensor& x, const AttentionInputs& attention) const;
+  // With a max-logit record: folds this forward's logits of `layer` (an element of layers_) into it.
+  void RecordMaxLogits(const Layer& layer, const at::Tensor& q, const at::Tensor& k,
+                       const AttentionInputs& attention) const;
   void Enter(int layer) const {
     if (hooks_.pre_forward) hooks_.pre_forward(layer);
   }
@@ -221,6 +232,7 @@ class Gpt {
   std::vector<Layer> layers_;
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, D/2]
   LayerHooks hooks_;
+  at::Tensor max_logit_record_;  // [L, H] fp32, or undefined (set_max_logit_record)
 };
 
 }  // namespace orthoshard::model

@@ -3,7 +3,10 @@
 // the model's small ops, attention and autograd overhead keep it from the machine's GEMM speed.
 //   bazel run -c opt //model:model_benchmark
 // Single-threaded ATen (at::set_num_threads(1)) throughout.
+#include <time.h>
+
 #include <chrono>
+#include <cmath>
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -13,6 +16,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -84,6 +88,43 @@ void BM_TrainStep(benchmark::State& state, const char* preset, int64_t batch) {
   state.counters["ratio_vs_matmul"] = step_seconds / MatmulBaselineSeconds(flops);
 }
 
+// This thread's CPU seconds: unlike wall time, not stretched while other processes hold the core.
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// QK-clip's measurement (--qk_clip_threshold): a train step without and with the max-logit record
+// (Gpt::set_max_logit_record: one more no-grad q k^T per block), alternated within one loop so that
+// load drift on a shared machine hits both alike, in thread CPU time. step_ms_off / step_ms_on per
+// step, overhead = on / off - 1.
+void BM_QkClipRecord(benchmark::State& state, const char* preset, int64_t batch) {
+  at::set_num_threads(1);
+  GptConfig config = GptPreset(preset).value();
+  Gpt model = Gpt::Create(config, 1).value();
+  const int64_t T = config.max_seq_len;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(2);
+  const at::Tensor tokens =
+      at::randint(config.vocab_size, {batch, T}, gen, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor record = at::full({config.num_layers, config.num_heads}, -INFINITY);
+  double seconds[2] = {0, 0};
+  for (auto _ : state) {
+    for (const int on : {0, 1}) {
+      model.set_max_logit_record(on ? record : at::Tensor());
+      const double start = ThreadCpuSeconds();
+      at::Tensor loss = model.Loss(tokens, tokens).value();
+      loss.backward();
+      for (const ModelParam& p : model.params()) p.tensor.mutable_grad().reset();
+      seconds[on] += ThreadCpuSeconds() - start;
+    }
+  }
+  const double steps = static_cast<double>(state.iterations());
+  state.counters["step_ms_off"] = 1e3 * seconds[0] / steps;
+  state.counters["step_ms_on"] = 1e3 * seconds[1] / steps;
+  state.counters["overhead"] = seconds[1] / seconds[0] - 1.0;
+}
+
 void BM_LoaderStep(benchmark::State& state) {
   SyntheticCorpus corpus = MakeSyntheticCorpus({1, 1 << 20}).value();
   auto data = std::make_shared<TokenDataset>(std::move(corpus.data));
@@ -101,6 +142,8 @@ void BM_LoaderStep(benchmark::State& state) {
 BENCHMARK_CAPTURE(BM_TrainStep, tiny, "tiny", 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_TrainStep, small, "small", 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LoaderStep)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_QkClipRecord, tiny, "tiny", 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QkClipRecord, small, "small", 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace orthoshard::model

@@ -159,11 +159,26 @@ absl::StatusOr<StepResult> ChainedOptimizer::StepWithStats(const GradStats& glob
   return result;
 }
 
+absl::Status ChainedOptimizer::SetRowScales(absl::string_view name, const at::Tensor& row_scales) {
+  const auto entry =
+      std::find_if(routing_.entries.begin(), routing_.entries.end(),
+                   [&](const RoutingReport::Entry& e) { return e.name == name; });
+  if (entry == routing_.entries.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row scales for param '", name, "', which the routing does not list"));
+  }
+  SlotOptimizer& owner = entry->route == Route::kMuon ? static_cast<SlotOptimizer&>(*muon_)
+                                                      : static_cast<SlotOptimizer&>(*adamw_);
+  return owner.SetRowScales(name, row_scales).status();
+}
+
 absl::StatusOr<StepResult> ChainedOptimizer::Update(const GradStats& global,
                                                     const StepStages* stages) {
   const StepResult result = DecideStep(config_, global, steps_);
   if (result.skipped) {
     ++skipped_;
+    adamw_->ClearRowScales();
+    muon_->ClearRowScales();
     return result;
   }
   const StepContext adamw{result.lr_multiplier, result.clip_scale};
@@ -180,6 +195,8 @@ absl::StatusOr<StepResult> ChainedOptimizer::Update(const GradStats& global,
       if (stages->on_done) RETURN_IF_ERROR(stages->on_done(s));
     }
   }
+  adamw_->ClearRowScales();  // those of slots without a gradient, which were not stepped
+  muon_->ClearRowScales();
   ++steps_;
   return result;
 }

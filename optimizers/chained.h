@@ -190,6 +190,17 @@ class ChainedOptimizer final : public OptimizerState {
   // LocalGradStats, the reducer (if any), StepWithStats. Errors: the reducer's, or as above.
   absl::StatusOr<StepResult> Step(const StepStages* stages = nullptr);
 
+  // Row scales for the next step (QK-clip; see SlotOptimizer::SetRowScales): row r of param
+  // `name` (2-D, whichever optimizer it is routed to) is multiplied by row_scales[r] right after
+  // the next step updates this rank's part of it, on the fp32 main param and before the model
+  // param is written and (through the StepSync) synced, so every mode ends with the scaled
+  // param on every rank. A rank that holds nothing of `name` does nothing. The next step
+  // consumes them, skipped or not (a skipped step changes no param, so none is scaled; nor is a
+  // slot without a gradient). row_scales: 1-D, rows elements. Errors: kInvalidArgument for a param
+  // the routing does not list, and, where this rank holds a part of it, for one that is not 2-D
+  // or row scales of another length.
+  absl::Status SetRowScales(absl::string_view name, const at::Tensor& row_scales);
+
   // Records "<param>/<field>" of every slot (the elements this rank saves) plus "chained/step"
   // and "chained/skipped_steps" (int64 scalars).
   std::vector<StateRecord> ExportState() const override;

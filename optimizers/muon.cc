@@ -59,8 +59,8 @@ absl::Status ValidateMuonHyper(const MuonHyper& hp) {
     return absl::InvalidArgumentError(
         absl::StrCat("Muon: norm_scale must be > 0 and finite, got ", hp.ns.norm_scale));
   }
-  if (absl::Status bounded =
-          CheckNsScheduleBounded(hp.ns.coefficients, hp.ns.norm_scale, hp.ns.ns_steps);
+  if (absl::Status bounded = CheckNsScheduleBounded(hp.ns.coefficients, hp.ns.norm_scale,
+                                                    hp.ns.ns_steps, hp.ns.cycle);
       !bounded.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("Muon: ", bounded.message()));
   }
@@ -81,6 +81,7 @@ absl::Status SetNsSchedule(absl::string_view schedule, NewtonSchulzOptions* ns) 
   ASSIGN_OR_RETURN(NsSchedule parsed, ParseNsSchedule(schedule));
   ns->coefficients = std::move(parsed.coefficients);
   ns->norm_scale = parsed.norm_scale;
+  ns->cycle = parsed.cycle;
   return absl::OkStatus();
 }
 
@@ -94,7 +95,7 @@ at::Tensor NsDivisor(const at::Tensor& norm, const NewtonSchulzOptions& options)
 
 // The coefficients of iteration i.
 const NsCoefficients& NsCoefficientsAt(const NewtonSchulzOptions& options, int i) {
-  return options.coefficients[std::min<size_t>(i, options.coefficients.size() - 1)];
+  return options.coefficients[NsCoefficientIndex(options.coefficients.size(), i, options.cycle)];
 }
 
 at::ScalarType NsScalarType(const NewtonSchulzOptions& options) {
@@ -340,14 +341,14 @@ void Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& con
     orthos[k].resize(blocks[k].size());
   }
   // 2. Matrices of one shape and the same options, orthogonalised together (in slot order).
-  using Key = std::tuple<int64_t, int64_t, std::vector<NsCoefficients>, int, double, double,
-                         NsDType, bool, bool>;
+  using Key = std::tuple<int64_t, int64_t, std::vector<NsCoefficients>, bool, int, double,
+                         double, NsDType, bool, bool>;
   std::map<Key, std::vector<std::pair<size_t, size_t>>> same;
   for (size_t k = 0; k < blocks.size(); ++k) {
     const NewtonSchulzOptions& ns = hps_[indices[k]].ns;
     for (size_t j = 0; j < blocks[k].size(); ++j) {
-      same[Key{blocks[k][j].size(0), blocks[k][j].size(1), ns.coefficients, ns.ns_steps, ns.eps,
-               ns.norm_scale, ns.dtype, ns.batched, ns.gram}]
+      same[Key{blocks[k][j].size(0), blocks[k][j].size(1), ns.coefficients, ns.cycle, ns.ns_steps,
+               ns.eps, ns.norm_scale, ns.dtype, ns.batched, ns.gram}]
           .push_back({k, j});
     }
   }
@@ -369,7 +370,7 @@ void Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& con
     const int64_t i = indices[k];
     const Held& h = slots_[i];
     ApplyOrthos(h.main, orthos[k], hps_[i], hps_[i].lr * context.lr_multiplier, splits_[i]);
-    if (h.owns_main()) h.slot.param.copy_(h.main);
+    FinishUpdate(i);
   }
 }
 

@@ -39,6 +39,9 @@ struct NewtonSchulzOptions {
   // such as Polar Express (ns_schedule.h). Non-empty; coefficients within +-kMaxNsCoefficient
   // that keep the iterate's singular values within kMaxNsSingularValue (CheckNsScheduleBounded).
   std::vector<NsCoefficients> coefficients = {{3.4445, -4.7750, 2.0315}};
+  // Iteration i uses coefficients[i % size] instead: the table restarts after its last triple
+  // (Megatron-LM's quintic and aol). ns_steps must then be a multiple of the table's size.
+  bool cycle = false;
   int ns_steps = 5;                     // iterations, in [1, 100)
   double eps = 1e-7;                    // the Frobenius norm is clamped at eps before dividing
   // X is divided by max(norm_scale * ||X||_F, eps): a margin > 1 keeps every singular value
@@ -96,7 +99,8 @@ struct MuonHyper {
 // the Newton-Schulz iteration whose coefficients let singular values leave [0, 16].
 absl::Status ValidateMuonHyper(const MuonHyper& hp);
 
-// Sets ns->coefficients and ns->norm_scale from a schedule name or list (ParseNsSchedule).
+// Sets ns->coefficients, ns->norm_scale and ns->cycle from a schedule name or list
+// (ParseNsSchedule).
 absl::Status SetNsSchedule(absl::string_view schedule, NewtonSchulzOptions* ns);
 
 // Approximately orthogonalises the 2-D `g` (US'V^T with S' near 1 for G = USV^T): normalises a copy

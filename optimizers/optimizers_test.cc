@@ -1,6 +1,7 @@
 // Unit tests for AdamW, Muon and the ChainedOptimizer beyond the PyTorch oracle: fused-weight block
 // splitting, mixed precision, clipping modes, the non-finite step skip, state round trips and the
 // exact error messages.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -18,9 +19,11 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/linalg_svdvals.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/sum.h>
@@ -674,7 +677,7 @@ TEST(NsScheduleTest, NamesListsAndErrors) {
   auto list = ParseNsSchedule("2,-1.5,0.5; 3, -3.2,1.2");
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(list->coefficients, (std::vector<NsCoefficients>{{2, -1.5, 0.5}, {3, -3.2, 1.2}}));
-  for (const char* bad : {"", "1,2", "a,b,c", "1,2,inf", "1,2,3;", "cubic", "quintic", "aol",
+  for (const char* bad : {"", "1,2", "a,b,c", "1,2,inf", "1,2,3;", "cubic", "Quintic", "aol4",
                           "1e39,-4.775,2.0315", "1e300,1,1", "3,-3.2,1.2;1,1,-1025"}) {
     EXPECT_THAT(ParseNsSchedule(bad),
                 StatusIs(absl::StatusCode::kInvalidArgument,
@@ -722,6 +725,121 @@ TEST(NsScheduleTest, SingularValuesStayBounded) {
   hp.ns.coefficients = {{3.4445, -4.775, 2.0315}};
   hp.ns.ns_steps = 99;
   EXPECT_TRUE(ValidateMuonHyper(hp).ok());
+}
+
+// Megatron-LM's quintic and aol: the digits of FACTS.md (NVIDIA Emerging-Optimizers' muon_utils.py
+// _COEFFICIENT_SETS), Frobenius normalisation (norm_scale 1), cycled; the bound over each table's
+// own iteration count, whole cycles only, and aol refused past one cycle (its restart flips).
+TEST(NsScheduleTest, MegatronQuinticAndAolTables) {
+  auto quintic = ParseNsSchedule("quintic");
+  auto aol = ParseNsSchedule("aol");
+  ASSERT_TRUE(quintic.ok() && aol.ok());
+  EXPECT_EQ(quintic->coefficients, (std::vector<NsCoefficients>{{4.0848, -6.8946, 2.9270},
+                                                                {3.9505, -6.3029, 2.6377},
+                                                                {3.7418, -5.5913, 2.3037},
+                                                                {2.8769, -3.1427, 1.2046},
+                                                                {2.8366, -3.0525, 1.2012}}));
+  EXPECT_EQ(aol->coefficients, (std::vector<NsCoefficients>{{4.0098, -7.0585, 2.4635},
+                                                            {3.4585, -5.5479, 2.5959},
+                                                            {2.7573, -3.2939, 1.4254},
+                                                            {2.7215, -3.0494, 1.3169}}));
+  for (const NsSchedule* t : {&*quintic, &*aol}) {
+    EXPECT_EQ(t->norm_scale, 1.0);
+    EXPECT_TRUE(t->cycle);
+  }
+  EXPECT_EQ(NsCoefficientIndex(4, 5, /*cycle=*/true), 1u);
+  EXPECT_EQ(NsCoefficientIndex(4, 5, /*cycle=*/false), 3u);
+  // The largest singular value of the iterate: quintic's first triple overshoots to 1.2731 and
+  // aol's to 1.2084 (p(s) at its maximum in [0, 1], computed in double by the exact critical
+  // points; a dense sampling of [0, 1] in Python agrees to 1e-9).
+  EXPECT_NEAR(NsSingularValueBound(quintic->coefficients, 1.0, 5, true), 1.273143, 1e-5);
+  EXPECT_NEAR(NsSingularValueBound(aol->coefficients, 1.0, 4, true), 1.208422, 1e-5);
+  EXPECT_TRUE(CheckNsScheduleBounded(quintic->coefficients, 1.0, 5, true).ok());
+  EXPECT_TRUE(CheckNsScheduleBounded(quintic->coefficients, 1.0, 10, true).ok());
+  EXPECT_TRUE(CheckNsScheduleBounded(aol->coefficients, 1.0, 4, true).ok());
+  EXPECT_THAT(CheckNsScheduleBounded(quintic->coefficients, 1.0, 7, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a table of 5 Newton-Schulz iterations that restarts after its "
+                                 "last (cycled) over 7 iterations")));
+  EXPECT_THAT(CheckNsScheduleBounded(aol->coefficients, 1.0, 5, true),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a multiple of 4")));
+  // A second cycle meets the converged singular values (up to 1.084) with p(s) = 4.0098 s -
+  // 7.0585 s^3 + 2.4635 s^5, negative above its root 0.8837: refused by the sign rule.
+  EXPECT_THAT(CheckNsScheduleBounded(aol->coefficients, 1.0, 8, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Newton-Schulz iteration 5 of 8 (4.0098, -7.0585, 2.4635) is -")));
+  // Without the cycle the last triple repeats, as for an explicit list.
+  EXPECT_TRUE(CheckNsScheduleBounded(aol->coefficients, 1.0, 5, false).ok());
+  NewtonSchulzOptions ns;
+  ASSERT_TRUE(SetNsSchedule("aol", &ns).ok());
+  EXPECT_TRUE(ns.cycle);
+  MuonHyper hp;
+  hp.ns = ns;
+  EXPECT_THAT(ValidateMuonHyper(hp), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("Muon: a table of 4 Newton-Schulz")));
+  hp.ns.ns_steps = 4;
+  EXPECT_TRUE(ValidateMuonHyper(hp).ok());
+}
+
+// p_{steps-1}(... p_0(s)) in double: where Newton-Schulz sends a singular value s of the
+// normalised input (the iteration acts on each singular value alone: X = U S V^T gives
+// X X^T X = U S^3 V^T).
+double ComposedQuintic(const NewtonSchulzOptions& ns, double s) {
+  for (int i = 0; i < ns.ns_steps; ++i) {
+    const auto [a, b, c] =
+        ns.coefficients[NsCoefficientIndex(ns.coefficients.size(), i, ns.cycle)];
+    s = a * s + b * s * s * s + c * s * s * s * s * s;
+  }
+  return s;
+}
+
+// Muon with quintic (5 iterations) and aol (4) orthogonalises: on a full-rank matrix every singular
+// value of the fp32 iteration's output is the composed quintic of the input's, and lies in the
+// table's band, the range of the composition over s in [0.02, 0.8] (sampled in double: quintic
+// [0.97775, 1.03178], aol [0.98736, 1.08197]; the input's normalised singular values are in
+// [0.05, 0.6]). The tolerance: fp32 products of unit-norm rows round each iterate by about
+// 1e-7 x sqrt(64), and 5 iterations of slope at most ~2.3 near the band amplify that below 1e-4.
+// Then aol's hazard: a rank-1 matrix (s = 1) comes out as -0.9935 u v^T, its direction reversed.
+TEST(NewtonSchulzTest, MegatronTablesOrthogonalise) {
+  struct Table {
+    const char* name;
+    int steps;
+    double low, high;
+  };
+  const at::Tensor g = Det({64, 32}, 0.3);
+  const at::Tensor input = at::linalg_svdvals(g.to(at::kDouble)).div(at::linalg_vector_norm(g, 2)
+                                                                           .to(at::kDouble));
+  ASSERT_GT(input.min().item<double>(), 0.02);
+  ASSERT_LT(input.max().item<double>(), 0.8);
+  for (const Table& t : {Table{"quintic", 5, 0.97775, 1.03178}, Table{"aol", 4, 0.98736, 1.08197}}) {
+    NewtonSchulzOptions ns;
+    ASSERT_TRUE(SetNsSchedule(t.name, &ns).ok());
+    ns.ns_steps = t.steps;
+    ns.dtype = NsDType::kFloat32;
+    const at::Tensor out = at::linalg_svdvals(NewtonSchulz(g, ns).to(at::kDouble));
+    // The composition is not monotonic: compare sorted values, as svdvals returns them.
+    std::vector<double> composed;
+    for (int64_t i = 0; i < input.numel(); ++i) {
+      composed.push_back(ComposedQuintic(ns, input[i].item<double>()));
+    }
+    std::sort(composed.rbegin(), composed.rend());
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const double s = out[i].item<double>();
+      EXPECT_NEAR(s, composed[i], 1e-4) << t.name << " " << i;
+      EXPECT_GE(s, t.low - 1e-4) << t.name;
+      EXPECT_LE(s, t.high + 1e-4) << t.name;
+    }
+  }
+  NewtonSchulzOptions aol;
+  ASSERT_TRUE(SetNsSchedule("aol", &aol).ok());
+  aol.ns_steps = 4;
+  aol.dtype = NsDType::kFloat32;
+  const at::Tensor u = Det({16, 1}, 0.1), v = Det({1, 24}, 0.2);
+  const at::Tensor rank1 = at::mm(u, v);
+  const at::Tensor unit = rank1.div(at::linalg_vector_norm(rank1, 2));  // u v^T / (|u| |v|)
+  EXPECT_NEAR(ComposedQuintic(aol, 1.0), -0.99352, 1e-5);
+  EXPECT_TRUE(at::allclose(NewtonSchulz(rank1, aol), unit.mul(ComposedQuintic(aol, 1.0)), 0,
+                           1e-4));
 }
 
 TEST_F(OptimizersTest, ScheduleDrivesLr) {
@@ -997,6 +1115,103 @@ TEST_F(OptimizersTest, ChainedImportIsAllOrNothing) {
                          HasSubstr(absl::StrCat("unexpected state tensor '", name, "'"))));
     EXPECT_TRUE(StatesEqual((*b)->ExportState(), b_before)) << name;
   }
+}
+
+// SetRowScales: the rows of a Muon param and of an AdamW param are scaled right after their update
+// (bitwise the update followed by the same multiply), in the per-slot and the batched Newton-Schulz
+// paths; a bf16 model param gets the scaled main param rounded; the scales are consumed by the
+// step, and dropped by a skipped one.
+TEST_F(OptimizersTest, RowScalesApplyAfterTheUpdate) {
+  for (const bool batched : {false, true}) {
+    ChainedConfig config;
+    config.muon.ns.batched = batched;
+    std::vector<Param> a_params = ToyParams(), b_params = ToyParams();
+    a_params[3].param = a_params[3].param.to(at::kBFloat16);  // fc2: bf16 with a main param
+    b_params[3].param = b_params[3].param.to(at::kBFloat16);
+    auto a = ChainedOptimizer::Create(a_params, config);
+    auto b = ChainedOptimizer::Create(b_params, config);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const at::Tensor embed_scales = Det({20}, 0.7).abs_();
+    const at::Tensor fc1_scales = Det({16}, 0.8).abs_();
+    const at::Tensor fc2_scales = Det({8}, 0.9).abs_();
+    ASSERT_OK((*a)->SetRowScales("embed.weight", embed_scales));
+    ASSERT_OK((*a)->SetRowScales("layers.0.fc1.weight", fc1_scales));
+    ASSERT_OK((*a)->SetRowScales("layers.0.fc2.weight", fc2_scales));
+    ASSERT_TRUE((*a)->Step().ok());
+    ASSERT_TRUE((*b)->Step().ok());
+    b_params[0].param.mul_(embed_scales.view({-1, 1}));
+    b_params[2].param.mul_(fc1_scales.view({-1, 1}));
+    EXPECT_TRUE(at::equal(a_params[0].param, b_params[0].param)) << batched;
+    EXPECT_TRUE(at::equal(a_params[2].param, b_params[2].param)) << batched;
+    EXPECT_TRUE(at::equal(a_params[1].param, b_params[1].param)) << batched;
+    const at::Tensor a_main = Record((*a)->ExportState(), "layers.0.fc2.weight/main_param");
+    const at::Tensor b_main = Record((*b)->ExportState(), "layers.0.fc2.weight/main_param");
+    EXPECT_TRUE(at::equal(a_main, b_main.mul(fc2_scales.view({-1, 1})))) << batched;
+    EXPECT_TRUE(at::equal(a_params[3].param, a_main.to(at::kBFloat16))) << batched;
+    // Consumed: the next step scales nothing (the fp32 params and every state still agree).
+    ASSERT_TRUE((*a)->Step().ok());
+    ASSERT_TRUE((*b)->Step().ok());
+    EXPECT_TRUE(at::equal(a_params[0].param, b_params[0].param)) << batched;
+    EXPECT_TRUE(at::equal(a_params[2].param, b_params[2].param)) << batched;
+  }
+  // A skipped step scales nothing and drops the scales.
+  std::vector<Param> params = ToyParams();
+  auto c = ChainedOptimizer::Create(params, ChainedConfig{});
+  ASSERT_TRUE(c.ok());
+  const at::Tensor kept = params[2].param.clone();
+  ASSERT_OK((*c)->SetRowScales("layers.0.fc1.weight", at::full({16}, 0.5)));
+  params[2].grad[0][0] = NAN;
+  ASSERT_OK_AND_ASSIGN(const StepResult skipped, (*c)->Step());
+  EXPECT_TRUE(skipped.skipped);
+  EXPECT_TRUE(at::equal(params[2].param, kept));
+  // Errors name the param.
+  EXPECT_THAT((*c)->SetRowScales("nope", at::ones({3})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row scales for param 'nope', which the routing does not list")));
+  EXPECT_THAT((*c)->SetRowScales("layers.0.fc1.weight", at::ones({3})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("param 'layers.0.fc1.weight' of shape [16,8]: row scales of "
+                                 "shape [3], expected one per row of a 2-D param")));
+  EXPECT_THAT((*c)->SetRowScales("layers.0.norm.weight", at::ones({8})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of shape [8]: row scales")));
+}
+
+// Row scales of a param held in parts (ZeRO-1 element ranges that start and end inside rows) scale
+// each part's elements by their row's factor: bitwise the whole param's scaled update.
+TEST_F(OptimizersTest, RowScalesOfAdamWPartsMatchTheWhole) {
+  const at::Tensor init = Det({6, 5}, 0.4);
+  const at::Tensor grad = Det({6, 5}, 1.4, 0.1);
+  const at::Tensor scales = Det({6}, 0.6).abs_();
+  at::Tensor whole = init.clone();
+  auto whole_opt = AdamW::Create({{Slot::Whole("w", whole, grad), AdamWHyper{}}});
+  ASSERT_TRUE(whole_opt.ok());
+  at::Tensor parted = init.clone();
+  std::vector<AdamW::Entry> parts;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 7}, {7, 19}, {19, 30}};
+  for (const auto& [lo, hi] : ranges) {
+    Slot s;
+    s.name = "w" + std::to_string(lo);
+    s.full_shape = {6, 5};
+    s.offset = lo;
+    s.param = parted.view({-1}).narrow(0, lo, hi - lo);
+    s.grad = grad.view({-1}).narrow(0, lo, hi - lo);
+    s.saved_end = hi - lo;
+    parts.push_back({s, AdamWHyper{}});
+  }
+  auto parts_opt = AdamW::Create(std::move(parts));
+  ASSERT_TRUE(parts_opt.ok()) << parts_opt.status();
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_OK_AND_ASSIGN(const bool held, (*whole_opt)->SetRowScales("w", scales));
+    EXPECT_TRUE(held);
+    for (const auto& [lo, hi] : ranges) {
+      ASSERT_OK((*parts_opt)->SetRowScales("w" + std::to_string(lo), scales).status());
+    }
+    ASSERT_TRUE((*whole_opt)->Step({0.5, 1.0}).ok());
+    ASSERT_TRUE((*parts_opt)->Step({0.5, 1.0}).ok());
+    EXPECT_TRUE(at::equal(parted, whole)) << step;
+  }
+  ASSERT_OK_AND_ASSIGN(const bool held, (*whole_opt)->SetRowScales("other", scales));
+  EXPECT_FALSE(held);
 }
 
 // The same params split into parts (as ZeRO-1 ranks hold them) step bitwise as the whole; the

@@ -278,14 +278,19 @@ class OracleCase {
     for (int k = 0; k < static_cast<int>(hp.at(13)); ++k) {
       muon_hp.ns.coefficients.push_back({hp.at(14 + 3 * k), hp.at(15 + 3 * k), hp.at(16 + 3 * k)});
     }
-    if (absl::StrContains(name_, "polar_express")) {
+    const int triples = static_cast<int>(hp.at(13));
+    muon_hp.ns.cycle = hp.at(14 + 3 * triples) != 0.0;
+    for (const char* table : {"polar_express", "quintic", "aol"}) {
+      if (!absl::StrContains(name_, table)) continue;
       // The library's named schedule, which must be the script's independently typed table.
       NewtonSchulzOptions named;
-      EXPECT_TRUE(SetNsSchedule("polar_express", &named).ok());
-      EXPECT_EQ(named.coefficients, muon_hp.ns.coefficients);
-      EXPECT_EQ(named.norm_scale, muon_hp.ns.norm_scale);
+      EXPECT_TRUE(SetNsSchedule(table, &named).ok());
+      EXPECT_EQ(named.coefficients, muon_hp.ns.coefficients) << table;
+      EXPECT_EQ(named.norm_scale, muon_hp.ns.norm_scale) << table;
+      EXPECT_EQ(named.cycle, muon_hp.ns.cycle) << table;
       muon_hp.ns.coefficients = named.coefficients;
       muon_hp.ns.norm_scale = named.norm_scale;
+      muon_hp.ns.cycle = named.cycle;
     }
     std::vector<Muon::Entry> entries;
     for (size_t i = 0; i < names.size(); ++i) {

@@ -5,6 +5,7 @@
 #include <ATen/ops/count_nonzero.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/repeat_interleave.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 
@@ -169,9 +170,57 @@ absl::Status SlotOptimizer::Step(const StepContext& context, absl::Span<const in
 void SlotOptimizer::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) {
   for (const int64_t i : indices) {
     Update(i, ScaledGrad(i, context.grad_scale), context.lr_multiplier);
-    const Held& h = slots_[i];
-    if (h.owns_main()) h.slot.param.copy_(h.main);
+    FinishUpdate(i);
   }
+}
+
+void SlotOptimizer::FinishUpdate(size_t i) {
+  Held& h = slots_[i];
+  if (h.row_factors.defined()) {
+    h.main.mul_(h.row_factors);
+    h.row_factors = at::Tensor();
+  }
+  if (h.owns_main()) h.slot.param.copy_(h.main);
+}
+
+absl::StatusOr<bool> SlotOptimizer::SetRowScales(absl::string_view name,
+                                                 const at::Tensor& row_scales) {
+  bool held = false;
+  for (Held& h : slots_) {
+    const Slot& s = h.slot;
+    if (s.name != name) continue;
+    held = true;
+    if (s.full_shape.size() != 2 || row_scales.dim() != 1 ||
+        row_scales.numel() != s.full_shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", s.name, "' of shape ", ShapeString(s.full_shape), ": row scales of shape ",
+          ShapeString(row_scales.sizes()), ", expected one per row of a 2-D param"));
+    }
+    try {
+      const at::Tensor scales = row_scales.to(h.main.device(), at::kFloat);
+      if (s.covers_whole()) {
+        h.row_factors = scales.view({-1, 1});
+        continue;
+      }
+      // The rows of elements [offset, offset + numel) and each element's factor.
+      const int64_t cols = s.full_shape[1];
+      const int64_t numel = s.numel();
+      if (numel == 0 || cols == 0) continue;
+      const int64_t first_row = s.offset / cols;
+      const int64_t last_row = (s.offset + numel - 1) / cols;
+      h.row_factors = scales.narrow(0, first_row, last_row - first_row + 1)
+                          .repeat_interleave(cols)
+                          .narrow(0, s.offset - first_row * cols, numel);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("param '", s.name, "': row scales: ",
+                                              e.what_without_backtrace()));
+    }
+  }
+  return held;
+}
+
+void SlotOptimizer::ClearRowScales() {
+  for (Held& h : slots_) h.row_factors = at::Tensor();
 }
 
 at::Tensor SlotOptimizer::ScaledGrad(size_t i, double grad_scale) const {

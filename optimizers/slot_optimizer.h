@@ -122,6 +122,19 @@ class SlotOptimizer {
   // ReadStateRange / ReadStateCounter.
   absl::Status ImportState(absl::Span<const StateRecord> state, bool validate_only = false);
 
+  // Row scaling for the next step (QK-clip, Kimi K2's MuonClip: after the update, the query and
+  // key rows of an attention head whose logits grew too large are scaled down). Row r of param
+  // `name` is multiplied by row_scales[r] by the next Step that updates a slot of `name`: after
+  // the update of its fp32 main param and before that is copied (rounded) into a bf16 model
+  // param, so what the caller then syncs is the scaled param. A slot holding a part of its param
+  // (ZeRO-1: elements [offset, offset + numel) of the flattened matrix) scales the rows those
+  // elements fall in. Stepping a slot consumes its scales; ClearRowScales drops all pending ones.
+  // row_scales: a 1-D floating tensor of full_shape[0] elements, any device. Returns whether this
+  // optimizer holds a slot of `name` (nothing to do otherwise). Errors: kInvalidArgument for a
+  // param that is not 2-D or row scales of another length, naming both.
+  absl::StatusOr<bool> SetRowScales(absl::string_view name, const at::Tensor& row_scales);
+  void ClearRowScales();
+
   // The state fields of one slot of this rule, e.g. {"exp_avg", "exp_avg_sq", "step"}
   // ("main_param" is every rule's, for bf16 params).
   virtual std::vector<std::string> FieldNames() const = 0;
@@ -139,6 +152,9 @@ class SlotOptimizer {
   struct Held {
     Slot slot;
     at::Tensor main;  // fp32; aliases slot.param when that is fp32
+    // Pending SetRowScales factors, fp32 on main's device, broadcastable to main ([rows, 1] for a
+    // whole matrix, one per element for a part); undefined when none.
+    at::Tensor row_factors;
     bool owns_main() const { return !main.is_same(slot.param); }
   };
   // A tensor field of a slot's state (same shape as the slot's param, fp32) or an int64 counter.
@@ -155,10 +171,12 @@ class SlotOptimizer {
 
   // The update of slot `i` with its fp32 (scaled) gradient and the schedule's multiplier.
   virtual void Update(size_t i, const at::Tensor& grad, double lr_multiplier) = 0;
-  // Updates the slots `indices` (checked, each with a gradient) and copies each owned main param
-  // into its model param. The default updates them one at a time with Update; a rule that
+  // Updates the slots `indices` (checked, each with a gradient) and calls FinishUpdate for each. The default updates them one at a time with Update; a rule that
   // computes across slots (Muon's batched Newton–Schulz) overrides it.
   virtual void UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context);
+  // After slot `i`'s update: applies its pending row scales to the main param, then copies an
+  // owned main param into its model param. Every UpdateSlots calls it for each slot it updates.
+  void FinishUpdate(size_t i);
   // The fp32 gradient of slot `i`, scaled by `grad_scale` (a fresh tensor unless no scaling or
   // cast was needed).
   at::Tensor ScaledGrad(size_t i, double grad_scale) const;

@@ -389,6 +389,10 @@ class C10dCommunicator : public Communicator {
       RETURN_IF_ERROR(CheckTensor(op->output, what + " output", traits_));
       RETURN_IF_ERROR(CheckSameDtype(op->input, op->output, what));
       RETURN_IF_ERROR(CheckAvg(op->options.op, op->input, what));
+      if (op->options.op == ReduceOp::kMax) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": op max is offered for all-reduce only; expected sum or avg"));
+      }
       auto sizes = ResolveShardSizes(op->options.shard_sizes, op->input.numel(), size);
       if (!sizes.ok())
         return absl::InvalidArgumentError(absl::StrCat(what, ": ", sizes.status().message()));
@@ -429,7 +433,10 @@ class C10dCommunicator : public Communicator {
     Count(OpKind::kAllReduce, Bytes(op.tensor), RingShare(Bytes(op.tensor), 2));
     at::Tensor tensor = op.tensor;
     const bool native_avg = op.options.op == ReduceOp::kAvg && traits_.native_avg;
-    if (tensor.numel() > 0) pending.work = EngineAllReduce(tensor, native_avg);
+    const c10d::ReduceOp engine_op = op.options.op == ReduceOp::kMax ? c10d::ReduceOp::MAX
+                                     : native_avg                    ? c10d::ReduceOp::AVG
+                                                                     : c10d::ReduceOp::SUM;
+    if (tensor.numel() > 0) pending.work = EngineAllReduce(tensor, engine_op);
     if (op.options.op == ReduceOp::kAvg && !native_avg) {
       const int size = shared_->size;
       pending.finish = [tensor, size]() mutable { tensor.div_(size); };
@@ -451,7 +458,7 @@ class C10dCommunicator : public Communicator {
     if (input.numel() > 0) {
       // The ring reduces shard r into place on rank r; without it, an all-reduce of the whole.
       pending.work = ring_ ? ring_->ReduceScatter(input, sizes, pending.seq)
-                           : EngineAllReduce(input, /*avg=*/false);
+                           : EngineAllReduce(input, c10d::ReduceOp::SUM);
     }
     const bool avg = op.options.op == ReduceOp::kAvg;
     const int size = shared_->size;
@@ -577,10 +584,10 @@ class C10dCommunicator : public Communicator {
     };
   }
 
-  c10::intrusive_ptr<c10d::Work> EngineAllReduce(const at::Tensor& tensor, bool avg) {
+  c10::intrusive_ptr<c10d::Work> EngineAllReduce(const at::Tensor& tensor, c10d::ReduceOp op) {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions options;
-    options.reduceOp = avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    options.reduceOp = op;
     options.timeout = ToChrono(timeout_);
     return backend_->allreduce(tensors, options);
   }

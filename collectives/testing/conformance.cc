@@ -6,6 +6,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/maximum.h>
 #include <ATen/ops/zeros.h>
 #include <signal.h>
 #include <unistd.h>
@@ -135,6 +136,19 @@ absl::Status AllReduceCases(Communicator& comm) {
         RETURN_IF_ERROR(WaitOk(comm.AllReduce(t, {op}), comm, what));
         RETURN_IF_ERROR(ExpectReduced(comm, t, Reduced(comm.size(), n, op), op, what));
       }
+    }
+    // MAX: rank r holds ((i (r + 3)) mod 11) - 5, so each rank wins somewhere and values are
+    // negative too; a maximum of small integers is exact in either dtype.
+    for (int64_t n : {int64_t{1000}, int64_t{37}, int64_t{0}}) {
+      const auto values = [n](int r) {
+        return at::arange(n, at::kFloat).mul(r + 3).remainder(11).sub(5);
+      };
+      at::Tensor t = values(comm.rank()).to(dtype).to(g_device);
+      at::Tensor want = values(0);
+      for (int r = 1; r < comm.size(); ++r) want = at::maximum(want, values(r));
+      const std::string what = Name("all_reduce", dtype, absl::StrCat("max n=", n));
+      RETURN_IF_ERROR(WaitOk(comm.AllReduce(t, {ReduceOp::kMax}), comm, what));
+      RETURN_IF_ERROR(ExpectEqual(t, want, what));
     }
   }
   return absl::OkStatus();
@@ -293,6 +307,14 @@ absl::Status TrafficAndValidation(Communicator& comm) {
                 absl::StrContains(rejected.status().message(),
                                   absl::StrCat("sum to ", size, ", expected numel ", size + 1)),
             absl::StrCat("bad shard sizes gave ", rejected.status().ToString())));
+  ReduceScatterOptions max_op;
+  max_op.op = ReduceOp::kMax;
+  auto max_scatter = comm.ReduceScatter(at::zeros({size}, On(at::kFloat)),
+                                        at::zeros({1}, On(at::kFloat)), max_op);
+  RETURN_IF_ERROR(Check(max_scatter.status().code() == absl::StatusCode::kInvalidArgument &&
+                            absl::StrContains(max_scatter.status().message(),
+                                              "op max is offered for all-reduce only"),
+                        absl::StrCat("max reduce-scatter gave ", max_scatter.status().ToString())));
   auto avg_int = comm.AllReduce(at::zeros({4}, On(at::kLong)), {ReduceOp::kAvg});
   RETURN_IF_ERROR(Check(avg_int.status().code() == absl::StatusCode::kInvalidArgument &&
                             absl::StrContains(avg_int.status().message(),

@@ -136,6 +136,7 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   Check(c.weight_decay >= 0 && std::isfinite(c.weight_decay));
   Check(c.muon_weight_decay >= 0 && std::isfinite(c.muon_weight_decay));
   Check(std::isfinite(c.max_grad_norm));
+  Check(c.qk_clip_threshold >= 0 && std::isfinite(c.qk_clip_threshold));
   // The optimizers' scalars stay far inside fp32 (trainer_config.cc's bounds).
   Check(c.lr * c.weight_decay <= 2 && c.muon_lr * c.muon_weight_decay <= 2);
   Check(c.lr / (1 - c.adam_beta1) <= 0x1p64);
@@ -148,7 +149,8 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   const absl::StatusOr<optimizers::NsSchedule> ns =
       optimizers::ParseNsSchedule(c.muon_ns_coefficients);
   Check(ns.ok() && optimizers::NsSingularValueBound(ns->coefficients, ns->norm_scale,
-                                                    c.muon_ns_steps) <= 16);
+                                                    c.muon_ns_steps, ns->cycle) <= 16);
+  Check(!ns->cycle || c.muon_ns_steps % static_cast<int>(ns->coefficients.size()) == 0);
 }
 
 int TestOneInput(const uint8_t* data, size_t size) {

@@ -124,7 +124,8 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
   absl::StatusOr<optimizers::NsSchedule> ns = optimizers::ParseNsSchedule(c.muon_ns_coefficients);
   if (ns.ok()) {
     if (absl::Status bounded =
-            optimizers::CheckNsScheduleBounded(ns->coefficients, ns->norm_scale, c.muon_ns_steps);
+            optimizers::CheckNsScheduleBounded(ns->coefficients, ns->norm_scale, c.muon_ns_steps,
+                                               ns->cycle);
         !bounded.ok()) {
       ns = absl::InvalidArgumentError(absl::StrCat("'", c.muon_ns_coefficients,
                                                    "' with --muon_ns_steps ", c.muon_ns_steps, ": ",
@@ -233,6 +234,11 @@ absl::Status ValidateStepScalars(const TrainerConfig& c) {
   if (!(c.adam_eps >= 0.0 && c.adam_eps <= kMaxKernelScalar)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got ", c.adam_eps));
+  }
+  if (!(c.qk_clip_threshold >= 0.0 && std::isfinite(c.qk_clip_threshold))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--qk_clip_threshold must be a finite number >= 0 (0 disables QK-clip), got ",
+        c.qk_clip_threshold));
   }
   if (!std::isfinite(c.max_grad_norm)) {
     // NaN compares false with everything: the optimizers would silently not clip.
@@ -507,6 +513,10 @@ std::string TrainSummary::ToJson() const {
     };
     j.Raw(absl::StrCat("\"expert_load_max\":", list(expert_load_max)));
     j.Raw(absl::StrCat("\"expert_load_min\":", list(expert_load_min)));
+  }
+  if (qk_clip_clipped_groups >= 0) {
+    j.Double("qk_clip_max_logit", qk_clip_max_logit, 6, /*general=*/true);
+    j.Int("qk_clip_clipped_groups", qk_clip_clipped_groups);
   }
   j.Raw(MemoryJson(memory));
   if (!j.all_finite()) j.Raw(absl::StrCat("\"non_finite\":", j.non_finite()));

@@ -36,7 +36,8 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, Tra
 
 // Checks values that need no files or ranks. Errors: kInvalidArgument naming the field and its
 // bound (steps >= 1, a known preset, batch divisibility by world_size x micro_batches, seq_len <=
-// the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm not finite, distopt with muon,
+// the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm or qk_clip_threshold not finite
+// (or the latter negative), distopt with muon,
 // --resume or --save_every without --save_dir, stop_after > steps, ...). Every double field that
 // reaches an fp32 computation has a bounded range, derived in trainer_config.cc and ns_schedule.h:
 // lr x weight decay <= 2, AdamW's first step size lr / (1 - beta1) <= 2^64, muon_lr x the scale
@@ -150,6 +151,11 @@ struct TrainSummary {
   int64_t all_to_all_bytes_per_step = 0;
   int64_t all_to_all_wire_bytes_per_step = 0;  // of which sent to other ranks
   std::vector<double> expert_load_max, expert_load_min;
+  // With --qk_clip_threshold (else clipped groups -1, both left out of the JSON): the largest
+  // attention logit of the run (any step, block, head and rank, before clipping) and the KV groups
+  // clipped, summed over the steps and blocks.
+  double qk_clip_max_logit = 0;
+  int64_t qk_clip_clipped_groups = -1;
   std::vector<RankMemory> memory;  // per rank, at the end of the run
 
   // One line of JSON, no newline: {"steps":300,"initial_loss":5.6,...,"memory":[...]}. A double

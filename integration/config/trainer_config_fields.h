@@ -96,7 +96,10 @@
     "Newton-Schulz iterations, in [1, 100)") \
   X(std::string, muon_ns_coefficients, "simple", \
     "Newton-Schulz coefficient schedule: simple (3.4445, -4.7750, 2.0315 every iteration), " \
-    "polar_express (the 5 per-iteration quintics of arXiv:2505.16932, as modded-nanogpt), or " \
+    "polar_express (the 5 per-iteration quintics of arXiv:2505.16932, as modded-nanogpt; the " \
+    "last repeats), Megatron-LM's quintic (5 triples) or aol (4 triples; fitted for AOL-scaled " \
+    "inputs, it flips singular values above 0.88 of the Frobenius norm), both cycled as NVIDIA " \
+    "Emerging-Optimizers runs them, so --muon_ns_steps must be a multiple of 5 or 4; or " \
     "a,b,c[;a,b,c...] (a triple per iteration; the last repeats; coefficients within +-1024 that " \
     "keep singular values within [0, 16] over --muon_ns_steps)") \
   X(optimizers::NsDType, muon_ns_dtype, optimizers::NsDType::kBFloat16, \
@@ -123,6 +126,11 @@
     "all: one global norm over every gradient clips all of them, Muon's before its momentum " \
     "(Megatron-LM); exclude_muon: the norm and clip cover AdamW's params only (Newton-Schulz " \
     "normalises Muon's update anyway)") \
+  X(double, qk_clip_threshold, 0.0, \
+    "QK-clip (MuonClip, Kimi K2) threshold tau: after each step, the query and key rows of every " \
+    "KV group whose largest attention logit (q.k/sqrt(d) after rotary, over the step's attended " \
+    "pairs on all ranks) exceeded tau are scaled by sqrt(tau / that logit), whichever optimizer " \
+    "owns the qkv weights (Kimi K2 used 100); finite, >= 0; 0 = off (no logits are measured)") \
   X(optimizers::ScheduleKind, schedule, optimizers::ScheduleKind::kWarmupCosine, \
     "lr schedule: constant, cosine, linear, wsd") \
   X(int64_t, warmup_steps, 20, \

@@ -179,6 +179,24 @@ TEST(TrainerConfigTest, RouteOverrides) {
   EXPECT_THAT(ValidateTrainerConfig(config, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("huge")));
 }
 
+TEST(TrainerConfig, QkClipThresholdIsFiniteAndNotNegative) {
+  for (const char* bad : {"qk_clip_threshold: -1", "qk_clip_threshold: nan",
+                          "qk_clip_threshold: inf"}) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(bad, "c", &config));
+    EXPECT_THAT(ValidateTrainerConfig(config, 2),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("--qk_clip_threshold must be a finite number >= 0 (0 disables "
+                                   "QK-clip), got ")))
+        << bad;
+  }
+  for (const char* good : {"qk_clip_threshold: 0", "qk_clip_threshold: 100"}) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(good, "c", &config));
+    EXPECT_OK(ValidateTrainerConfig(config, 2)) << good;
+  }
+}
+
 TEST(TrainerConfig, NonFiniteMaxGradNormIsRejected) {
   TrainerConfig config;
   ASSERT_OK(ApplyConfigText("max_grad_norm: nan\n", "c", &config));
@@ -228,6 +246,11 @@ TEST(TrainerConfig, FloatFlagsOutOfRangeAreRejected) {
            {"muon_ns_coefficients: \"1000,0,0\"", "iteration 1 of 5 (1000, 0, 0) can raise a "
                                                     "singular value in [0, 1] to 1000; accepted: "
                                                     "schedules that keep them within [0, 16]"},
+           {"muon_ns_coefficients: \"aol\"",
+            "--muon_ns_coefficients: 'aol' with --muon_ns_steps 5: a table of 4 Newton-Schulz "
+            "iterations that restarts after its last (cycled) over 5 iterations"},
+           {"muon_ns_coefficients: \"aol\" muon_ns_steps: 8", "iteration 5 of 8 (4.0098, "},
+           {"muon_ns_coefficients: \"quintic\" muon_ns_steps: 6", "a multiple of 5 iterations"},
        }) {
     TrainerConfig config;
     ASSERT_OK(ApplyConfigText(c.text, "c", &config)) << c.text;
@@ -239,6 +262,8 @@ TEST(TrainerConfig, FloatFlagsOutOfRangeAreRejected) {
        {"lr: 2 weight_decay: 1", "lr: 1.8e18 weight_decay: 0",
         "muon_lr: 5.49e11 muon_weight_decay: 0", "adam_eps: 1e19",
         "muon_ns_coefficients: \"polar_express\" muon_ns_steps: 99",
+        "muon_ns_coefficients: \"quintic\"", "muon_ns_coefficients: \"quintic\" muon_ns_steps: 95",
+        "muon_ns_coefficients: \"aol\" muon_ns_steps: 4",
         "muon_ns_coefficients: \"2,-1.5,0.5;3,-3.2,1.2\" muon_ns_steps: 99",
         "max_grad_norm: 1e300"}) {
     TrainerConfig config;

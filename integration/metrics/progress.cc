@@ -50,6 +50,10 @@ std::string FormatProgress(const ProgressSample& sample, int64_t total_steps) {
     absl::StrAppendFormat(&extra, " | load %.2f-%.2f", sample.expert_load_min,
                           sample.expert_load_max);
   }
+  if (sample.clipped_groups >= 0) {
+    absl::StrAppendFormat(&extra, " | max logit %.4g (%d clipped)", sample.max_logit,
+                          sample.clipped_groups);
+  }
   return absl::StrFormat("step %d/%d | loss %.4f | %s tok/s | lr %.2e%s | ETA %s", sample.step,
                          total_steps, sample.loss, FormatRate(sample.tokens_per_s), sample.lr,
                          extra, eta);

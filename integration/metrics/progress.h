@@ -30,6 +30,10 @@ struct ProgressSample {
   double moe_aux_loss = -1.0;
   double expert_load_min = -1.0;
   double expert_load_max = -1.0;
+  // Shown when clipped_groups >= 0 (QK-clip on): the step's largest attention logit and the KV
+  // groups it clipped.
+  double max_logit = 0.0;
+  int64_t clipped_groups = -1;
 };
 
 struct ProgressOptions {

@@ -125,6 +125,8 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
     sample.expert_load_max = *std::max_element(experts.load_max.begin(), experts.load_max.end());
     sample.expert_load_min = *std::min_element(experts.load_min.begin(), experts.load_min.end());
   }
+  sample.max_logit = qk_clip_.max_logit;
+  sample.clipped_groups = qk_clip_.clipped_groups;
   progress_.Update(sample);
   RETURN_IF_ERROR(ExpertScalars(step, experts));
   RETURN_IF_ERROR(Scalar("train/loss", step, loss));
@@ -158,6 +160,18 @@ absl::Status RunMetrics::ExpertScalars(int64_t step, const ExpertStats& experts)
     RETURN_IF_ERROR(Scalar(absl::StrCat("moe/layer", l, "/load_min"), step, experts.load_min[l]));
   }
   return absl::OkStatus();
+}
+
+absl::Status RunMetrics::QkClip(int64_t step, double max_logit, int64_t clipped_groups,
+                                bool skipped) {
+  const int64_t applied = skipped ? 0 : clipped_groups;
+  const bool first = summary_.qk_clip_clipped_groups < 0;
+  summary_.qk_clip_max_logit = first ? max_logit : std::max(summary_.qk_clip_max_logit, max_logit);
+  summary_.qk_clip_clipped_groups = (first ? 0 : summary_.qk_clip_clipped_groups) + applied;
+  qk_clip_.max_logit = max_logit;
+  qk_clip_.clipped_groups = applied;
+  RETURN_IF_ERROR(Scalar("qk_clip/max_logit", step, max_logit));
+  return Scalar("qk_clip/clipped_groups", step, static_cast<double>(applied));
 }
 
 absl::Status RunMetrics::InitialEval(double loss) {

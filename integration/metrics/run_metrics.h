@@ -92,6 +92,13 @@ class RunMetrics {
   absl::Status Step(int64_t step, double loss, const optimizers::StepResult& result,
                     const StepCost& cost, const ExpertStats& experts = {});
 
+  // QK-clip's figures of step `step`, reported before its Step: the largest attention logit (over
+  // every block, head and rank, before clipping) and the KV groups clipped, which a skipped step
+  // does not apply. Shown on the progress line and as qk_clip/max_logit and
+  // qk_clip/clipped_groups; the summary keeps the run's largest logit and clipped groups in all.
+  // Errors: the event writer's.
+  absl::Status QkClip(int64_t step, double max_logit, int64_t clipped_groups, bool skipped);
+
   // The eval loss before the first step run (TensorBoard: at step 0 in a fresh run, not logged in a
   // resumed one), and after step `step`. Errors: the event writer's.
   absl::Status InitialEval(double loss);
@@ -120,6 +127,7 @@ class RunMetrics {
   int64_t first_step_;
   double tokens_per_step_;
   ProgressPrinter progress_;
+  ProgressSample qk_clip_;  // the figures QkClip reported for the coming Step (its two fields)
   std::unique_ptr<EventWriter> tb_;
   absl::Duration train_time_;
   StepCost totals_;  // summed over the steps run

@@ -31,7 +31,8 @@ Records of case NAME (listed, in order, by the text record "cases", one name per
   NAME/hp          f64; AdamW: lr, beta1, beta2, eps, weight_decay, fused (1 or 0)
                         Muon: lr, weight_decay, momentum, nesterov, scale_rule (0 original,
                               1 match_rms_adamw, 2 spectral), extra_scale, ns_steps, a, b, c, eps,
-                              ns_dtype (0 bf16, 1 fp32)
+                              ns_dtype (0 bf16, 1 fp32), norm_scale, n (triples), the n triples,
+                              cycle (1: iteration i uses triple i % n, else min(i, n - 1))
   NAME/lr_factors  f64 [steps]   NAME/grad_scales  f64 [steps]   NAME/resume_after  i64 []
   NAME/params      text, param names one per line
   NAME/<p>/split   i64 [1 + blocks]: num_groups, block rows (Muon fused weights only)
@@ -57,7 +58,7 @@ ADAMW_SHAPES = dict(MATRIX_SHAPES, vector=(33,), scalar=())
 
 MUON_DEFAULTS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, scale_rule="original",
                      extra_scale=1.0, ns_steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7,
-                     ns_dtype="bf16", norm_scale=1.0)
+                     ns_dtype="bf16", norm_scale=1.0, cycle=False)
 
 # Polar Express (Amsel et al., arXiv:2505.16932), the five per-iteration quintics as the
 # modded-nanogpt speedrun publishes them (train_gpt.py `polar_express`), which normalises by
@@ -69,6 +70,23 @@ POLAR_EXPRESS = [
     (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
     (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+]
+# Megatron-LM's "quintic" and "aol" tables, typed here from NVIDIA Emerging-Optimizers'
+# emerging_optimizers/orthogonalized_optimizers/muon_utils.py (_COEFFICIENT_SETS), independently of
+# ns_schedule.cc. That newton_schulz divides by the Frobenius norm clamped at eps
+# (torch.nn.functional.normalize: norm_scale 1) and cycles these tables (iteration i uses i % len).
+QUINTIC = [
+    (4.0848, -6.8946, 2.9270),
+    (3.9505, -6.3029, 2.6377),
+    (3.7418, -5.5913, 2.3037),
+    (2.8769, -3.1427, 1.2046),
+    (2.8366, -3.0525, 1.2012),
+]
+AOL = [
+    (4.0098, -7.0585, 2.4635),
+    (3.4585, -5.5479, 2.5959),
+    (2.7573, -3.2939, 1.4254),
+    (2.7215, -3.0494, 1.3169),
 ]
 ADAMW_DEFAULTS = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, fused=False)
 
@@ -118,6 +136,15 @@ CASES = [
               norm_scale=1.02),
     muon_case("muon/polar_express_fp32_ns7", reference="python.muon", coefficients=POLAR_EXPRESS,
               norm_scale=1.02, ns_dtype="fp32", ns_steps=7),
+    # Megatron-LM's cycled tables: quintic for one and two cycles, aol for its one cycle of 4.
+    muon_case("muon/megatron_quintic_bf16", reference="python.muon", coefficients=QUINTIC,
+              cycle=True),
+    muon_case("muon/megatron_quintic_fp32_ns10", reference="python.muon", coefficients=QUINTIC,
+              cycle=True, ns_dtype="fp32", ns_steps=10),
+    muon_case("muon/megatron_aol_bf16_ns4", reference="python.muon", coefficients=AOL, cycle=True,
+              ns_steps=4),
+    muon_case("muon/megatron_aol_fp32_ns4", reference="python.muon", coefficients=AOL, cycle=True,
+              ns_dtype="fp32", ns_steps=4),
     muon_case("muon/schedule_of_two_fp32", reference="python.muon", ns_dtype="fp32",
               coefficients=[(3.4445, -4.7750, 2.0315), (2.0, -1.5, 0.5)], ns_steps=4),
     muon_case("muon/spectral_fp32_40_steps", reference="python.muon", scale_rule="spectral",
@@ -164,7 +191,8 @@ def schedule(hp):
 
 def newton_schulz(update, hp):
     """torch/optim/_muon.py _zeropower_via_newtonschulz, in hp["ns_dtype"] instead of always bf16,
-    with a coefficient schedule (iteration i uses triple min(i, last)) and the norm scaled by
+    with a coefficient schedule (iteration i uses triple min(i, last), or i % len when
+    hp["cycle"]) and the norm scaled by
     hp["norm_scale"] before the eps clamp (scaled only when it is not 1, as torch does not)."""
     coefficients = schedule(hp)
     x = update.bfloat16() if hp["ns_dtype"] == "bf16" else update.float().clone()
@@ -174,7 +202,8 @@ def newton_schulz(update, hp):
     norm = x.norm() if hp["norm_scale"] == 1.0 else x.norm() * hp["norm_scale"]
     x.div_(norm.clamp(min=hp["eps"]))
     for i in range(hp["ns_steps"]):
-        a, b, c = coefficients[min(i, len(coefficients) - 1)]
+        n = len(coefficients)
+        a, b, c = coefficients[i % n if hp["cycle"] else min(i, n - 1)]
         gram = x @ x.T
         gram_update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.addmm(x, gram_update, x, beta=a)
@@ -314,7 +343,7 @@ def hp_vector(case):
     return [hp["lr"], hp["weight_decay"], hp["momentum"], 1.0 if hp["nesterov"] else 0.0, rule,
             hp["extra_scale"], float(hp["ns_steps"]), *schedule(hp)[0], hp["eps"],
             0.0 if hp["ns_dtype"] == "bf16" else 1.0, hp["norm_scale"], float(len(schedule(hp))),
-            *[x for triple in schedule(hp) for x in triple]]
+            *[x for triple in schedule(hp) for x in triple], 1.0 if hp["cycle"] else 0.0]
 
 
 def check_polar_express_table():
@@ -332,6 +361,33 @@ def check_polar_express_table():
         sys.exit(f"torch_oracle.py: Polar Express error {pe:.3g} vs quintic {quintic:.3g}")
 
 
+def check_megatron_tables():
+    """quintic (5 iterations) and aol (4) orthogonalise: on a random full-rank matrix every singular
+    value of the fp64 iteration's output is the composed quintic of the input's and lies in the
+    table's band over [0.02, 0.8] (quintic [0.9777, 1.0318], aol [0.9873, 1.0820]), far inside the
+    fixed quintic's [0.68, 1.13]. A mistyped or reordered coefficient moves them out."""
+    g = torch.randn(64, 32, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    s_in = torch.linalg.svdvals(g) / g.norm()
+    for table, steps, low, high in ((QUINTIC, 5, 0.9777, 1.0318), (AOL, 4, 0.9873, 1.0820)):
+        hp = dict(MUON_DEFAULTS, coefficients=table, cycle=True, ns_steps=steps)
+        x = g / g.norm()
+        for i in range(steps):
+            a, b, c = table[i % len(table)]
+            gram = x @ x.T
+            x = a * x + (b * gram + c * gram @ gram) @ x
+        s_out = torch.linalg.svdvals(x)
+        composed = s_in.clone()
+        for i in range(steps):
+            a, b, c = table[i % len(table)]
+            composed = a * composed + b * composed ** 3 + c * composed ** 5
+        # The composition is not monotonic: compare the sorted values.
+        composed = composed.sort(descending=True).values
+        if not (torch.allclose(s_out, composed, rtol=0, atol=1e-9)
+                and low <= s_out.min() and s_out.max() <= high):
+            sys.exit(f"torch_oracle.py: {hp['ns_steps']} iterations of {table} give singular "
+                     f"values in [{s_out.min():.4f}, {s_out.max():.4f}], expected [{low}, {high}]")
+
+
 def equal_trajectories(a, b):
     return all(torch.equal(x, y) for n in a for x, y in zip(a[n], b[n]))
 
@@ -342,6 +398,7 @@ def main():
     device = torch.device("cuda:0" if len(sys.argv) == 3 else "cpu")
     torch.set_num_threads(1)
     check_polar_express_table()
+    check_megatron_tables()
     w = Writer()
     w.text("meta/torch_version", torch.__version__)
     w.text("meta/cpu_capability", torch.backends.cpu.get_cpu_capability())
