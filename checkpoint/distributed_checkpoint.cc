@@ -392,7 +392,8 @@ absl::Status AsyncCheckpointSaver::Start(
   options_ = options;
   pending_ = true;
   // A snapshot that fails is this rank's write failure: Finalize tells every rank, as for a write.
-  absl::StatusOr<RankSnapshot> snapshot = SnapshotRank(shared, buffers, optimizer, comm, expert_comm_);
+  absl::StatusOr<RankSnapshot> snapshot =
+      SnapshotRank(shared, buffers, optimizer, comm, expert_comm_);
   if (!snapshot.ok()) {
     write_status_ = snapshot.status();
     write_finished_.store(true, std::memory_order_release);

@@ -35,11 +35,11 @@
 //
 // Load reads, on each rank, the param records whose elements fall in this rank's shards of the
 // new layout (all CRC-32C checked), and every optimizer state record of the params it holds
-// (ImportState picks out what this rank now owns from the reassembled slices). Only when every rank has read and checked all
-// of its records (agreed through an all-reduce) does anything live change: the optimizer state is
-// imported, the owned param elements are copied into this rank's shards, and the param all-gather
-// runs so every rank holds the same params (buffers with sharded residency are gathered by the next
-// forward instead).
+// (ImportState picks out what this rank now owns from the reassembled slices). Only when every
+// rank has read and checked all of its records (agreed through an all-reduce) does anything live
+// change: the optimizer state is imported, the owned param elements are copied into this rank's
+// shards, and the param all-gather runs so every rank holds the same params (buffers with sharded
+// residency are gathered by the next forward instead).
 //
 // SaveDistributedCheckpoint is synchronous. AsyncCheckpointSaver snapshots to host memory
 // synchronously and writes the shard on a background thread while training goes on; the commit
