@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -76,6 +77,14 @@ int FirstElementOwner(const layout::PerBufferParamLayout& layout, const layout::
 
 using collectives::AllRanksOk;
 
+// The group `buffer` is sharded over: `expert_comm` for an expert buffer (layout key.expert) when
+// given, `comm` otherwise.
+collectives::Communicator& GroupOf(const buffers::ParamAndGradBuffer& buffer,
+                                   collectives::Communicator& comm,
+                                   collectives::Communicator* expert_comm) {
+  return buffer.layout().key.expert && expert_comm != nullptr ? *expert_comm : comm;
+}
+
 // A host copy of `t` (contiguous, owning its memory) for the writer: the live tensor may be on a
 // GPU and keeps changing while the shard is written in the background.
 at::Tensor HostCopy(const at::Tensor& t) {
@@ -92,9 +101,12 @@ bool BucketHasStraddler(const buffers::ParamAndGradBuffer& buffer, int bucket) {
   return false;
 }
 
-// Appends a host copy of every param of `bucket` whose first element `rank` owns. With sharded
-// residency a param inside this rank's shard is copied from the shard; a bucket with a param that
-// straddles shards is all-gathered first (collective: every rank gathers the same buckets).
+// Appends a host copy of every param of `bucket` whose first element this rank owns, by its rank in
+// `comm`, the group the buffer is sharded over (for an expert buffer the expert data-parallel
+// group, so each ep rank writes its own experts and, among the copies of those, the owner of each
+// shard writes). With sharded residency a param inside this rank's shard is copied from the shard;
+// a bucket with a param that straddles shards is all-gathered first over `comm` (collective: every
+// rank of the group gathers the same buckets).
 absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
                             collectives::Communicator& comm, RankSnapshot& snap) {
   const layout::PerBufferParamLayout& layout = buffer.layout();
@@ -130,7 +142,8 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
 absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
                                           absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                                           const optimizers::OptimizerState& optimizer,
-                                          collectives::Communicator& comm) {
+                                          collectives::Communicator& comm,
+                                          collectives::Communicator* expert_comm) {
   RankSnapshot snap;
   snap.rank = comm.rank();
   snap.step = shared.step;
@@ -138,7 +151,7 @@ absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
   try {
     for (buffers::ParamAndGradBuffer* buffer : buffers) {
       for (int b = 0; b < buffer->num_buckets(); ++b) {
-        RETURN_IF_ERROR(SnapshotParams(*buffer, b, comm, snap));
+        RETURN_IF_ERROR(SnapshotParams(*buffer, b, GroupOf(*buffer, comm, expert_comm), snap));
       }
     }
     for (const StateRecord& s : optimizer.ExportState()) {  // clones: only a device copy is new
@@ -189,6 +202,10 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
   meta["step"] = absl::StrCat(shared.step);
   meta["data_position"] = absl::Base64Escape(shared.data_position);
   meta["rng_seed"] = absl::StrCat(shared.rng_seed);
+  // Every record is written once over all ranks (params by their shard's owner in the buffer's
+  // group, state pieces by kind "state@<offset>.rank<r>"); a second writer would be a bug in who
+  // writes what, and a load would read one of the two at random.
+  std::map<std::pair<std::string, std::string>, std::string> writer;  // (name, kind) -> file
   for (int r = 0; r < dp; ++r) {
     const std::string path = JoinPath(tmp, PartFileName(r));
     ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
@@ -196,7 +213,15 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
     if (!part.ParseFromString(bytes)) {
       return absl::DataLossError(absl::StrCat("record list ", path, " does not parse"));
     }
-    for (TensorRecord& t : *part.mutable_tensors()) *manifest.add_tensors() = std::move(t);
+    for (TensorRecord& t : *part.mutable_tensors()) {
+      const auto [it, fresh] = writer.emplace(std::make_pair(t.name(), t.kind()), t.file());
+      if (!fresh) {
+        return absl::InternalError(absl::StrCat("checkpoint step ", shared.step, ": tensor '",
+                                                t.name(), "' (", t.kind(), ") written by both ",
+                                                it->second, " and ", t.file()));
+      }
+      *manifest.add_tensors() = std::move(t);
+    }
     for (const auto& [k, v] : part.metadata()) meta[k] = v;
     RETURN_IF_ERROR(RemoveRecursively(path));
   }
@@ -250,12 +275,16 @@ struct ParamLoad {
   at::Tensor value;  // whole param, read and checked
 };
 
-// Reads (and checks) everything this rank needs; touches nothing live.
-absl::Status ReadOwned(const CheckpointReader& reader,
-                       absl::Span<buffers::ParamAndGradBuffer* const> buffers, int rank,
-                       std::vector<ParamLoad>& params, std::vector<StateRecord>& state) {
+// Reads (and checks) the param records whose elements fall in this rank's shards, its rank in each
+// buffer's group deciding; touches nothing live.
+absl::Status ReadOwnedParams(const CheckpointReader& reader,
+                             absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                             collectives::Communicator& comm,
+                             collectives::Communicator* expert_comm,
+                             std::vector<ParamLoad>& params) {
   for (buffers::ParamAndGradBuffer* buffer : buffers) {
     const layout::PerBufferParamLayout& layout = buffer->layout();
+    const int rank = GroupOf(*buffer, comm, expert_comm).rank();
     for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
       const layout::ParamPlacement& p = layout.params[i];
       const auto [lo, hi] = layout.ShardRange(p.bucket, rank);
@@ -268,9 +297,27 @@ absl::Status ReadOwned(const CheckpointReader& reader,
       params.push_back({buffer, i, value});
     }
   }
+  return absl::OkStatus();
+}
+
+// Reads (and checks) every optimizer state record, except those of saved params this rank does not
+// hold (experts of other ep ranks): ImportState picks out what this rank's slots need, and names
+// anything that is no param of the checkpoint. Touches nothing live.
+absl::Status ReadState(const CheckpointReader& reader,
+                       absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                       std::vector<StateRecord>& state) {
+  absl::flat_hash_set<std::string> held;
+  for (const buffers::ParamAndGradBuffer* buffer : buffers) {
+    for (const layout::ParamPlacement& p : buffer->layout().params) held.insert(p.name);
+  }
   const auto& meta = reader.manifest().metadata();
   for (const TensorRecord& r : reader.manifest().tensors()) {
     if (!absl::StartsWith(r.kind(), kStatePrefix)) continue;
+    const size_t slash = r.name().rfind('/');
+    if (slash != std::string::npos) {
+      const std::string param = r.name().substr(0, slash);
+      if (!held.contains(param) && reader.Find(param, kParamKind) != nullptr) continue;
+    }
     absl::string_view rest = absl::string_view(r.kind()).substr(sizeof(kStatePrefix) - 1);
     int64_t offset = 0;
     const size_t dot = rest.find('.');
@@ -294,14 +341,31 @@ absl::Status ReadOwned(const CheckpointReader& reader,
   return absl::OkStatus();
 }
 
+// The param sync after a load: dense buffers over `comm`, then expert buffers over `expert_comm`
+// (the same order on every rank).
+absl::Status SyncLoadedParams(absl::Span<buffers::ParamAndGradBuffer* const> buffers,
+                              collectives::Communicator& comm,
+                              collectives::Communicator* expert_comm) {
+  std::vector<buffers::ParamAndGradBuffer*> dense, experts;
+  for (buffers::ParamAndGradBuffer* b : buffers) {
+    (&GroupOf(*b, comm, expert_comm) == &comm ? dense : experts).push_back(b);
+  }
+  ASSIGN_OR_RETURN(auto works, buffers::LaunchParamSync(comm, dense));
+  RETURN_IF_ERROR(buffers::WaitAll(works, comm.timeout()));
+  if (experts.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(works, buffers::LaunchParamSync(*expert_comm, experts));
+  return buffers::WaitAll(works, expert_comm->timeout());
+}
+
 }  // namespace
 
 absl::Status SaveDistributedCheckpoint(
     const std::string& root, const SharedState& shared,
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     const optimizers::OptimizerState& optimizer,
-    collectives::Communicator& comm, const SaveOptions& options) {
-  AsyncCheckpointSaver saver(&comm);
+    collectives::Communicator& comm, const SaveOptions& options,
+    collectives::Communicator* expert_comm) {
+  AsyncCheckpointSaver saver(&comm, expert_comm);
   RETURN_IF_ERROR(saver.Start(root, shared, buffers, optimizer, options));
   return saver.Finalize();
 }
@@ -328,7 +392,8 @@ absl::Status AsyncCheckpointSaver::Start(
   options_ = options;
   pending_ = true;
   // A snapshot that fails is this rank's write failure: Finalize tells every rank, as for a write.
-  absl::StatusOr<RankSnapshot> snapshot = SnapshotRank(shared, buffers, optimizer, comm);
+  absl::StatusOr<RankSnapshot> snapshot =
+      SnapshotRank(shared, buffers, optimizer, comm, expert_comm_);
   if (!snapshot.ok()) {
     write_status_ = snapshot.status();
     write_finished_.store(true, std::memory_order_release);
@@ -372,7 +437,7 @@ absl::Status AsyncCheckpointSaver::Finalize() {
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     optimizers::OptimizerState& optimizer,
-    collectives::Communicator& comm) {
+    collectives::Communicator& comm, collectives::Communicator* expert_comm) {
   std::vector<ParamLoad> params;
   std::vector<StateRecord> state;
   absl::StatusOr<SharedState> shared = absl::UnknownError("unset");
@@ -380,7 +445,8 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     try {
       ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(path));
       ASSIGN_OR_RETURN(shared, ReadShared(reader));
-      return ReadOwned(reader, buffers, comm.rank(), params, state);
+      RETURN_IF_ERROR(ReadOwnedParams(reader, buffers, comm, expert_comm, params));
+      return ReadState(reader, buffers, state);
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
     }
@@ -397,18 +463,18 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
   try {
     for (ParamLoad& p : params) {
       const layout::ParamPlacement& placement = p.buffer->layout().params[p.index];
-      const auto [lo, hi] = p.buffer->layout().ShardRange(placement.bucket, comm.rank());
+      const int rank = GroupOf(*p.buffer, comm, expert_comm).rank();
+      const auto [lo, hi] = p.buffer->layout().ShardRange(placement.bucket, rank);
       const int64_t b = std::max(lo, placement.start);
       const int64_t e = std::min(hi, placement.end);
-      p.buffer->ParamShard(placement.bucket, comm.rank())
+      p.buffer->ParamShard(placement.bucket, rank)
           .narrow(0, b - lo, e - b)
           .copy_(p.value.reshape({-1}).narrow(0, b - placement.start, e - b));
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
   }
-  ASSIGN_OR_RETURN(auto works, buffers::LaunchParamSync(comm, buffers));
-  RETURN_IF_ERROR(buffers::WaitAll(works, comm.timeout()));
+  RETURN_IF_ERROR(SyncLoadedParams(buffers, comm, expert_comm));
   return shared;
 }
 

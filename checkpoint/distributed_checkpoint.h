@@ -21,19 +21,33 @@
 //   shared    rank 0 only, in the manifest: step, data loader position (opaque bytes, base64 in
 //             metadata "data_position"), RNG seed ("rng_seed"), model and optimizer configs.
 //
+// Experts (MoE). With expert parallelism a rank holds only its ep rank's experts (under their
+// global names), in expert buffers (layout key.expert) sharded over the expert data-parallel group
+// `expert_comm` (expt_dp = dp / ep ranks holding the same experts); dense buffers are sharded over
+// `comm`. Everything "by rank" above is then by the rank in the buffer's group: an expert param is
+// written by the expt_dp rank whose shard holds its first element (each ep rank writes its own
+// experts), the optimizer's expert slots are those of its expt_dp rank (so their state pieces, too,
+// are saved once), and the merged manifest lists every rank's records, each (name, kind) exactly
+// once (a second writer fails the commit). A load reads the records of the params this rank holds,
+// by global name, whatever (dp, ep) saved them, and skips the state of saved params it does not
+// hold; so a checkpoint resumes at any (dp, ep), and a single-process reader (ckpt) sees one model
+// with every expert.
+//
 // Load reads, on each rank, the param records whose elements fall in this rank's shards of the
-// new layout (all CRC-32C checked), and every optimizer state record (ImportState picks out what
-// this rank now owns from the reassembled slices). Only when every rank has read and checked all
-// of its records (agreed through an all-reduce) does anything live change: the optimizer state is
-// imported, the owned param elements are copied into this rank's shards, and the param all-gather
-// runs so every rank holds the same params (buffers with sharded residency are gathered by the next
-// forward instead).
+// new layout (all CRC-32C checked), and every optimizer state record of the params it holds
+// (ImportState picks out what this rank now owns from the reassembled slices). Only when every
+// rank has read and checked all of its records (agreed through an all-reduce) does anything live
+// change: the optimizer state is imported, the owned param elements are copied into this rank's
+// shards, and the param all-gather runs so every rank holds the same params (buffers with sharded
+// residency are gathered by the next forward instead).
 //
 // SaveDistributedCheckpoint is synchronous. AsyncCheckpointSaver snapshots to host memory
 // synchronously and writes the shard on a background thread while training goes on; the commit
 // (barrier, manifest merge, rename, `latest`) runs on the caller's thread at the next Start or at
 // Finalize, because the communicator is not thread-safe and training keeps using it.
-// All functions are collective: every rank of `comm` must call them with the same arguments.
+// All functions are collective: every rank of `comm` must call them with the same arguments (and,
+// for experts, the same `expert_comm` role: null on every rank, or each rank's expert
+// data-parallel group, a subgroup of `comm`'s ranks; null means `comm` for every buffer).
 #ifndef ORTHOSHARD_CHECKPOINT_DISTRIBUTED_CHECKPOINT_H_
 #define ORTHOSHARD_CHECKPOINT_DISTRIBUTED_CHECKPOINT_H_
 
@@ -79,15 +93,18 @@ struct SaveOptions {
 // committed: AsyncCheckpointSaver's Start and Finalize, one after the other. Preconditions: the
 // params are synced (the param sync of buffers/bucket_sync.h, or DDP's, has completed), and
 // `optimizer` steps `buffers` (e.g. optimizers/distributed's CreateDistributedOptimizer, in any
-// mode). Every rank's collectives use comm.timeout(). Errors: kAlreadyExists if the step
+// mode). Every rank's collectives use comm.timeout(). `expert_comm`: the group the expert buffers
+// are sharded over (see the file comment); null: `comm`. Errors: kAlreadyExists if the step
 // is already committed; OS errors naming the path; kAborted "rank R failed to write its shard"
-// on the ranks whose own write succeeded when another's failed; those of the communicator. On any
-// error `latest` is unchanged (the `.tmp` directory is left for the next save to remove).
+// on the ranks whose own write succeeded when another's failed; kInternal when two ranks wrote
+// the same record; those of the communicator. On any error `latest` is unchanged (the `.tmp`
+// directory is left for the next save to remove).
 absl::Status SaveDistributedCheckpoint(
     const std::string& root, const SharedState& shared,
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     const optimizers::OptimizerState& optimizer,
-    collectives::Communicator& comm, const SaveOptions& options = {});
+    collectives::Communicator& comm, const SaveOptions& options = {},
+    collectives::Communicator* expert_comm = nullptr);
 
 // One rank's part of a save, in host memory: clones of what it writes and their records.
 struct RankSnapshot {
@@ -98,15 +115,17 @@ struct RankSnapshot {
   std::vector<std::pair<std::string, std::string>> full_shapes;  // state name → "48,16"
 };
 
-// Clones rank comm.rank()'s params (those whose first element it owns) and optimizer state.
-// Collective over `comm` when a buffer has sharded residency and a param that straddles shards
-// (see "param" above); every rank must call it. Precondition: no param sync in flight. Errors:
-// kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch); the
+// Clones rank comm.rank()'s params (those whose first element it owns, by its rank in each
+// buffer's group: `expert_comm` for expert buffers when not null, else `comm`) and optimizer state.
+// Collective over a buffer's group when the buffer has sharded residency and a param that
+// straddles shards (see "param" above); every rank must call it. Precondition: no param sync in
+// flight. Errors: kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch); the
 // communicator's.
 absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
                                           absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                                           const optimizers::OptimizerState& optimizer,
-                                          collectives::Communicator& comm);
+                                          collectives::Communicator& comm,
+                                          collectives::Communicator* expert_comm = nullptr);
 
 // Writes `snap` as rank<r>.safetensors plus its record list into the `.tmp` directory `tmp`
 // (no collectives; safe on a background thread). Errors: those of WriteShard, OS errors.
@@ -117,10 +136,13 @@ absl::Status WriteRankSnapshot(const std::string& tmp, const RankSnapshot& snap)
 //   RETURN_IF_ERROR(saver.Start(root, shared, buffers, *opt));  // returns after the snapshot
 //   ... training steps ...
 //   RETURN_IF_ERROR(saver.Finalize());  // or the next Start, which finalizes first
-// `comm`, the buffers and the optimizer must outlive the saver.
+// `comm`, `expert_comm` (the expert buffers' group; null: `comm`), the buffers and the optimizer
+// must outlive the saver.
 class AsyncCheckpointSaver {
  public:
-  explicit AsyncCheckpointSaver(collectives::Communicator* comm) : comm_(comm) {}
+  explicit AsyncCheckpointSaver(collectives::Communicator* comm,
+                                collectives::Communicator* expert_comm = nullptr)
+      : comm_(comm), expert_comm_(expert_comm) {}
   AsyncCheckpointSaver(const AsyncCheckpointSaver&) = delete;
   AsyncCheckpointSaver& operator=(const AsyncCheckpointSaver&) = delete;
   // Joins a running write; does NOT commit it (its `.tmp` directory is removed by a later save).
@@ -153,6 +175,7 @@ class AsyncCheckpointSaver {
 
  private:
   collectives::Communicator* comm_;
+  collectives::Communicator* expert_comm_;
   bool pending_ = false;  // started and not finalized (the write may have ended)
   std::thread thread_;
   std::atomic<bool> write_finished_{false};
@@ -165,8 +188,10 @@ class AsyncCheckpointSaver {
 };
 
 // Loads the checkpoint at `path` (a step directory, or a root whose `latest` is followed) into
-// `buffers` (this rank's shards, then the param sync) and `optimizer`, at comm.size() ranks, any
-// layout. Errors (nothing live is changed on any of them): those of CheckpointReader::Open
+// `buffers` (this rank's shards, then the param sync: dense buffers over `comm`, expert buffers
+// over `expert_comm`, null meaning `comm`) and `optimizer`, at comm.size() ranks, any layout and
+// any expert parallelism. Errors (nothing live is changed on any of them): those of
+// CheckpointReader::Open
 // (kNotFound, kDataLoss naming the file and tensor for a missing, truncated or corrupted shard,
 // kFailedPrecondition for an unknown format version); kNotFound "checkpoint <dir>: no record
 // '<name>' (param)" for a param of the model that was not saved; kFailedPrecondition for a dtype or
@@ -176,7 +201,7 @@ class AsyncCheckpointSaver {
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     optimizers::OptimizerState& optimizer,
-    collectives::Communicator& comm);
+    collectives::Communicator& comm, collectives::Communicator* expert_comm = nullptr);
 
 }  // namespace orthoshard::checkpoint
 

@@ -69,9 +69,11 @@ Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& co
                            ProgressPrinter& progress, const TrainOptions& options,
                            TrainSummary& summary, std::vector<buffers::ParamAndGradBuffer*> buffers,
                            const optimizers::OptimizerState& optimizer,
-                           std::function<absl::Status()> sync_params)
+                           std::function<absl::Status()> sync_params,
+                           collectives::Communicator* expert_comm)
     : c_(c),
       comm_(comm),
+      expert_comm_(expert_comm),
       progress_(progress),
       out_(options.out),
       err_(options.err),
@@ -81,7 +83,7 @@ Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& co
       sync_params_(std::move(sync_params)) {
   options_.keep_last = c.keep_checkpoints;
   options_.after_shard_written = options.after_shard_written;
-  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm);
+  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm, expert_comm);
 }
 
 absl::Status Checkpointer::Save(const checkpoint::SharedState& shared, bool final_save) {
@@ -133,7 +135,7 @@ absl::StatusOr<bool> Checkpointer::Settle(int64_t step, const absl::Status& own,
   ++consecutive_failures_;
   // Drop this rank's write still in flight (a snapshot failed elsewhere) without committing it;
   // once every rank has, rank 0 removes the partial `.tmp` directory so it holds no disk space.
-  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm_);
+  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm_, expert_comm_);
   RETURN_IF_ERROR(AllRanksOk(comm_, true).status());
   std::string cleanup;
   if (comm_.rank() == 0) {

@@ -35,7 +35,9 @@ namespace orthoshard::integration {
 class Checkpointer {
  public:
   // Saves `buffers` and `optimizer`; `sync_params` completes the param sync (a save snapshots, and
-  // a commit runs collectives, only after the step's param all-gathers). `c`, `comm`, `progress`,
+  // a commit runs collectives, only after the step's param all-gathers). `expert_comm` is the group
+  // the expert buffers are sharded over (the mesh's expt_dp; checkpoint::SnapshotRank), null for
+  // `comm`. `c`, `comm`, `expert_comm`, `progress`,
   // `options.out`, `options.err`, `summary`, the buffers and the optimizer must outlive this
   // object. Rank 0 reports each committed checkpoint on options.out; failed saves that training
   // survives are reported on options.err and counted in summary.failed_saves;
@@ -44,7 +46,8 @@ class Checkpointer {
                const TrainOptions& options, TrainSummary& summary,
                std::vector<buffers::ParamAndGradBuffer*> buffers,
                const optimizers::OptimizerState& optimizer,
-               std::function<absl::Status()> sync_params);
+               std::function<absl::Status()> sync_params,
+               collectives::Communicator* expert_comm = nullptr);
 
   // Finalizes the save in flight, syncs the params, then snapshots step `shared.step` and starts
   // writing it. OK when training may go on (with on_save_failure=continue, also after a failed
@@ -74,6 +77,7 @@ class Checkpointer {
 
   const TrainerConfig& c_;
   collectives::Communicator& comm_;
+  collectives::Communicator* expert_comm_;
   ProgressPrinter& progress_;
   std::FILE* out_;
   std::FILE* err_;

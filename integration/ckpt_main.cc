@@ -144,7 +144,7 @@ int Main(int argc, char** argv) {
   extensions.hf_mapping = [](const std::string& model_config, const checkpoint::CkptCommand& c)
       -> absl::StatusOr<checkpoint::ExportMapping> {
     ASSIGN_OR_RETURN(const SavedModel saved, ParseSavedModel(model_config));
-    ASSIGN_OR_RETURN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, c.tokenizer));
+    ASSIGN_OR_RETURN(checkpoint::ExportMapping mapping, HfExportMapping(saved, c.tokenizer));
     if (c.tokenizer.empty()) {
       ASSIGN_OR_RETURN(const int64_t eod, SavedEodToken(saved));
       std::cerr << TokenizerlessExportNote(eod);

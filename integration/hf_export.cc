@@ -53,31 +53,80 @@ absl::StatusOr<Value> ParseAnyJson(const std::string& text) {
   return value;
 }
 
-// The model's config.json: LlamaConfig's fields, bos/eos the end-of-document id (null when unknown).
+// The Hugging Face architecture a model exports as (hf_export.h).
+enum class HfFamily { kLlama, kMixtral, kQwen2Moe };
+
+HfFamily FamilyOf(const GptConfig& c) {
+  if (!c.is_moe()) return HfFamily::kLlama;
+  return c.moe_shared_ffn_hidden > 0 ? HfFamily::kQwen2Moe : HfFamily::kMixtral;
+}
+
+// pretrain's --moe_aux_loss_coeff default (integration/experts.h). The checkpoint does not record
+// the run's value; transformers uses it only to train with output_router_logits.
+constexpr double kRouterAuxLossCoef = 0.01;
+
+// The MoE fields of MixtralConfig or Qwen2MoeConfig (transformers 5.24's names).
+void AddMoeConfig(const GptConfig& c, HfFamily family, JsonNode* config) {
+  if (family == HfFamily::kMixtral) {
+    config->Add("num_local_experts", JsonNode::Int(c.num_experts))
+        .Add("num_experts_per_tok", JsonNode::Int(c.moe_top_k))
+        .Add("router_jitter_noise", JsonNode::Double(0.0))
+        .Add("sliding_window", JsonNode());  // full causal attention
+  } else {
+    // Every layer sparse (decoder_sparse_step 1, no mlp_only_layers), so intermediate_size, the
+    // width of Qwen2-MoE's dense MLP layers, is unused; top-k weights renormalised as Mixtral's.
+    config->Add("num_experts", JsonNode::Int(c.num_experts))
+        .Add("num_experts_per_tok", JsonNode::Int(c.moe_top_k))
+        .Add("moe_intermediate_size", JsonNode::Int(c.moe_ffn_hidden))
+        .Add("shared_expert_intermediate_size", JsonNode::Int(c.moe_shared_ffn_hidden))
+        .Add("norm_topk_prob", JsonNode::Bool(true))
+        .Add("decoder_sparse_step", JsonNode::Int(1))
+        .Add("mlp_only_layers", JsonNode::Array({}))
+        .Add("qkv_bias", JsonNode::Bool(false))
+        .Add("use_sliding_window", JsonNode::Bool(false));
+  }
+  config->Add("output_router_logits", JsonNode::Bool(false))
+      .Add("router_aux_loss_coef", JsonNode::Double(kRouterAuxLossCoef));
+}
+
+// The model's config.json: the fields of LlamaConfig, MixtralConfig or Qwen2MoeConfig, bos/eos the
+// end-of-document id (null when unknown).
 absl::StatusOr<std::string> ConfigJson(const SavedModel& saved, int64_t eod) {
   const GptConfig& c = saved.config;
+  const HfFamily family = FamilyOf(c);
+  static constexpr const char* kArchitectures[] = {"LlamaForCausalLM", "MixtralForCausalLM",
+                                                   "Qwen2MoeForCausalLM"};
+  static constexpr const char* kModelTypes[] = {"llama", "mixtral", "qwen2_moe"};
   const JsonNode token_id = eod >= 0 ? JsonNode::Int(eod) : JsonNode();
   JsonNode rope = JsonNode::Object();
   rope.Add("rope_type", JsonNode::String("default"))
       .Add("rope_theta", JsonNode::Double(c.rope_theta));
   JsonNode config = JsonNode::Object();
-  config.Add("architectures", JsonNode::Array({JsonNode::String("LlamaForCausalLM")}))
-      .Add("model_type", JsonNode::String("llama"))
+  config
+      .Add("architectures",
+           JsonNode::Array({JsonNode::String(kArchitectures[static_cast<int>(family)])}))
+      .Add("model_type", JsonNode::String(kModelTypes[static_cast<int>(family)]))
       .Add("vocab_size", JsonNode::Int(c.vocab_size))
       .Add("hidden_size", JsonNode::Int(c.hidden))
-      .Add("intermediate_size", JsonNode::Int(c.ffn_hidden))
+      .Add("intermediate_size", JsonNode::Int(c.is_moe() ? c.moe_ffn_hidden : c.ffn_hidden))
       .Add("num_hidden_layers", JsonNode::Int(c.num_layers))
       .Add("num_attention_heads", JsonNode::Int(c.num_heads))
-      .Add("num_key_value_heads", JsonNode::Int(c.num_kv_heads))
-      .Add("head_dim", JsonNode::Int(c.hidden / c.num_heads))
-      .Add("hidden_act", JsonNode::String("silu"))
+      .Add("num_key_value_heads", JsonNode::Int(c.num_kv_heads));
+  // Qwen2MoeConfig has no head_dim: its attention takes hidden_size / num_attention_heads, ours.
+  if (family != HfFamily::kQwen2Moe) {
+    config.Add("head_dim", JsonNode::Int(c.hidden / c.num_heads));
+  }
+  config.Add("hidden_act", JsonNode::String("silu"))
       .Add("max_position_embeddings", JsonNode::Int(c.max_seq_len))
       .Add("rms_norm_eps", JsonNode::Double(c.norm_eps))
       .Add("rope_theta", JsonNode::Double(c.rope_theta))
-      .Add("rope_parameters", std::move(rope))
-      .Add("attention_bias", JsonNode::Bool(false))
-      .Add("mlp_bias", JsonNode::Bool(false))
-      .Add("tie_word_embeddings", JsonNode::Bool(c.tie_embeddings))
+      .Add("rope_parameters", std::move(rope));
+  if (family == HfFamily::kLlama) {
+    config.Add("attention_bias", JsonNode::Bool(false)).Add("mlp_bias", JsonNode::Bool(false));
+  } else {
+    AddMoeConfig(c, family, &config);
+  }
+  config.Add("tie_word_embeddings", JsonNode::Bool(c.tie_embeddings))
       .Add("bos_token_id", token_id)
       .Add("eos_token_id", token_id)
       .Add("initializer_range", JsonNode::Double(c.init_std))
@@ -105,35 +154,76 @@ absl::StatusOr<std::string> TokenizerConfigJson(const std::string& eod_text) {
   return WriteJson(config);
 }
 
-void AddLlamaTensors(const GptConfig& c, checkpoint::ExportMapping* mapping) {
+using Rows = std::vector<std::pair<int64_t, int64_t>>;
+
+void AddTensor(std::string name, std::string source, Rows rows,
+               checkpoint::ExportMapping* mapping) {
+  mapping->tensors.push_back({std::move(name), std::move(source), std::move(rows)});
+}
+
+// One SwiGLU MLP under `ours` (fc1 [2F, C] = [gate; up], fc2 [C, F]): the gate rows, the up rows
+// and fc2 as the three named tensors.
+void AddSwiGlu(const std::string& ours, int64_t F, const std::string& gate, const std::string& up,
+               const std::string& down, checkpoint::ExportMapping* mapping) {
+  AddTensor(gate, ours + "fc1.weight", {{0, F}}, mapping);
+  AddTensor(up, ours + "fc1.weight", {{F, F}}, mapping);
+  AddTensor(down, ours + "fc2.weight", {}, mapping);
+}
+
+// Layer i's MLP: Llama's mlp.{gate,up,down}_proj; Mixtral's block_sparse_moe.gate (the router) and
+// experts.{e}.w1 (gate), w3 (up), w2 (down), the per-expert names its checkpoints are published
+// with (transformers 5 merges them into its fused experts on load); Qwen2-MoE's mlp.gate,
+// mlp.experts.{e}.{gate,up,down}_proj, mlp.shared_expert.{gate,up,down}_proj and
+// mlp.shared_expert_gate.
+void AddMlp(const GptConfig& c, int64_t i, checkpoint::ExportMapping* mapping) {
+  const std::string ours = absl::StrCat("layers.", i, ".mlp.");
+  const std::string hf = absl::StrCat("model.layers.", i, ".");
+  const HfFamily family = FamilyOf(c);
+  if (family == HfFamily::kLlama) {
+    AddSwiGlu(ours, c.ffn_hidden, hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight",
+              hf + "mlp.down_proj.weight", mapping);
+    return;
+  }
+  const bool mixtral = family == HfFamily::kMixtral;
+  const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
+  AddTensor(moe + "gate.weight", ours + "router.weight", {}, mapping);
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const std::string expert = absl::StrCat(moe, "experts.", e, ".");
+    AddSwiGlu(absl::StrCat(ours, "experts.", e, "."), c.moe_ffn_hidden,
+              expert + (mixtral ? "w1.weight" : "gate_proj.weight"),
+              expert + (mixtral ? "w3.weight" : "up_proj.weight"),
+              expert + (mixtral ? "w2.weight" : "down_proj.weight"), mapping);
+  }
+  if (mixtral) return;
+  AddSwiGlu(ours + "shared_expert.", c.moe_shared_ffn_hidden,
+            moe + "shared_expert.gate_proj.weight", moe + "shared_expert.up_proj.weight",
+            moe + "shared_expert.down_proj.weight", mapping);
+  AddTensor(moe + "shared_expert_gate.weight", ours + "shared_expert_gate.weight", {}, mapping);
+}
+
+void AddTensors(const GptConfig& c, checkpoint::ExportMapping* mapping) {
   const int64_t H = c.num_heads, KV = c.num_kv_heads, D = c.hidden / c.num_heads, R = H / KV;
-  const int64_t F = c.ffn_hidden;
-  auto add = [&](std::string name, std::string source,
-                 std::vector<std::pair<int64_t, int64_t>> rows = {}) {
-    mapping->tensors.push_back({std::move(name), std::move(source), std::move(rows)});
-  };
-  add("model.embed_tokens.weight", "embedding.weight");
+  AddTensor("model.embed_tokens.weight", "embedding.weight", {}, mapping);
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string ours = absl::StrCat("layers.", i, "."), hf = absl::StrCat("model.layers.", i, ".");
-    add(hf + "input_layernorm.weight", ours + "attn_norm.weight");
-    std::vector<std::pair<int64_t, int64_t>> q, k, v;
+    const std::string ours = absl::StrCat("layers.", i, ".");
+    const std::string hf = absl::StrCat("model.layers.", i, ".");
+    AddTensor(hf + "input_layernorm.weight", ours + "attn_norm.weight", {}, mapping);
+    Rows q, k, v;
     for (int64_t g = 0; g < KV; ++g) {
       const int64_t group = g * (R + 2) * D;
       q.push_back({group, R * D});
       k.push_back({group + R * D, D});
       v.push_back({group + (R + 1) * D, D});
     }
-    add(hf + "self_attn.q_proj.weight", ours + "attn.qkv.weight", q);
-    add(hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", k);
-    add(hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", v);
-    add(hf + "self_attn.o_proj.weight", ours + "attn.proj.weight");
-    add(hf + "post_attention_layernorm.weight", ours + "mlp_norm.weight");
-    add(hf + "mlp.gate_proj.weight", ours + "mlp.fc1.weight", {{0, F}});
-    add(hf + "mlp.up_proj.weight", ours + "mlp.fc1.weight", {{F, F}});
-    add(hf + "mlp.down_proj.weight", ours + "mlp.fc2.weight");
+    AddTensor(hf + "self_attn.q_proj.weight", ours + "attn.qkv.weight", q, mapping);
+    AddTensor(hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", k, mapping);
+    AddTensor(hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", v, mapping);
+    AddTensor(hf + "self_attn.o_proj.weight", ours + "attn.proj.weight", {}, mapping);
+    AddTensor(hf + "post_attention_layernorm.weight", ours + "mlp_norm.weight", {}, mapping);
+    AddMlp(c, i, mapping);
   }
-  add("model.norm.weight", "final_norm.weight");
-  if (!c.tie_embeddings) add("lm_head.weight", "output_layer.weight");
+  AddTensor("model.norm.weight", "final_norm.weight", {}, mapping);
+  if (!c.tie_embeddings) AddTensor("lm_head.weight", "output_layer.weight", {}, mapping);
 }
 
 // A token id as tokenizers stores it (u32): an integral JSON number in [0, 2^32).
@@ -333,10 +423,10 @@ absl::StatusOr<TokenizerJsonInfo> CheckTokenizerJson(absl::string_view path,
   return info;
 }
 
-absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const SavedModel& saved,
-                                                             const std::string& tokenizer) {
+absl::StatusOr<checkpoint::ExportMapping> HfExportMapping(const SavedModel& saved,
+                                                          const std::string& tokenizer) {
   checkpoint::ExportMapping mapping;
-  AddLlamaTensors(saved.config, &mapping);
+  AddTensors(saved.config, &mapping);
   ASSIGN_OR_RETURN(int64_t eod, SavedEodToken(saved));
   if (!tokenizer.empty()) RETURN_IF_ERROR(AddTokenizerFiles(saved, tokenizer, &eod, &mapping.files));
   ASSIGN_OR_RETURN(mapping.files["config.json"], ConfigJson(saved, eod));

@@ -1,4 +1,6 @@
-// orthoshard's GPT as Hugging Face transformers' LlamaForCausalLM (`ckpt export --format=hf`).
+// orthoshard's GPT as Hugging Face transformers' LlamaForCausalLM, and its mixture-of-experts
+// models as MixtralForCausalLM (no shared expert: moe-tiny, moe-small) or Qwen2MoeForCausalLM (a
+// shared expert under a sigmoid gate: moe-tiny-shared) (`ckpt export --format=hf`).
 //
 // The model is a Llama: RMSNorm, rotary in the rotate-half convention with theta^(-2j/D), SwiGLU,
 // grouped-query attention, no biases. Only names and the fused weights differ:
@@ -16,7 +18,21 @@
 //   layers.i.mlp.fc2.weight        -> model.layers.i.mlp.down_proj.weight
 //   final_norm.weight              -> model.norm.weight
 //   output_layer.weight            -> lm_head.weight (absent when tied: tie_word_embeddings)
-// plus config.json (and generation_config.json) whose bos/eos id is the checkpoint's end-of-document
+// The MoE models route as both of those do (softmax over the router's logits in fp32, top-k, the
+// k weights renormalised: Qwen2-MoE with norm_topk_prob), and the shared expert's output is scaled
+// by sigmoid(x g^T) as Qwen2-MoE's. Their MLPs (F_e the expert width; M = model.layers.i.mlp.,
+// Mixtral's B = model.layers.i.block_sparse_moe.):
+//   layers.i.mlp.router.weight               -> Mixtral B gate.weight; Qwen2-MoE M gate.weight
+//   layers.i.mlp.experts.e.fc1.weight        -> rows [0, F_e): B experts.e.w1.weight,
+//                                               M experts.e.gate_proj.weight; rows [F_e, 2 F_e):
+//                                               B experts.e.w3.weight, M experts.e.up_proj.weight
+//   layers.i.mlp.experts.e.fc2.weight        -> B experts.e.w2.weight, M experts.e.down_proj.weight
+//   layers.i.mlp.shared_expert.fc1, fc2      -> M shared_expert.{gate,up,down}_proj.weight
+//   layers.i.mlp.shared_expert_gate.weight   -> M shared_expert_gate.weight
+// (the per-expert names of Mixtral's and Qwen1.5-MoE's published checkpoints; transformers 5 merges
+// them into its fused expert tensors as it loads), with qkv_bias false, every layer sparse
+// (decoder_sparse_step 1, no mlp_only_layers) and no sliding window.
+// Every export comes with config.json (and generation_config.json) whose bos/eos id is the checkpoint's end-of-document
 // token when it records one (SavedModel::documents "eod<N>..."), and, given a tokenizer, tokenizer.json
 // and tokenizer_config.json, so that AutoModelForCausalLM.from_pretrained(dir) and
 // AutoTokenizer.from_pretrained(dir) load it. A tokenizer is checked before anything is written: it
@@ -37,15 +53,16 @@
 
 namespace orthoshard::integration {
 
-// The export of a model of `saved`'s shape. `tokenizer`: "" (no tokenizer files), a directory
-// written by tools/prepare_data.py (its tokenizer files are copied) or a tokenizer.json file (copied,
+// The export of a model of `saved`'s shape as the architecture the file comment names for it
+// (dense: Llama; MoE: Mixtral, or Qwen2-MoE with a shared expert). `tokenizer`: "" (no tokenizer
+// files), a directory written by tools/prepare_data.py (its tokenizer files are copied) or a tokenizer.json file (copied,
 // with a tokenizer_config.json naming the end-of-document token as eos when the checkpoint records
 // it). Errors: kInvalidArgument naming the path for an unreadable tokenizer path or dataset.json, a
 // tokenizer.json that CheckTokenizerJson refuses, ids past the model's vocabulary, a prepared
 // directory whose end-of-document token is not the checkpoint's, or a tokenizer without a token at
 // the checkpoint's end-of-document id; those of SavedEodToken.
-absl::StatusOr<checkpoint::ExportMapping> LlamaExportMapping(const model::SavedModel& saved,
-                                                             const std::string& tokenizer);
+absl::StatusOr<checkpoint::ExportMapping> HfExportMapping(const model::SavedModel& saved,
+                                                          const std::string& tokenizer);
 
 // The end-of-document token id `saved` records (documents "eod<N>[,...]"), or -1 when it has none.
 // Errors: kInvalidArgument when documents does not start with "eod" and an id below the vocabulary.

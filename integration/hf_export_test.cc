@@ -47,12 +47,12 @@ constexpr char kTokenizerJson[] = R"({
 
 // The untied grouped-query case (no preset small enough for the interop test has it): q/k/v rows
 // per KV group, gate/up halves, lm_head present, and the config saying so.
-TEST(LlamaExportMapping, UntiedGroupedQuery) {
+TEST(HfExportMapping, UntiedGroupedQuery) {
   ASSERT_OK_AND_ASSIGN(SavedModel saved,
                        ParseSavedModel("model=tinyllama-1.1b seq_len=2048 vocab=32001"));
   EXPECT_EQ(saved.config.vocab_size, 32001);
   EXPECT_EQ(FormatSavedModel(saved), "model=tinyllama-1.1b seq_len=2048 vocab=32001");
-  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, ""));
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, HfExportMapping(saved, ""));
   std::map<std::string, checkpoint::ExportTensor> by_name;
   for (const checkpoint::ExportTensor& t : mapping.tensors) by_name[t.name] = t;
   // 22 layers x 9 + embedding + final norm + lm_head.
@@ -76,12 +76,87 @@ TEST(LlamaExportMapping, UntiedGroupedQuery) {
   EXPECT_EQ(mapping.files.count("tokenizer.json"), 0u);
 }
 
-TEST(LlamaExportMapping, TiedHasNoHeadAndBadTokenizerIsNamed) {
+// moe-small (8 experts of F_e 352, top-2, tied, no shared expert) as Mixtral: the router as
+// block_sparse_moe.gate, each expert's fc1 gate rows as w1 and up rows as w3, fc2 as w2; no dense
+// MLP names; the config's expert fields (transformers 5.24's MixtralConfig).
+TEST(HfExportMapping, MoeWithoutSharedExpertIsMixtral) {
+  ASSERT_OK_AND_ASSIGN(SavedModel saved, ParseSavedModel("model=moe-small seq_len=256"));
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, HfExportMapping(saved, ""));
+  std::map<std::string, checkpoint::ExportTensor> by_name;
+  for (const checkpoint::ExportTensor& t : mapping.tensors) by_name[t.name] = t;
+  // Per layer 6 attention and norm tensors, the router, 8 x 3 expert tensors; embedding and final
+  // norm (tied: no head).
+  EXPECT_EQ(mapping.tensors.size(), 4u * (6 + 1 + 8 * 3) + 2);
+  const std::string moe = "model.layers.2.block_sparse_moe.";
+  EXPECT_EQ(by_name[moe + "gate.weight"].source, "layers.2.mlp.router.weight");
+  EXPECT_TRUE(by_name[moe + "gate.weight"].rows.empty());
+  EXPECT_EQ(by_name[moe + "experts.5.w1.weight"].source, "layers.2.mlp.experts.5.fc1.weight");
+  EXPECT_THAT(by_name[moe + "experts.5.w1.weight"].rows, ElementsAre(Pair(0, 352)));
+  EXPECT_EQ(by_name[moe + "experts.5.w3.weight"].source, "layers.2.mlp.experts.5.fc1.weight");
+  EXPECT_THAT(by_name[moe + "experts.5.w3.weight"].rows, ElementsAre(Pair(352, 352)));
+  EXPECT_EQ(by_name[moe + "experts.7.w2.weight"].source, "layers.2.mlp.experts.7.fc2.weight");
+  EXPECT_EQ(by_name.count("model.layers.2.mlp.gate_proj.weight"), 0u);
+  EXPECT_EQ(by_name.count("lm_head.weight"), 0u);
+  const std::string& config = mapping.files["config.json"];
+  EXPECT_THAT(config, HasSubstr("\"architectures\": [\"MixtralForCausalLM\"]"));
+  EXPECT_THAT(config, HasSubstr("\"model_type\": \"mixtral\","));
+  EXPECT_THAT(config, HasSubstr("\"intermediate_size\": 352,"));
+  EXPECT_THAT(config, HasSubstr("\"num_local_experts\": 8,"));
+  EXPECT_THAT(config, HasSubstr("\"num_experts_per_tok\": 2,"));
+  EXPECT_THAT(config, HasSubstr("\"sliding_window\": null,"));
+  EXPECT_THAT(config, HasSubstr("\"output_router_logits\": false,"));
+  EXPECT_THAT(config, HasSubstr("\"router_aux_loss_coef\": 0.01,"));
+  EXPECT_THAT(config, HasSubstr("\"tie_word_embeddings\": true,"));
+  // A top-k other than the preset's is exported as saved.
+  ASSERT_OK_AND_ASSIGN(SavedModel top1, ParseSavedModel("model=moe-tiny seq_len=64 top_k=1"));
+  ASSERT_OK_AND_ASSIGN(mapping, HfExportMapping(top1, ""));
+  EXPECT_THAT(mapping.files["config.json"], HasSubstr("\"num_experts_per_tok\": 1,"));
+}
+
+// moe-tiny-shared (a shared expert under a sigmoid gate) as Qwen2-MoE: mlp.gate, the experts' and
+// the shared expert's gate/up/down projections, mlp.shared_expert_gate; no q/k/v biases
+// (qkv_bias false), top-k renormalised (norm_topk_prob), every layer sparse.
+TEST(HfExportMapping, MoeWithSharedExpertIsQwen2Moe) {
+  ASSERT_OK_AND_ASSIGN(SavedModel saved, ParseSavedModel("model=moe-tiny-shared seq_len=64"));
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, HfExportMapping(saved, ""));
+  std::map<std::string, checkpoint::ExportTensor> by_name;
+  for (const checkpoint::ExportTensor& t : mapping.tensors) by_name[t.name] = t;
+  // Per layer 6 + router + 8 x 3 experts + 3 shared + its gate; embedding and final norm (tied).
+  EXPECT_EQ(mapping.tensors.size(), 4u * (6 + 1 + 8 * 3 + 3 + 1) + 2);
+  const std::string mlp = "model.layers.1.mlp.";
+  EXPECT_EQ(by_name[mlp + "gate.weight"].source, "layers.1.mlp.router.weight");
+  EXPECT_THAT(by_name[mlp + "experts.3.gate_proj.weight"].rows, ElementsAre(Pair(0, 64)));
+  EXPECT_THAT(by_name[mlp + "experts.3.up_proj.weight"].rows, ElementsAre(Pair(64, 64)));
+  EXPECT_EQ(by_name[mlp + "experts.3.down_proj.weight"].source,
+            "layers.1.mlp.experts.3.fc2.weight");
+  EXPECT_EQ(by_name[mlp + "shared_expert.gate_proj.weight"].source,
+            "layers.1.mlp.shared_expert.fc1.weight");
+  EXPECT_THAT(by_name[mlp + "shared_expert.up_proj.weight"].rows, ElementsAre(Pair(64, 64)));
+  EXPECT_EQ(by_name[mlp + "shared_expert.down_proj.weight"].source,
+            "layers.1.mlp.shared_expert.fc2.weight");
+  EXPECT_EQ(by_name[mlp + "shared_expert_gate.weight"].source,
+            "layers.1.mlp.shared_expert_gate.weight");
+  EXPECT_EQ(by_name.count("lm_head.weight"), 0u);
+  const std::string& config = mapping.files["config.json"];
+  EXPECT_THAT(config, HasSubstr("\"architectures\": [\"Qwen2MoeForCausalLM\"]"));
+  EXPECT_THAT(config, HasSubstr("\"model_type\": \"qwen2_moe\","));
+  EXPECT_THAT(config, HasSubstr("\"num_experts\": 8,"));
+  EXPECT_THAT(config, HasSubstr("\"moe_intermediate_size\": 64,"));
+  EXPECT_THAT(config, HasSubstr("\"shared_expert_intermediate_size\": 64,"));
+  EXPECT_THAT(config, HasSubstr("\"norm_topk_prob\": true,"));
+  EXPECT_THAT(config, HasSubstr("\"decoder_sparse_step\": 1,"));
+  EXPECT_THAT(config, HasSubstr("\"mlp_only_layers\": [],"));
+  EXPECT_THAT(config, HasSubstr("\"qkv_bias\": false,"));
+  EXPECT_THAT(config, HasSubstr("\"tie_word_embeddings\": true,"));
+  EXPECT_THAT(config, Not(HasSubstr("head_dim")));
+}
+
+TEST(HfExportMapping, TiedHasNoHeadAndBadTokenizerIsNamed) {
   ASSERT_OK_AND_ASSIGN(SavedModel saved, ParseSavedModel("model=tiny seq_len=64 precision=bf16"));
-  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, ""));
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, HfExportMapping(saved, ""));
   for (const checkpoint::ExportTensor& t : mapping.tensors) EXPECT_NE(t.name, "lm_head.weight");
   EXPECT_THAT(mapping.files["config.json"], HasSubstr("\"dtype\": \"bfloat16\""));
-  EXPECT_THAT(LlamaExportMapping(saved, "/no/such/tokenizer.json"),
+  EXPECT_THAT(HfExportMapping(saved, "/no/such/tokenizer.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--tokenizer '/no/such/tokenizer.json': no such file")));
   ASSERT_OK_AND_ASSIGN(SavedModel documents,
@@ -101,12 +176,12 @@ TEST(LlamaExportMapping, TiedHasNoHeadAndBadTokenizerIsNamed) {
 
 // The checkpoint's end-of-document token is eos (and bos) in config.json and generation_config.json;
 // without one they are null and there is no generation_config.json.
-TEST(LlamaExportMapping, EodTokenIsEosWhenTheCheckpointKnowsIt) {
+TEST(HfExportMapping, EodTokenIsEosWhenTheCheckpointKnowsIt) {
   ASSERT_OK_AND_ASSIGN(SavedModel saved,
                        ParseSavedModel("model=tiny seq_len=64 documents=eod7,reset,mask_loss"));
   ASSERT_OK_AND_ASSIGN(const int64_t eod, SavedEodToken(saved));
   EXPECT_EQ(eod, 7);
-  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, ""));
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, HfExportMapping(saved, ""));
   EXPECT_THAT(mapping.files["config.json"], HasSubstr("  \"bos_token_id\": 7,\n  \"eos_token_id\": 7,\n"));
   EXPECT_THAT(mapping.files["config.json"],
               HasSubstr("\"orthoshard_model\": \"model=tiny seq_len=64 documents=eod7,reset,mask_loss\"\n}\n"));
@@ -116,14 +191,14 @@ TEST(LlamaExportMapping, EodTokenIsEosWhenTheCheckpointKnowsIt) {
   ASSERT_OK_AND_ASSIGN(SavedModel plain, ParseSavedModel("model=tiny seq_len=64"));
   ASSERT_OK_AND_ASSIGN(const int64_t none, SavedEodToken(plain));
   EXPECT_EQ(none, -1);
-  ASSERT_OK_AND_ASSIGN(mapping, LlamaExportMapping(plain, ""));
+  ASSERT_OK_AND_ASSIGN(mapping, HfExportMapping(plain, ""));
   EXPECT_THAT(mapping.files["config.json"], HasSubstr("\"eos_token_id\": null,"));
   EXPECT_EQ(mapping.files.count("generation_config.json"), 0u);
 
   for (const char* documents : {"eodx", "eod-1", "eod999999"}) {
     ASSERT_OK_AND_ASSIGN(SavedModel bad,
                          ParseSavedModel(std::string("model=tiny seq_len=64 documents=") + documents));
-    EXPECT_THAT(LlamaExportMapping(bad, ""),
+    EXPECT_THAT(HfExportMapping(bad, ""),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(std::string("documents=") + documents + " does not start with eod<id>")));
   }
@@ -131,26 +206,26 @@ TEST(LlamaExportMapping, EodTokenIsEosWhenTheCheckpointKnowsIt) {
 
 // A tokenizer.json file is copied only when it has the structure tokenizers reads, ids within the
 // model's vocabulary and a token at the checkpoint's end-of-document id, which becomes eos_token.
-TEST(LlamaExportMapping, TokenizerFileIsCheckedAndNamesTheEosToken) {
+TEST(HfExportMapping, TokenizerFileIsCheckedAndNamesTheEosToken) {
   ASSERT_OK_AND_ASSIGN(SavedModel saved, ParseSavedModel("model=tiny seq_len=64 documents=eod3"));
   const std::string good = WriteTemp("good_tokenizer.json", kTokenizerJson);
-  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, LlamaExportMapping(saved, good));
+  ASSERT_OK_AND_ASSIGN(checkpoint::ExportMapping mapping, HfExportMapping(saved, good));
   EXPECT_EQ(mapping.files["tokenizer.json"], kTokenizerJson);
   EXPECT_EQ(mapping.files["tokenizer_config.json"],
             "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
             "  \"clean_up_tokenization_spaces\": false,\n"
             "  \"bos_token\": \"<|endoftext|>\",\n  \"eos_token\": \"<|endoftext|>\"\n}\n");
 
-  EXPECT_THAT(LlamaExportMapping(saved, TempDir()),
+  EXPECT_THAT(HfExportMapping(saved, TempDir()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("': not a prepared data directory: ")));
   ASSERT_OK_AND_ASSIGN(SavedModel other_eod, ParseSavedModel("model=tiny seq_len=64 documents=eod9"));
-  EXPECT_THAT(LlamaExportMapping(other_eod, good),
+  EXPECT_THAT(HfExportMapping(other_eod, good),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("good_tokenizer.json': has no token with id 9, the checkpoint's "
                                  "end-of-document token")));
   ASSERT_OK_AND_ASSIGN(SavedModel small_vocab, ParseSavedModel("model=tiny seq_len=64 vocab=3"));
-  EXPECT_THAT(LlamaExportMapping(small_vocab, good),
+  EXPECT_THAT(HfExportMapping(small_vocab, good),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("its token ids go up to 3, past the model's vocabulary of 3")));
 }

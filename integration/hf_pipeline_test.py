@@ -13,7 +13,11 @@
    eos_token_id.
 3. Logits, per preset (tiny: tied, multi-head; small: tied, grouped-query with 4 query heads per KV
    head), one exported whole and one in shards with an index: LlamaForCausalLM's logits and loss on
-   the same ids equal `ckpt forward`'s, which runs orthoshard's own model on the checkpoint.
+   the same ids equal `ckpt forward`'s, which runs orthoshard's own model on the checkpoint. The
+   mixture-of-experts presets the same way, each trained on 2 ranks with --ep=2 (so every rank saved
+   only its own experts): moe-tiny and moe-small (sharded) as MixtralForCausalLM, moe-tiny-shared as
+   Qwen2MoeForCausalLM; transformers loads every tensor (no missing or unexpected keys) and its
+   logits equal `ckpt forward`'s, which builds the model at ep 1 with every expert.
 
 Tolerances: both sides compute in fp32 with the same operations in different orders (HF's RMSNorm
 and rotary are written out in PyTorch ops, ours are ATen's fused kernels), so they differ by
@@ -22,6 +26,11 @@ rounding only: fp32 unit roundoff 2^-24 = 6e-8 times a depth of at most ~10^3 ac
 a logit's difference by ~1e-3 in the worst case and ~1e-5 typically (random-walk accumulation);
 LOGIT_TOL = 2e-4 sits between (measured: ~1e-6). A mean of log-probabilities moves by at most the
 largest logit difference, so the losses get the same bound plus 5e-7 for pretrain's 6-decimal print.
+MoE adds the router: both compute its logits and softmax in fp32 and take the top-k of the same
+probabilities up to rounding, so the bound holds unless two experts' probabilities tie within
+rounding (~1e-7) for some token, which would send it elsewhere in one model (measured: no such
+token; the experts' and shared expert's products are of length C or F_e <= 352, within the bound's
+depth; max |logit diff| ~4e-7).
 """
 
 import json
@@ -180,11 +189,23 @@ print(f"PASS: export refuses 4 bad --tokenizer files (exit 2, nothing written); 
 
 # ---- 3. Logits per preset ------------------------------------------------------------------------
 ids = [int(v) for v in val[:48]]
-for preset, shard_bytes in (("tiny", None), ("small", 300_000)):
+architectures = {"tiny": "LlamaForCausalLM", "small": "LlamaForCausalLM",
+                 "moe-tiny": "MixtralForCausalLM", "moe-small": "MixtralForCausalLM",
+                 "moe-tiny-shared": "Qwen2MoeForCausalLM"}
+for preset, shard_bytes in (("tiny", None), ("small", 300_000), ("moe-tiny", None),
+                            ("moe-tiny-shared", None), ("moe-small", 3_000_000)):
     root = os.path.join(work, preset)
     os.makedirs(root)
-    run(pretrain, "--nproc_per_node=1", f"--model={preset}", f"--data=prepared:{data}", "--steps=3",
+    ranks = ["--nproc_per_node=2", "--ep=2"] if preset.startswith("moe") else ["--nproc_per_node=1"]
+    run(pretrain, *ranks, f"--model={preset}", f"--data=prepared:{data}", "--steps=3",
         "--global_batch=4", "--seq_len=64", "--eval_every=0", "--eval_batches=1", f"--save_dir={root}/ckpt")
+    if preset.startswith("moe"):
+        # `ckpt verify` and `inspect` read a checkpoint whose ranks saved different experts: rank 1's
+        # shard holds experts 4-7, every tensor of both shards checks out.
+        assert "verified" in run(ckpt, "verify", f"{root}/ckpt")
+        inspect = run(ckpt, "inspect", f"{root}/ckpt")
+        record = inspect[inspect.find('name: "layers.3.mlp.experts.7.fc2.weight"\n  kind: "param"'):]
+        assert record and 'file: "rank1.safetensors"' in record[:record.find("}")], inspect[:2000]
     export = os.path.join(root, "hf")
     extra = [f"--max_shard_bytes={shard_bytes}"] if shard_bytes else []
     run(ckpt, "export", f"{root}/ckpt", f"--to={export}", "--format=hf", f"--tokenizer={data}", *extra)
@@ -197,13 +218,17 @@ for preset, shard_bytes in (("tiny", None), ("small", 300_000)):
                     f"--out={root}/logits.safetensors")
     ours_loss = float(reference.split()[1])
     ours = load_file(f"{root}/logits.safetensors")["logits"]
-    model = AutoModelForCausalLM.from_pretrained(export).eval()
+    model, loading = AutoModelForCausalLM.from_pretrained(export, output_loading_info=True)
+    model.eval()
+    assert type(model).__name__ == architectures[preset], (preset, type(model))
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], (preset, loading)
     config = model.config
     with torch.no_grad():
         result = model(torch.tensor(ids)[None], labels=torch.tensor(ids)[None])
     diff = (result.logits[0] - ours).abs().max().item()
     assert diff <= LOGIT_TOL, (preset, diff)
     assert abs(result.loss.item() - ours_loss) <= LOSS_TOL, (preset, result.loss.item(), ours_loss)
-    print(f"PASS: {preset} ({config.num_attention_heads} heads / {config.num_key_value_heads} KV, "
-          f"tied {config.tie_word_embeddings}, {len(files)} files): max |logit diff| {diff:.1e}, "
+    print(f"PASS: {preset} as {type(model).__name__} ({config.num_attention_heads} heads / "
+          f"{config.num_key_value_heads} KV, tied {config.tie_word_embeddings}, {len(files)} files): "
+          f"max |logit diff| {diff:.1e}, "
           f"loss {ours_loss:.6f} vs {result.loss.item():.6f}")

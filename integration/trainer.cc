@@ -326,7 +326,8 @@ absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& c
                                int64_t last_step, std::FILE* out) {
   at::NoGradGuard no_grad;
   absl::StatusOr<checkpoint::SharedState> loaded =
-      checkpoint::LoadDistributedCheckpoint(c.save_dir, s.buffers, *s.optimizer, comm);
+      checkpoint::LoadDistributedCheckpoint(c.save_dir, s.buffers, *s.optimizer, comm,
+                                            &s.mesh->expt_dp());
   if (!loaded.ok()) {
     const absl::Status& e = loaded.status();
     // kAborted is "another rank failed to load": still the checkpoint's fault, i.e. bad input.
@@ -626,7 +627,8 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
   if (!c.save_dir.empty()) {
     saver = std::make_unique<Checkpointer>(c, comm, metrics.progress(), options, summary,
                                            s.buffers, *s.optimizer,
-                                           [&s] { return s.ddp->FinishParamSync(); });
+                                           [&s] { return s.ddp->FinishParamSync(); },
+                                           &s.mesh->expt_dp());
   }
   RunPolicy policy(c, first_step);
   StepAgreement agreement(comm);
