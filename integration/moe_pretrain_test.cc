@@ -65,8 +65,9 @@ Scalars ReadScalars(const std::string& dir) {
 }
 
 struct MoeRun {
-  std::string json;
-  Scalars scalars;  // with a log dir
+  std::string out;   // stdout
+  std::string json;  // its last line
+  Scalars scalars;   // with a log dir
 };
 
 // pretrain --model=moe-tiny with `args`; the TensorBoard scalars when `tb` names a log dir.
@@ -81,6 +82,7 @@ MoeRun Pretrain(std::vector<std::string> args, const std::string& tb = "") {
   const RunResult run = RunPretrain(args);
   EXPECT_EQ(run.exit_code, 0) << absl::StrJoin(args, " ") << "\n" << run.out << run.err;
   MoeRun out;
+  out.out = run.out;
   out.json = LastLine(run.out);
   if (run.exit_code == 0 && !dir.empty()) out.scalars = ReadScalars(dir);
   return out;
@@ -159,7 +161,11 @@ TEST(MoePretrain, EpTwoTracksEpOne) {
   EXPECT_EQ(JsonField(ep2.json, "checksum_checks"), "2");  // experts compared over expt_dp too
   EXPECT_EQ(JsonNumber(ep1.json, "all_to_all_bytes_per_step"), 0);
   EXPECT_GT(JsonNumber(ep2.json, "all_to_all_bytes_per_step"), 0);
-  EXPECT_EQ(JsonField(ep1.json, "num_params"), JsonField(ep2.json, "num_params"));
+  EXPECT_EQ(JsonField(ep1.json, "num_params"), "477760");  // GptParamCount: every expert
+  EXPECT_EQ(JsonField(ep2.json, "num_params"), "477760");
+  EXPECT_THAT(ep1.out, HasSubstr("model moe-tiny (477760 params), data"));
+  // Dense 84544 + half of the experts' 393216 on each rank.
+  EXPECT_THAT(ep2.out, HasSubstr("model moe-tiny (477760 params, 281152 per rank at ep 2), data"));
   const Scalars& a = ep1.scalars;
   const Scalars& b = ep2.scalars;
   for (const char* tag : {"train/loss", "moe/aux_loss", "moe/z_loss"}) {
