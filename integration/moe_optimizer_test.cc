@@ -1,11 +1,12 @@
 // The optimizer side of mixture-of-experts training, on real Gloo ranks (the multi-rank harness):
 //
-//   ExpertMuonIsTorchOptimMuon  pretrain's own setup (integration/setup.h: mesh, MoE model, layout
-//     with expert buffers over expt_dp, DDP, the distributed optimizer) at 2 ranks (ep 2, expt_dp 1)
-//     and 4 ranks (ep 2 x expt_dp 2), --dist=layerwise, one real step: every expert matrix a rank
-//     owns is updated exactly as single-process torch.optim.Muon updates it from the same param and
-//     the same gradient (fc1's gate and up blocks each as its own matrix), bit for bit
-//     (testdata/expert_muon_oracle.py, run live on this machine as optimizers/oracle_test.cc does).
+//   ExpertMuonIsTorchOptimMuon  pretrain's own setup (integration/setup.h: mesh, MoE model,
+//     layout with expert buffers over expt_dp, DDP, the distributed optimizer) at 2 ranks (ep 2,
+//     expt_dp 1) and 4 ranks (ep 2 x expt_dp 2), --dist=layerwise, one real step: every expert
+//     matrix a rank owns is updated exactly as single-process torch.optim.Muon updates it from the
+//     same param and the same gradient (fc1's gate and up blocks each as its own matrix), bit for
+//     bit (testdata/expert_muon_oracle.py, run live on this machine as optimizers/oracle_test.cc
+//     does).
 //   GradNormCountsEveryParamOnce  CreateDistributedOptimizer over hand-built dense and expert
 //     buffers: the global gradient norm is the norm of every param counted once, in the sharded
 //     and replicated modes, at dense dp 2 with expert dp 2 (ep 1) and with expert dp 1 (ep 2, each

@@ -245,7 +245,8 @@ TEST(MoePretrain, GradNormCountsEveryParamOnceAtEveryDpAndEp) {
   ASSERT_GT(single, 0);
   const float gamma = 2048 * 0x1p-24 / (1 - 2048 * 0x1p-24);
   for (const char* dist : {"--dist=layerwise", "--dist=replicated", "--dist=fsdp"}) {
-    for (const auto& [world, ep] : std::vector<std::pair<int, int>>{{2, 1}, {2, 2}, {4, 2}, {4, 4}}) {
+    for (const auto& [world, ep] :
+         std::vector<std::pair<int, int>>{{2, 1}, {2, 2}, {4, 2}, {4, 4}}) {
       // fsdp's statistics are layerwise's (the same shards): its 4-rank grids add nothing.
       if (std::string(dist) == "--dist=fsdp" && world == 4) continue;
       EXPECT_NEAR(step1_norm(dist, world, ep), single, gamma * single)

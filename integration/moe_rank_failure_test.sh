@@ -18,7 +18,10 @@ launcher=""
 
 fail() {
   echo "FAIL: $*" >&2; echo "--- stdout"; tail -5 "$work/out"; echo "--- stderr"; cat "$work/err"
-  if [[ -n "$launcher" ]]; then pkill -9 -P "$launcher" 2>/dev/null; kill -9 "$launcher" 2>/dev/null; fi
+  if [[ -n "$launcher" ]]; then
+    pkill -9 -P "$launcher" 2>/dev/null
+    kill -9 "$launcher" 2>/dev/null
+  fi
   exit 1
 }
 
@@ -67,7 +70,8 @@ for signal in KILL STOP; do
       [[ "$error" == *"did not complete within 5s"* || "$error" == *"timed out"* ]] ||
           fail "rank 0's error after SIGSTOP is not a timeout: $error"
     fi
-    if [[ "$error" =~ moe\ (dispatch|combine)(\ counts)?\ all-to-all(\ \(backward\))?\ on\ ep\ rank\ 0\ of\ 2 ]]; then
+    all_to_all='moe (dispatch|combine)( counts)? all-to-all( \(backward\))? on ep rank 0 of 2'
+    if [[ "$error" =~ $all_to_all ]]; then
       named=$error
       break
     fi

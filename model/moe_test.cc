@@ -401,7 +401,9 @@ TEST(MoeExpertParallel, EpTwoComputesWhatEpOneComputes) {
             worst = std::max(worst, diff);
             EXPECT_LE(diff, 1e-10) << w.name;
           }
-          if (!fp32) std::printf("fp64 expert gradients: largest relative difference %.3g\n", worst);
+          if (!fp32) {
+            std::printf("fp64 expert gradients: largest relative difference %.3g\n", worst);
+          }
         }
       },
       collectives::testing::WithTimeouts(absl::Seconds(60), absl::Seconds(240)));
@@ -437,7 +439,8 @@ TEST(MoeExpertParallel, APeerLostInTheDispatchFailsTheStepNamingIt) {
             std::printf("peer killed: %s\n", lost.ToString().c_str());
             EXPECT_THAT(lost,
                         StatusIs(absl::StatusCode::kUnavailable,
-                                 AllOf(HasSubstr("moe dispatch counts all-to-all on ep rank 0 of 2"),
+                                 AllOf(HasSubstr("moe dispatch counts all-to-all on ep rank 0 "
+                                                 "of 2"),
                                        HasSubstr("rank 1"))));
             return;
           }

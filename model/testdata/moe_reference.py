@@ -44,7 +44,8 @@ U32 = 2.0 ** -24  # fp32 unit roundoff
 
 def gamma(n):
     """Higham's gamma_n = n u / (1 - n u): a sum or dot product of n terms, in any order, is within
-    gamma_n * sum |terms| of the exact value (Accuracy and Stability of Numerical Algorithms, 3.1)."""
+    gamma_n * sum |terms| of the exact value (Accuracy and Stability of Numerical Algorithms,
+    3.1)."""
     return n * U32 / (1 - n * U32)
 
 
