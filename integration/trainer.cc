@@ -430,12 +430,20 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
                "(--precision=fp32 trains faster here)\n",
                out);
   }
+  // Every expert's params, as the summary counts them; with ep > 1 also what each rank holds (the
+  // dense params and E / ep experts).
+  const int64_t params = model::GptParamCount(s.model->config());
+  const std::string held =
+      s.model->num_params() == params
+          ? ""
+          : absl::StrFormat(", %d per rank at ep %d", s.model->num_params(),
+                            s.model->expert_parallel().size());
   std::fprintf(out,
-               "pretrain: model %s (%lld params), data %s (%lld train / %lld eval tokens, "
+               "pretrain: model %s (%lld params%s), data %s (%lld train / %lld eval tokens, "
                "unigram entropy %.3f nats), %d ranks, dist %s, optimizer %s\n"
                "pretrain: global batch %lld = %d ranks x %lld micro-batches x %lld samples x "
                "%lld tokens\n",
-               c.model.c_str(), static_cast<long long>(s.model->num_params()), c.data.c_str(),
+               c.model.c_str(), static_cast<long long>(params), held.c_str(), c.data.c_str(),
                static_cast<long long>(s.train_tokens), static_cast<long long>(s.eval_tokens),
                s.unigram_entropy, comm.size(), ChoiceName(c.dist), ChoiceName(c.optimizer),
                static_cast<long long>(c.global_batch), comm.size(),

@@ -177,6 +177,7 @@ at::Tensor MoeMlp(const GptConfig& config, const MoeWeights& w, const ExpertPara
     aux->load_balance = (fraction * probs.mean(0)).sum() * static_cast<double>(E);
     aux->z_loss = at::logsumexp(logits, {-1}).pow(2).mean();
     aux->tokens_per_expert = counts;
+    aux->top_experts = top_e;
   }
   return out.view(m.sizes());
 }

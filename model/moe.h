@@ -55,6 +55,7 @@ struct MoeAux {
   at::Tensor load_balance;       // fp32 scalar in the autograd graph (see the file comment)
   at::Tensor z_loss;             // fp32 scalar in the autograd graph
   at::Tensor tokens_per_expert;  // [E] int64: this rank's token copies routed to each expert
+  at::Tensor top_experts;        // [N, k] int64: each token's experts, most probable first
 };
 
 // The MoE MLP of m [B, T, C] (the block's normed input): [B, T, C]. Every rank of `ep` must call it

@@ -174,6 +174,15 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
           ", the ", expert ? "expert " : "", "communicator has ", group->size(), " ranks"));
     }
     split_experts = split_experts || (expert && expert_comm->size() != comm->size());
+    // The statistics are summed over `comm` only: expert shards on ranks outside it would be left
+    // out, each rank seeing another norm (dense dp 1 with expert dp 2 counted half the experts).
+    if (expert && comm->size() % expert_comm->size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expert buffers are sharded over ", expert_comm->size(),
+          " ranks, which do not divide the ", comm->size(),
+          " ranks of the dense data-parallel group the gradient statistics are summed over: "
+          "expert shards held outside it would not be counted (expert dp must divide dense dp)"));
+    }
     // Every rank checks every Muon param's split, so that all reject a bad one, owner or not.
     for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
       const layout::ParamPlacement& p = buffer->layout().params[i];

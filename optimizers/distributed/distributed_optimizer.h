@@ -98,9 +98,12 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<buffers::ParamAndGradBuff
 // the expert buffers (layout key.expert) are sharded, this rank's slots in them by its rank
 // there; `comm` is then the dense data-parallel group spanning every ep rank (the world without
 // tensor parallelism), over which the statistics are summed: every param is counted once at any
-// (dp, ep), including dense dp 1 with expert dp 2 (no "dp size 1" shortcut). Replicated with
-// experts split over ep ranks sums each rank's saved elements (ChainedConfig::
-// stats_over_saved_elements) over `comm`: one all-reduce per step it otherwise does not need.
+// (dp, ep) with expt_dp = dp / ep (no "dp size 1" shortcut). Replicated with experts split over
+// ep ranks sums each rank's saved elements (ChainedConfig::stats_over_saved_elements) over
+// `comm`: one all-reduce per step it otherwise does not need. Errors: also kInvalidArgument when
+// expert buffers are present and expert_comm's size does not divide comm's (dense dp 1 with
+// expert dp 2, as a tensor-parallel grid would have: statistics summed over the dense group would
+// miss the other ranks' expert shards).
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     std::vector<buffers::ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
     ChainedConfig config, DistributedMode mode,
