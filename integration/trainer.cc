@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <array>
-#include <set>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -23,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
