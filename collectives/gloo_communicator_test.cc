@@ -37,6 +37,15 @@ GlooOptions SingleRank() {
   return options;
 }
 
+// A TCPStore server on a free loopback port, for ranks that join it by the store itself.
+c10::intrusive_ptr<c10d::TCPStore> ServerStore() {
+  c10d::TCPStoreOptions options;
+  options.port = 0;
+  options.isServer = true;
+  options.waitWorkers = false;
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+}
+
 TEST(GlooCommunicatorTest, RejectsBadOptions) {
   GlooOptions options = SingleRank();
   options.rank = 1;
@@ -95,11 +104,7 @@ TEST(GlooCommunicatorTest, AStoreThatNeverAnswersFailsTheRendezvousInTime) {
 // A rank that finds another job's store at its address fails at once naming both jobs, instead of
 // waiting out the rendezvous (301 s measured) or, worse, joining that job.
 TEST(GlooCommunicatorTest, AnotherJobsStoreIsRefused) {
-  c10d::TCPStoreOptions store_options;
-  store_options.port = 0;
-  store_options.isServer = true;
-  store_options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  auto store = ServerStore();
   GlooOptions options = SingleRank();
   options.job_id = "job-a";
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> first, CreateGlooCommunicator(store, options));
@@ -119,11 +124,7 @@ TEST(GlooCommunicatorTest, AnotherJobsStoreIsRefused) {
 // started twice) fails at once, naming the rank, both processes and the likely cause, instead of
 // breaking the engine's rendezvous. The same process may join again.
 TEST(GlooCommunicatorTest, ARankStartedTwiceIsRefused) {
-  c10d::TCPStoreOptions store_options;
-  store_options.port = 0;
-  store_options.isServer = true;
-  store_options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  auto store = ServerStore();
   GlooOptions options = SingleRank();
   options.job_id = "job-a";
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> first, CreateGlooCommunicator(store, options));

@@ -4,7 +4,6 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/stack.h>
-#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <memory>
@@ -39,9 +38,10 @@ at::Tensor ExpertStep::AddAuxLosses(const at::Tensor& objective, double scale) {
   }
   const at::Tensor balance_sum = at::stack(balance).sum();
   const at::Tensor z_sum = at::stack(z).sum();
-  aux_ += balance_sum.item<double>();
-  z_ += z_sum.item<double>();
-  const at::Tensor step_counts = at::stack(counts).to(at::kCPU, at::kDouble);
+  // Kept where they were computed (no device sync per micro-batch): [aux, z, counts of [L, E]].
+  const at::Tensor sums = at::stack({balance_sum.detach(), z_sum.detach()}).to(at::kDouble);
+  const at::Tensor step_counts = at::stack(counts).to(at::kDouble);
+  totals_ = totals_.defined() ? totals_ + sums : sums;
   counts_ = counts_.defined() ? counts_ + step_counts : step_counts;
   return objective + (balance_sum * alpha_ + z_sum * beta_).mul(scale).to(objective.scalar_type());
 }
@@ -49,10 +49,7 @@ at::Tensor ExpertStep::AddAuxLosses(const at::Tensor& objective, double scale) {
 absl::StatusOr<ExpertStats> ExpertStep::Finish(collectives::Communicator& world,
                                                int micro_batches) {
   if (!active_) return ExpertStats{};
-  const at::Tensor scalars = at::zeros({2}, at::kDouble);
-  scalars[0] = aux_;
-  scalars[1] = z_;
-  at::Tensor all = at::cat({scalars, counts_.reshape({-1})}).to(world.device());
+  at::Tensor all = at::cat({totals_, counts_.reshape({-1})}).to(world.device());
   ASSIGN_OR_RETURN(std::unique_ptr<collectives::Work> work, world.AllReduce(all));
   RETURN_IF_ERROR(work->Wait(world.timeout()));
   all = all.cpu();
@@ -69,7 +66,7 @@ absl::StatusOr<ExpertStats> ExpertStep::Finish(collectives::Communicator& world,
     stats.load_max.push_back(mean > 0 ? loads[l].max().item<double>() / mean : 0);
     stats.load_min.push_back(mean > 0 ? loads[l].min().item<double>() / mean : 0);
   }
-  aux_ = z_ = 0;
+  totals_ = at::Tensor();
   counts_ = at::Tensor();
   return stats;
 }

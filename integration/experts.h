@@ -43,8 +43,9 @@ class ExpertStep {
   const model::Gpt& model_;
   bool active_ = false;
   double alpha_ = 0, beta_ = 0;
-  double aux_ = 0, z_ = 0;  // unweighted sums over layers and micro-batches
-  at::Tensor counts_;       // [L, E] double: token copies per expert this step, this rank
+  // This step's sums on this rank, on the model's device: [load balance, z-loss] (unweighted, over
+  // layers and micro-batches) in fp64, and the token copies per expert, [L, E] fp64.
+  at::Tensor totals_, counts_;
 };
 
 }  // namespace orthoshard::integration

@@ -174,6 +174,17 @@ void AddToSum(const at::Tensor& t, ExactFloatSum& sum) {
   sum.Add(absl::MakeConstSpan(values.data_ptr<float>(), static_cast<size_t>(values.numel())));
 }
 
+// An exact sum's limbs as an int64 tensor on `device` (for a collective), and back.
+at::Tensor LimbsTensor(const ExactFloatSum::Limbs& limbs, at::Device device) {
+  return at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong).to(device);
+}
+ExactFloatSum::Limbs LimbsOf(const at::Tensor& t) {
+  const at::Tensor cpu = t.cpu();
+  ExactFloatSum::Limbs limbs;
+  std::copy(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + limbs.size(), limbs.begin());
+  return limbs;
+}
+
 // The exact sum of the params of the dense buffers (expert = false) or the expert buffers, over the
 // ranks of `copies`, which hold the same params: with full residency each rank sums its own copy
 // and compares it with rank 0's (a divergence fails the run; `*compared` is set); with sharded
@@ -192,19 +203,15 @@ absl::StatusOr<ExactFloatSum> GroupChecksum(Setup& s, bool expert, Communicator&
       AddToSum(buffer->ParamShard(b, copies.rank()), local);
   }
   const ExactFloatSum::Limbs limbs = local.limbs();
-  at::Tensor agreed =
-      at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong).to(copies.device());
+  at::Tensor agreed = LimbsTensor(limbs, copies.device());
   *compared = !sharded;
   if (sharded) {
     RETURN_IF_ERROR(RunGroup(copies, {AllReduceOp{agreed, {ReduceOp::kSum}}}));
   } else {
     RETURN_IF_ERROR(RunGroup(copies, {collectives::BroadcastOp{agreed, {0}}}));
   }
-  agreed = agreed.cpu();
-  ExactFloatSum::Limbs got;
-  std::copy(agreed.data_ptr<int64_t>(), agreed.data_ptr<int64_t>() + got.size(), got.begin());
   ExactFloatSum total;
-  total.Merge(got);
+  total.Merge(LimbsOf(agreed));
   if (sharded) return total;
   at::Tensor flag = ScalarOn(copies, total.limbs() != limbs ? 1.0 : 0.0);
   RETURN_IF_ERROR(RunGroup(copies, {AllReduceOp{flag, {ReduceOp::kSum}}}));
@@ -229,14 +236,9 @@ absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step,
   if (!s.model->config().is_moe()) return total.ToDouble();
   ASSIGN_OR_RETURN(ExactFloatSum experts,
                    GroupChecksum(s, /*expert=*/true, s.mesh->expt_dp(), step, compared));
-  const ExactFloatSum::Limbs limbs = experts.limbs();
-  at::Tensor all =
-      at::tensor(std::vector<int64_t>(limbs.begin(), limbs.end()), at::kLong).to(comm.device());
+  at::Tensor all = LimbsTensor(experts.limbs(), comm.device());
   RETURN_IF_ERROR(RunGroup(s.mesh->ep(), {AllReduceOp{all, {ReduceOp::kSum}}}));
-  all = all.cpu();
-  ExactFloatSum::Limbs got;
-  std::copy(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + got.size(), got.begin());
-  total.Merge(got);
+  total.Merge(LimbsOf(all));
   return total.ToDouble();
 }
 
@@ -466,26 +468,6 @@ struct StepOutcome {
   StepCost cost;                 // this rank's
   QkClipStats qk_clip;           // with --qk_clip_threshold; the same on every rank
 };
-
-// What a rank launched so far over every distinct communicator of its mesh (roles that share one
-// counted once): logical and wire bytes of every kind, and the logical bytes of all-to-alls.
-struct MeshTraffic {
-  int64_t bytes = 0, wire_bytes = 0, all_to_all_bytes = 0, all_to_all_wire_bytes = 0;
-};
-MeshTraffic TrafficOf(const collectives::Mesh& mesh) {
-  MeshTraffic out;
-  std::vector<const Communicator*> seen;
-  for (collectives::MeshRole role : collectives::kMeshRoles) {
-    const Communicator* group = &mesh.group(role);
-    if (std::find(seen.begin(), seen.end(), group) != seen.end()) continue;
-    seen.push_back(group);
-    out.bytes += TotalBytes(*group);
-    out.wire_bytes += TotalWireBytes(*group);
-    out.all_to_all_bytes += group->traffic().Bytes(collectives::OpKind::kAllToAll);
-    out.all_to_all_wire_bytes += group->traffic().WireBytes(collectives::OpKind::kAllToAll);
-  }
-  return out;
-}
 
 // One optimizer step: the micro-batches' forward and backward (DDP syncs grads as backward goes:
 // reduce-scatter, or all-reduce for replicated), the step agreement folded into one all-reduce,
@@ -733,7 +715,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
     }
     std::fflush(options.out);
   }
-  RunMetrics metrics(c, comm, options, summary, first_step,
+  RunMetrics metrics(c, comm, *s.mesh, options, summary, first_step,
                      static_cast<double>(c.global_batch) * s.seq_len);
   RETURN_IF_ERROR(metrics.OpenTensorBoard(c.log_dir));
   // From here on a failure is the run's, not its input's.

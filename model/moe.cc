@@ -97,9 +97,8 @@ std::vector<int64_t> ToVector(const at::Tensor& t) {
 // The experts of this rank over `rows` (the token copies sorted by expert, this rank's counts per
 // expert in `counts`, all E of them), returned in the same order: with ep > 1 dispatched to the
 // experts' ranks and combined back.
-at::Tensor RunExperts(const GptConfig& config, const MoeWeights& w, const ExpertParallel& ep,
-                      const at::Tensor& rows, const std::vector<int64_t>& counts,
-                      absl::Status* error) {
+at::Tensor RunExperts(const MoeWeights& w, const ExpertParallel& ep, const at::Tensor& rows,
+                      const std::vector<int64_t>& counts, absl::Status* error) {
   const int64_t local = static_cast<int64_t>(w.fc1.size());
   if (ep.size() == 1) {
     std::vector<at::Tensor> outs;
@@ -165,7 +164,7 @@ at::Tensor MoeMlp(const GptConfig& config, const MoeWeights& w, const ExpertPara
   const at::Tensor token_of = order.div(k, "floor");
   const at::Tensor counts = at::bincount(flat_e, {}, E);
   const at::Tensor rows = x.index_select(0, token_of);  // [N k, C]
-  const at::Tensor y = RunExperts(config, w, ep, rows, ToVector(counts), error);
+  const at::Tensor y = RunExperts(w, ep, rows, ToVector(counts), error);
   const at::Tensor y_weighted = y * weights.reshape({-1}).index_select(0, order).to(y.scalar_type())
                                         .unsqueeze(1);
   at::Tensor out = at::zeros({N, C}, x.options()).index_add(0, token_of, y_weighted);

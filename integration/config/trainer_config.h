@@ -107,7 +107,7 @@ struct TrainSummary {
   std::string optimizer;
   int64_t num_params = 0;
   int64_t skipped_steps = 0;      // non-finite gradients
-  int64_t comm_bytes = 0;         // logical bytes this rank launched (communicator counters)
+  int64_t comm_bytes = 0;         // logical bytes this rank launched (every group of its mesh)
   // Per step, mean over the steps run (evals, checks and saves excluded), on this rank: logical
   // bytes launched, and seconds waited on param gathers and on grad syncs (what overlap did not
   // hide).

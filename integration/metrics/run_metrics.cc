@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <numeric>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -38,18 +39,27 @@ int64_t MaxRssBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
-int64_t TotalBytes(const collectives::Communicator& comm) {
-  return SumOverKinds(comm.traffic().bytes);
-}
-
-int64_t TotalWireBytes(const collectives::Communicator& comm) {
-  return SumOverKinds(comm.traffic().wire_bytes);
+MeshTraffic TrafficOf(const collectives::Mesh& mesh) {
+  MeshTraffic out;
+  std::vector<const collectives::Communicator*> seen;
+  for (collectives::MeshRole role : collectives::kMeshRoles) {
+    const collectives::Communicator* group = &mesh.group(role);
+    if (std::find(seen.begin(), seen.end(), group) != seen.end()) continue;
+    seen.push_back(group);
+    const collectives::TrafficCounters traffic = group->traffic();
+    out.bytes += SumOverKinds(traffic.bytes);
+    out.wire_bytes += SumOverKinds(traffic.wire_bytes);
+    out.all_to_all_bytes += traffic.Bytes(collectives::OpKind::kAllToAll);
+    out.all_to_all_wire_bytes += traffic.WireBytes(collectives::OpKind::kAllToAll);
+  }
+  return out;
 }
 
 RunMetrics::RunMetrics(const TrainerConfig& config, const collectives::Communicator& comm,
-                       const TrainOptions& options, TrainSummary& summary, int64_t first_step,
+                       const collectives::Mesh& mesh, const TrainOptions& options, TrainSummary& summary, int64_t first_step,
                        double tokens_per_step)
     : comm_(comm),
+      mesh_(mesh),
       out_(options.out),
       summary_(summary),
       lr_(config.lr),
@@ -146,7 +156,7 @@ absl::Status RunMetrics::Step(int64_t step, double loss, const optimizers::StepR
   RETURN_IF_ERROR(Scalar("comm/grad_sync_wait_s", step, cost.grad_sync_wait_s));
   RETURN_IF_ERROR(Scalar("comm/exposed_s", step, cost.exposed_comm_s));
   RETURN_IF_ERROR(Scalar("comm/rank_skew_s", step, cost.rank_skew_s));
-  return Scalar("comm/bytes", step, static_cast<double>(TotalBytes(comm_)));
+  return Scalar("comm/bytes", step, static_cast<double>(TrafficOf(mesh_).bytes));
 }
 
 absl::Status RunMetrics::ExpertScalars(int64_t step, const ExpertStats& experts) {
@@ -200,7 +210,7 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
   summary_.tokens_per_s =
       summary_.elapsed_s > 0 ? tokens_per_step_ * StepsRun() / summary_.elapsed_s : 0;
   summary_.skipped_steps = skipped_steps;
-  summary_.comm_bytes = TotalBytes(comm_);
+  summary_.comm_bytes = TrafficOf(mesh_).bytes;
   const int64_t steps_run = std::max<int64_t>(1, StepsRun());
   summary_.comm_bytes_per_step = totals_.comm_bytes / steps_run;
   summary_.wire_bytes_per_step = totals_.wire_bytes / steps_run;

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
+#include "collectives/mesh.h"
 #include "integration/config/train_options.h"
 #include "integration/config/trainer_config.h"
 #include "integration/metrics/progress.h"
@@ -23,10 +24,12 @@
 
 namespace orthoshard::integration {
 
-// Logical bytes `comm` launched so far (every kind of collective).
-int64_t TotalBytes(const collectives::Communicator& comm);
-// Bytes this rank sent so far (TrafficCounters::wire_bytes, every kind of collective).
-int64_t TotalWireBytes(const collectives::Communicator& comm);
+// What a rank launched so far over every distinct communicator of its mesh (roles that share one
+// counted once): logical and wire bytes of every kind, and those of all-to-alls.
+struct MeshTraffic {
+  int64_t bytes = 0, wire_bytes = 0, all_to_all_bytes = 0, all_to_all_wire_bytes = 0;
+};
+MeshTraffic TrafficOf(const collectives::Mesh& mesh);
 
 // What one step cost this rank: wall time, logical bytes it launched, the time it waited on
 // param gathers and grad syncs (communication not hidden behind computation), and where the wall
@@ -74,7 +77,9 @@ class RunMetrics {
  public:
   // `summary` is filled as the run goes; the first step run is `first_step` (after a resume, the
   // step after the saved one); a step trains `tokens_per_step` tokens over all ranks.
+  // `mesh` (this rank's groups over `comm`, the world) is where the traffic is counted.
   RunMetrics(const TrainerConfig& config, const collectives::Communicator& comm,
+             const collectives::Mesh& mesh,
              const TrainOptions& options, TrainSummary& summary, int64_t first_step,
              double tokens_per_step);
 
@@ -118,6 +123,7 @@ class RunMetrics {
   absl::Status ExpertScalars(int64_t step, const ExpertStats& experts);
 
   const collectives::Communicator& comm_;
+  const collectives::Mesh& mesh_;
   std::FILE* out_;
   TrainSummary& summary_;
   double lr_;
