@@ -33,63 +33,93 @@ struct Shared {
   int rank = 0;
   int size = 1;
   GroupNaming naming;  // how messages name ranks
-  // How long DescribeSilent waits after a timeout: the survivors of a hang time out at different
+  // How long Diagnose waits after a timeout: the survivors of a hang time out at different
   // moments (each on its own collective's clock), so the wait grows with the collective timeout.
   absl::Duration report_wait = absl::Seconds(3);
   std::atomic<bool> failed{false};
 
-  // Best effort: " ranks that have not launched it: [..]" from the published progress.
-  std::string DescribeMissing(int64_t seq) const {
-    std::vector<std::string> missing;
+  // Best effort, after collective #seq failed or timed out on this rank: which peers to blame.
+  // Reports this rank's failure in the store, then waits up to `wait` for the others to report one
+  // too, and names (1) the peers whose published launch progress is behind #seq ("; not launched by
+  // rank 1 (last launched #33)", or "; every rank launched it"), (2) the peers that reported a
+  // failure of their own ("; rank 2 reported failing in #33": casualties, not causes), and (3) the
+  // peers at or behind #seq that stayed silent ("; rank 1 reported no failure within 3s (lost?)").
+  // A peer that dies or hangs (SIGSTOP) mid-collective has usually launched it already, so only (3)
+  // names it; and a survivor whose collective broke because another survivor gave up and exited
+  // sees that survivor in (1), so only (2) clears it. A silent peer that launched a later
+  // collective is named after the others ("; nor did rank 0 (launched #34)").
+  std::string Diagnose(int64_t seq, absl::Duration wait) const {
+    struct Peer {
+      int64_t launched = 0;  // last launched collective, 0 if none
+      int64_t failed = 0;    // the collective it reported failing in, 0 if none
+    };
+    std::vector<Peer> peers(size);
+    auto read_int = [this](const std::string& key) -> int64_t {
+      if (!store->check({key})) return 0;
+      const std::vector<uint8_t> value = store->get(key);
+      int64_t n = 0;
+      return absl::SimpleAtoi(std::string(value.begin(), value.end()), &n) ? n : 0;
+    };
+    std::vector<int64_t> launched_at_failure(size, 0);  // "not launched by" is as of the failure
     try {
       store->setTimeout(std::chrono::milliseconds(2000));
       for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        int64_t reached = 0;
-        if (store->check({ProgressKey(r)})) {
-          const std::vector<uint8_t> value = store->get(ProgressKey(r));
-          if (!absl::SimpleAtoi(std::string(value.begin(), value.end()), &reached)) reached = 0;
+        if (r != rank) launched_at_failure[r] = read_int(ProgressKey(r));
+      }
+      store->set(FailedKey(rank), std::to_string(seq));
+      const absl::Time deadline = absl::Now() + wait;
+      while (true) {
+        bool waiting = false;  // for a peer that may still report
+        for (int r = 0; r < size; ++r) {
+          if (r == rank) continue;
+          peers[r].launched = read_int(ProgressKey(r));
+          peers[r].failed = read_int(FailedKey(r));
+          waiting |= peers[r].failed == 0;
         }
-        if (reached < seq) {
-          missing.push_back(reached == 0
-                                ? NameRank(naming, r, "no collective launched")
-                                : NameRank(naming, r, absl::StrCat("last launched #", reached)));
-        }
+        if (!waiting || absl::Now() >= deadline) break;
+        absl::SleepFor(absl::Milliseconds(50));
       }
     } catch (const std::exception& e) {
       return absl::StrCat("; the store is unreachable, so the missing rank is unknown (", WhatOf(e),
                           ")");
     }
-    if (missing.empty()) return "; every rank launched it";
-    return absl::StrCat("; not launched by ", absl::StrJoin(missing, ", "));
-  }
-
-  // Best effort, after collective #seq failed or timed out on this rank: reports the failure in
-  // the store, then waits up to `wait` for every other rank to report one too. A peer that dies
-  // or hangs (SIGSTOP) mid-collective has usually launched it already, so the launch progress
-  // cannot name it; the ranks that stay silent can: "; rank 1 reported no failure within 5s
-  // (lost?)".
-  std::string DescribeSilent(int64_t seq, absl::Duration wait) const {
-    const absl::Duration kReportWait = wait;
-    std::vector<std::string> silent;
-    try {
-      store->setTimeout(std::chrono::milliseconds(2000));
-      store->set(FailedKey(rank), std::to_string(seq));
-      const absl::Time deadline = absl::Now() + kReportWait;
-      while (true) {
-        silent.clear();
-        for (int r = 0; r < size; ++r) {
-          if (r != rank && !store->check({FailedKey(r)})) silent.push_back(NameRank(naming, r));
-        }
-        if (silent.empty() || absl::Now() >= deadline) break;
-        absl::SleepFor(absl::Milliseconds(50));
+    // silent: no failure reported, at or behind #seq (the likely lost ones); ahead: no failure
+    // reported but a later collective launched, so alive at that point (Gloo launches are
+    // asynchronous: a rank may launch #seq+1 and then hang before sending #seq's data).
+    std::vector<std::string> missing, reported, silent, ahead;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const Peer& p = peers[r];
+      const int64_t launched = launched_at_failure[r];
+      if (launched < seq) {
+        missing.push_back(launched == 0
+                              ? NameRank(naming, r, "no collective launched")
+                              : NameRank(naming, r, absl::StrCat("last launched #", launched)));
       }
-    } catch (const std::exception& e) {
-      return "";  // the store's host may be the lost rank
+      if (p.failed != 0) {
+        reported.push_back(absl::StrCat(NameRank(naming, r), " in #", p.failed));
+      } else if (p.launched <= seq) {
+        silent.push_back(NameRank(naming, r));
+      } else {
+        ahead.push_back(NameRank(naming, r, absl::StrCat("launched #", p.launched)));
+      }
     }
-    if (silent.empty()) return "";
-    return absl::StrCat("; ", absl::StrJoin(silent, ", "), " reported no failure within ",
-                        absl::FormatDuration(kReportWait), " (lost?)");
+    std::string out = missing.empty()
+                          ? "; every rank launched it"
+                          : absl::StrCat("; not launched by ", absl::StrJoin(missing, ", "));
+    if (!reported.empty()) {
+      absl::StrAppend(&out, "; failures reported by ", absl::StrJoin(reported, ", "));
+    }
+    const std::string within = absl::StrCat(" within ", absl::FormatDuration(wait));
+    if (!silent.empty()) {
+      absl::StrAppend(&out, "; ", absl::StrJoin(silent, ", "), " reported no failure", within,
+                      " (lost?)");
+      if (!ahead.empty()) absl::StrAppend(&out, "; nor did ", absl::StrJoin(ahead, ", "));
+    } else if (!ahead.empty()) {
+      absl::StrAppend(&out, "; ", absl::StrJoin(ahead, ", "), " reported no failure", within,
+                      " (lost?)");
+    }
+    return out;
   }
 
   static std::string FailedKey(int r) { return absl::StrCat("failed/", r); }
@@ -120,27 +150,22 @@ class C10dWork : public Work {
         op.work->wait(ToChrono(deadline - absl::Now()));
       } catch (const std::exception& e) {
         const std::string what = WhatOf(e);
-        const std::string missing = shared_->DescribeMissing(op.seq);
-        // When every rank launched it, the one that is gone or hung is the one that does not
-        // report a failure of its own (a SIGSTOPped rank launched it, then stopped). A broken
-        // connection reaches every survivor within moments; a timeout reaches each when its own
-        // collective's clock runs out, so the others get longer to report one.
-        const bool timed_out = !op.work->isCompleted() || absl::StrContains(what, "timed out") ||
+        const bool completed = op.work->isCompleted();  // before the diagnosis's wait
+        // A broken connection reaches every survivor within moments; a timeout reaches each when
+        // its own collective's clock runs out, so the others get longer to report one.
+        const bool timed_out = !completed || absl::StrContains(what, "timed out") ||
                                absl::StrContains(what, "Timed out");
-        const std::string silent =
-            absl::StrContains(missing, "every rank launched it")
-                ? shared_->DescribeSilent(op.seq,
-                                          timed_out ? shared_->report_wait : absl::Seconds(3))
-                : "";
-        if (!op.work->isCompleted()) {
+        const std::string blame =
+            shared_->Diagnose(op.seq, timed_out ? shared_->report_wait : absl::Seconds(3));
+        if (!completed) {
           return absl::DeadlineExceededError(absl::StrCat(
               shared_->Prefix(), op.name, " did not complete within ",
               absl::FormatDuration(timeout), " on ", NameRank(shared_->naming, shared_->rank),
-              missing, silent));
+              blame));
         }
         return Fail(absl::UnavailableError(
             absl::StrCat(shared_->Prefix(), op.name, " failed on ",
-                         NameRank(shared_->naming, shared_->rank), ": ", what, missing, silent)));
+                         NameRank(shared_->naming, shared_->rank), ": ", what, blame)));
       }
     }
     for (PendingOp& op : ops_) {
