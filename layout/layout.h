@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
+#include "common/tp_split.h"
 
 namespace orthoshard::layout {
 
@@ -26,11 +27,14 @@ enum class ParamRole { kMuon, kAdam };
 // One model parameter, as the model defines it.
 struct ParamSpec {
   std::string name;
-  std::vector<int64_t> shape;  // global shape; numel is the product (1 for a scalar)
+  std::vector<int64_t> shape;  // shape on this rank (see tp); numel is the product (1 for a scalar)
   DType dtype = DType::kBFloat16;
   ParamRole role = ParamRole::kAdam;
   bool expert = false;            // MoE expert param: planned over the expert data-parallel size
   bool shared_embedding = false;  // tied input/output embedding: gets a bucket of its own
+  // Tensor parallelism: `shape` is then this tp rank's local shape (what the buffers hold), and
+  // TpGlobalShape(shape, tp) the whole matrix's (common/tp_split.h). Replicated by default.
+  TpSplit tp;
 
   int64_t numel() const;
 };

@@ -60,6 +60,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/tp_split.h"
 #include "model/gpt_config.h"
 #include "model/moe.h"
 
@@ -85,6 +86,9 @@ struct ModelParam {
   std::vector<int>
       also_read_by;  // other forward layers reading it (the head, for a tied embedding)
   int expert = -1;   // MoE: the global index of the expert this param belongs to; -1: dense
+  // Tensor parallelism: how the global param is split over the tp group; `tensor` holds this
+  // rank's slice (common/tp_split.h). Replicated (dim -1) without tensor parallelism.
+  TpSplit tp;
 };
 
 // Called around each forward layer; see the file comment for the contract. Either may be empty.
