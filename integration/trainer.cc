@@ -185,22 +185,40 @@ ExactFloatSum::Limbs LimbsOf(const at::Tensor& t) {
   return limbs;
 }
 
+// Whether this rank adds param `index` (of the model's list) to a checksum: a tensor-parallel
+// slice always (the tp ranks' slices add up to the whole), a param every tp rank holds whole
+// (norms) on tp rank 0 only, so that every element counts once.
+bool CountedInChecksum(const Setup& s, int index) {
+  return s.model->params()[index].tp.split() || s.mesh->tp().rank() == 0;
+}
+
 // The exact sum of the params of the dense buffers (expert = false) or the expert buffers, over the
-// ranks of `copies`, which hold the same params: with full residency each rank sums its own copy
-// and compares it with rank 0's (a divergence fails the run; `*compared` is set); with sharded
-// residency (fsdp) each holds only its shards, whose exact partial sums are added.
+// ranks of `copies`, which hold the same params (the dp group, or expt_dp), each param counted as
+// CountedInChecksum says: with full residency each rank sums its own copy and compares it with
+// rank 0's (a divergence fails the run; `*compared` is set); with sharded residency (fsdp) each
+// holds only its shards, whose exact partial sums are added.
 absl::StatusOr<ExactFloatSum> GroupChecksum(Setup& s, bool expert, Communicator& copies,
                                             int64_t step, bool* compared) {
   const bool sharded = SpecOf(s.mode).sharded_params;
   ExactFloatSum local;
   for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
-    if (buffer->layout().key.expert != expert) continue;
-    if (!sharded) {
-      AddToSum(buffer->param_data(), local);
-      continue;
+    const layout::PerBufferParamLayout& l = buffer->layout();
+    if (l.key.expert != expert) continue;
+    for (int b = 0; b < buffer->num_buckets(); ++b) {
+      // This rank's elements of the bucket: all of them, or its shard. Padding is zeros.
+      const auto [begin, end] =
+          sharded ? l.ShardRange(b, copies.rank()) : std::make_pair(l.buckets[b].start,
+                                                                    l.buckets[b].end);
+      const at::Tensor held = sharded ? buffer->ParamShard(b, copies.rank())
+                                      : buffer->param_data().narrow(0, begin, end - begin);
+      for (int i : buffer->BucketParams(b)) {
+        const layout::ParamPlacement& p = l.params[i];
+        const int64_t from = std::max(p.start, begin), to = std::min(p.end, end);
+        if (from < to && CountedInChecksum(s, p.param_index)) {
+          AddToSum(held.narrow(0, from - begin, to - from), local);
+        }
+      }
     }
-    for (int b = 0; b < buffer->num_buckets(); ++b)
-      AddToSum(buffer->ParamShard(b, copies.rank()), local);
   }
   const ExactFloatSum::Limbs limbs = local.limbs();
   at::Tensor agreed = LimbsTensor(limbs, copies.device());
@@ -226,17 +244,23 @@ absl::StatusOr<ExactFloatSum> GroupChecksum(Setup& s, bool expert, Communicator&
 }
 
 // The exact sum of every param (common/exact_sum.h), the same on every rank and for bitwise-equal
-// params at any rank count, ep or layout: the dense params' over the data-parallel ranks, plus,
-// for MoE, the experts' over each expt_dp group (the copies of an ep rank's experts) added over
-// the ep group (every expert once).
-absl::StatusOr<double> ParamChecksum(Setup& s, Communicator& comm, int64_t step, bool* compared) {
+// params at any rank count, tp, ep or layout: the dense params' over the data-parallel ranks (the
+// copies of this tp rank's slices), added over the tp group (every slice once), plus, for MoE, the
+// experts' over each expt_dp group (the copies of an ep rank's experts) added over the ep group
+// (every expert once).
+absl::StatusOr<double> ParamChecksum(Setup& s, int64_t step, bool* compared) {
   at::NoGradGuard no_grad;
   RETURN_IF_ERROR(s.ddp->FinishParamSync());
-  ASSIGN_OR_RETURN(ExactFloatSum total, GroupChecksum(s, /*expert=*/false, comm, step, compared));
+  ASSIGN_OR_RETURN(ExactFloatSum dense,
+                   GroupChecksum(s, /*expert=*/false, s.mesh->dp(), step, compared));
+  at::Tensor slices = LimbsTensor(dense.limbs(), s.mesh->tp().device());
+  RETURN_IF_ERROR(RunGroup(s.mesh->tp(), {AllReduceOp{slices, {ReduceOp::kSum}}}));
+  ExactFloatSum total;
+  total.Merge(LimbsOf(slices));
   if (!s.model->config().is_moe()) return total.ToDouble();
   ASSIGN_OR_RETURN(ExactFloatSum experts,
                    GroupChecksum(s, /*expert=*/true, s.mesh->expt_dp(), step, compared));
-  at::Tensor all = LimbsTensor(experts.limbs(), comm.device());
+  at::Tensor all = LimbsTensor(experts.limbs(), s.mesh->ep().device());
   RETURN_IF_ERROR(RunGroup(s.mesh->ep(), {AllReduceOp{all, {ReduceOp::kSum}}}));
   total.Merge(LimbsOf(all));
   return total.ToDouble();
@@ -487,12 +511,13 @@ absl::StatusOr<StepOutcome> RunStep(Setup& s, Communicator& comm, StepAgreement&
   double loss_sum = 0;
   const int64_t step = s.train->state().step;
   const std::vector<MicroBatch> batches = s.train->Next();
-  // The scale that makes the ranks' mean gradient (pre-scaled by 1/dp) the gradient of the step's
-  // loss: the mean of the micro-batches' means, or with --eod_mask_loss the sum over every
-  // rank's counted targets divided by their number (the same on every rank: from the data alone).
+  // The scale that makes the dp ranks' mean gradient (pre-scaled by 1/dp) the gradient of the
+  // step's loss: the mean of the micro-batches' means, or with --eod_mask_loss the sum over every
+  // dp rank's counted targets divided by their number (the same on every rank: from the data
+  // alone; the tp ranks of a group read the same data).
   const double per_token_scale =
       s.per_token_loss
-          ? static_cast<double>(comm.size()) /
+          ? static_cast<double>(s.mesh->dp().size()) /
                 static_cast<double>(std::max<int64_t>(1, s.train->CountedTargets(step)))
           : 0.0;
   for (size_t m = 0; m < batches.size(); ++m) {
@@ -660,7 +685,7 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
     }
     if (plan.check) {
       bool compared = false;
-      ASSIGN_OR_RETURN(summary.param_checksum, ParamChecksum(s, comm, step, &compared));
+      ASSIGN_OR_RETURN(summary.param_checksum, ParamChecksum(s, step, &compared));
       summary.checksum_checks += compared;
     }
     // Snapshot now, written in the background while the next steps run.

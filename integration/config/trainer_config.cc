@@ -309,7 +309,38 @@ absl::Status ValidateProfiling(const TrainerConfig& c) {
   return absl::OkStatus();
 }
 
+// Tensor parallelism: --tp splits the world, and the heads, KV groups, FFN width and vocabulary of
+// a dense preset (the vocabulary checked here is --vocab_size's or the preset's; a dataset's own
+// is checked when the model is built).
+absl::Status ValidateTensorParallel(const TrainerConfig& c, int world_size) {
+  if (c.tp < 1 || world_size % c.tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp ", c.tp, " must be >= 1 and divide the world size ", world_size));
+  }
+  if (c.tp == 1) return absl::OkStatus();
+  ASSIGN_OR_RETURN(GptConfig preset, GptPreset(c.model));
+  if (preset.is_moe()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp ", c.tp, ": tensor parallelism is not supported with mixture-of-experts model '",
+        c.model, "' yet (use --ep to split the experts)"));
+  }
+  if (c.vocab_size > 0) preset.vocab_size = c.vocab_size;
+  for (const auto& [what, size] : {std::pair<const char*, int64_t>{"attention heads",
+                                                                   preset.num_heads},
+                                   {"KV groups", preset.num_kv_heads},
+                                   {"FFN width", preset.ffn_hidden},
+                                   {"vocabulary", preset.vocab_size}}) {
+    if (size % c.tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tp ", c.tp, " does not divide model '", c.model, "''s ", size, " ", what,
+          " (tensor parallelism splits them evenly; the vocabulary is not padded)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The model preset, the batch shape over the ranks, and the data's ids and eval split.
+// `world_size` here is the data-parallel size (world / tp): the ranks that read different data.
 absl::Status ValidateModelAndBatch(const TrainerConfig& c, int world_size) {
   absl::StatusOr<GptConfig> preset = GptPreset(c.model);
   if (!preset.ok()) return preset.status();
@@ -323,7 +354,8 @@ absl::Status ValidateModelAndBatch(const TrainerConfig& c, int world_size) {
   const bool fits = c.micro_batches <= c.global_batch / world_size;
   if (!fits || c.global_batch % (static_cast<int64_t>(world_size) * c.micro_batches) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--global_batch ", c.global_batch, " is not divisible by world size ", world_size,
+        "--global_batch ", c.global_batch, " is not divisible by ",
+        c.tp > 1 ? "data-parallel size (world / --tp) " : "world size ", world_size,
         " x --micro_batches ", c.micro_batches,
         fits ? absl::StrCat(" = ", static_cast<int64_t>(world_size) * c.micro_batches)
              : std::string(" (the product exceeds --global_batch)")));
@@ -392,8 +424,10 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   RETURN_IF_ERROR(ValidateStepScalars(c));
   RETURN_IF_ERROR(ValidateCounts(c));
   RETURN_IF_ERROR(ValidateProfiling(c));
-  RETURN_IF_ERROR(ValidateModelAndBatch(c, world_size));
-  return ValidateExperts(c, world_size);
+  RETURN_IF_ERROR(ValidateTensorParallel(c, world_size));
+  const int dp = world_size / static_cast<int>(c.tp);
+  RETURN_IF_ERROR(ValidateModelAndBatch(c, dp));
+  return ValidateExperts(c, dp);
 }
 
 namespace {

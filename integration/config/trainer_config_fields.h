@@ -12,6 +12,11 @@
   X(std::string, model, "tiny", \
     "model preset: tiny, small, gpt2-124m, tinyllama-1.1b, or mixture of experts: moe-tiny " \
     "(Mixtral's shape), moe-tiny-shared (with a shared expert: Qwen2-MoE's), moe-small") \
+  X(int64_t, tp, 1, \
+    "tensor parallel size (Megatron's layout, tp innermost: ranks 0..tp-1 form the first tp " \
+    "group): attention heads, KV groups, the SwiGLU width and the vocabulary split over tp " \
+    "ranks, the params data parallel over dp = world / tp. Divides the world size, the heads, " \
+    "the KV groups, the FFN width and the vocabulary (no padding); dense models only") \
   X(int64_t, ep, 1, \
     "expert parallel size (MoE presets): the experts of each layer split evenly over ep ranks, " \
     "tokens reach them by all-to-all; dense params stay data parallel over the world, expert " \

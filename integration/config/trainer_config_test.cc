@@ -110,6 +110,50 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   EXPECT_EQ(config.muon_ns_form, NsForm::kGram);  // nothing applied
 }
 
+// Tensor parallelism: --tp divides the world and the preset's heads, KV groups, FFN width and
+// vocabulary; the batch is split over dp = world / tp; no experts yet.
+TEST(TrainerConfigTest, TensorParallelFlags) {
+  TrainerConfig config;  // tiny: 4 heads, 4 KV groups, FFN 192, vocabulary 256
+  config.global_batch = 8;
+  config.tp = 2;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  EXPECT_OK(ValidateTrainerConfig(config, 4));
+  config.tp = 4;
+  EXPECT_OK(ValidateTrainerConfig(config, 4));
+  config.tp = 2;
+  EXPECT_THAT(ValidateTrainerConfig(config, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--tp 2 must be >= 1 and divide the world size 3")));
+  config.tp = 0;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tp 0 must be >= 1")));
+  config.tp = 3;
+  EXPECT_THAT(ValidateTrainerConfig(config, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--tp 3 does not divide model 'tiny''s 4 attention heads")));
+  config.tp = 2;
+  config.vocab_size = 255;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("does not divide model 'tiny''s 255 vocabulary")));
+  config.vocab_size = 0;
+  // dp = 4 / 2 = 2 ranks read different data: 6 rows split over 2 x 1 micro-batches.
+  config.global_batch = 6;
+  EXPECT_OK(ValidateTrainerConfig(config, 4));
+  config.global_batch = 5;
+  EXPECT_THAT(ValidateTrainerConfig(config, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--global_batch 5 is not divisible by data-parallel size (world "
+                                 "/ --tp) 2")));
+  config = TrainerConfig();
+  config.model = "moe-tiny";
+  config.global_batch = 8;
+  config.tp = 2;
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not supported with mixture-of-experts model 'moe-tiny' yet")));
+}
+
 // Mixture-of-experts flags: only on an MoE preset; --ep divides the world and the experts;
 // top-k within the experts; weights finite and >= 0 (or -1: the default).
 TEST(TrainerConfigTest, ExpertFlags) {
