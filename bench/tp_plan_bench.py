@@ -1,8 +1,8 @@
-"""Tensor-parallel Muon planning (BENCHMARKS.md section "tp_plan"): what each rank of a TP × DP grid
-runs in Newton–Schulz and sends over its tp group for Muon under `--muon_tp_mode=owner`,
-`duplicated` and `blockwise`, for gpt2-124m, tinyllama-1.1b, Llama-3-8B (`llama3_8b_gqa`) and the
-MoE preset `moe_60x256`, at TP 1–8 × DP 8–1024. Exact arithmetic over the plan (layout/tp_plan.h),
-no timing.
+"""Tensor-parallel Muon planning (BENCHMARKS.md section "tp_plan"): what each rank of a TP × DP
+grid runs in Newton–Schulz and sends over its tp group for Muon under `--muon_tp_mode=owner`,
+`duplicated` and `blockwise`, for gpt2-124m, tinyllama-1.1b, Llama-3-8B (`llama3_8b_gqa`) and
+the MoE preset `moe_60x256`, at TP 1–8 × DP 8–1024. Exact arithmetic over the plan
+(layout/tp_plan.h), no timing.
 
     tools/python3 bench/tp_plan_bench.py --plan=bazel-bin/layout/plan
 

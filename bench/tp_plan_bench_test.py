@@ -17,7 +17,8 @@ def plan(tp, dp, owner, duplicated, blockwise, owner_bytes, dup_bytes, dp_bytes)
                 "max_tp_bytes": tp_bytes, "mean_tp_bytes": tp_bytes}
     return {"tp": tp, "dp": dp, "ranks": tp * dp, "tp_split_matrices": 4,
             "replicated_matrices": 0, "dp_bytes": dp_bytes,
-            "modes": {"owner": mode(*owner, owner_bytes), "duplicated": mode(*duplicated, dup_bytes),
+            "modes": {"owner": mode(*owner, owner_bytes),
+                      "duplicated": mode(*duplicated, dup_bytes),
                       "blockwise": mode(*blockwise, 0)}}
 
 

@@ -135,9 +135,10 @@ std::string TpPlanTable(const std::string& preset, const std::vector<TpPlan>& pl
       "many); blockwise sends none.\n"
       "dp MB: bytes each rank sends per step over dp (grad reduce-scatter + param all-gather), "
       "the same in every mode.\n");
-  absl::StrAppend(&out, absl::StrFormat("%4s %6s %7s | %19s | %19s | %19s | %9s | %10s %10s | %10s\n",
-                                        "tp", "dp", "ranks", "owner GFLOP", "duplicated GFLOP",
-                                        "blockwise GFLOP", "owner/dup", "owner tpMB",
+  absl::StrAppend(&out,
+                  absl::StrFormat("%4s %6s %7s | %19s | %19s | %19s | %9s | %10s %10s | %10s\n",
+                                  "tp", "dp", "ranks", "owner GFLOP", "duplicated GFLOP",
+                                  "blockwise GFLOP", "owner/dup", "owner tpMB",
                                         "dup tpMB", "dp MB"));
   for (const TpPlan& p : plans) {
     auto flops = [](const TpModePlan& m) {

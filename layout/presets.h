@@ -1,5 +1,5 @@
-// Named model parameter lists for planning without a spec file: the reference GPT of issue 3, the
-// trainer's gpt2-124m and tinyllama-1.1b, and models that exercise GQA shapes and MoE experts.
+// Named model parameter lists for planning without a spec file: the reference GPT of issue 3,
+// the trainer's gpt2-124m and tinyllama-1.1b, and models that exercise GQA shapes and MoE experts.
 // Params come in forward (model-definition) order with Megatron's names and routing (2-D hidden
 // matrices → Muon, everything else → Adam). Every preset can be planned at a tensor-parallel size:
 // shapes are then tp-local and ParamSpec::tp says how each is split (Megatron's layout,

@@ -27,27 +27,27 @@ absl::Status ValidateBlocks(const std::string& name, const FusedBlocks& blocks, 
   int64_t sum = 0;
   for (int64_t r : blocks.block_rows) {
     if (r < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "param '", name, "': fused split block rows must be >= 1, got [",
-          absl::StrJoin(blocks.block_rows, ", "), "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("param '", name, "': fused split block rows must be >= 1, got [",
+                       absl::StrJoin(blocks.block_rows, ", "), "]"));
     }
     sum += r;
   }
   if (blocks.num_groups < 1 || blocks.num_groups * sum != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "param '", name, "': fused split ", blocks.num_groups, " groups x ", sum, " rows = ",
-        blocks.num_groups * sum, " rows, weight has ", rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("param '", name, "': fused split ", blocks.num_groups, " groups x ", sum,
+                     " rows = ", blocks.num_groups * sum, " rows, weight has ", rows));
   }
   return absl::OkStatus();
 }
 
 // One Muon param as the plan sees it.
 struct Matrix {
-  bool split = false;            // split over the tp group
-  int64_t shard_numel = 0;       // elements on each tp rank
-  int64_t global_flops = 0;      // NS FLOPs over the global logical matrices
-  int64_t local_flops = 0;       // NS FLOPs over one rank's slice's logical matrices
-  double cost = 0;               // max(m,n)·min(m,n)² over the global logical matrices
+  bool split = false;        // split over the tp group
+  int64_t shard_numel = 0;   // elements on each tp rank
+  int64_t global_flops = 0;  // NS FLOPs over the global logical matrices
+  int64_t local_flops = 0;   // NS FLOPs over one rank's slice's logical matrices
+  double cost = 0;           // max(m,n)·min(m,n)² over the global logical matrices
 };
 
 absl::StatusOr<Matrix> DescribeMatrix(const ParamSpec& p, const FusedBlocks& blocks,
@@ -81,10 +81,9 @@ void Summarise(TpModePlan* m) {
   m->ns_imbalance =
       m->total_ns_flops > 0 ? static_cast<double>(m->max_ns_flops) / m->mean_ns_flops : 1.0;
   m->max_tp_bytes = *std::max_element(m->rank_tp_bytes.begin(), m->rank_tp_bytes.end());
-  m->mean_tp_bytes =
-      static_cast<double>(std::accumulate(m->rank_tp_bytes.begin(), m->rank_tp_bytes.end(),
-                                          int64_t{0})) /
-      static_cast<double>(ranks);
+  m->mean_tp_bytes = static_cast<double>(std::accumulate(m->rank_tp_bytes.begin(),
+                                                         m->rank_tp_bytes.end(), int64_t{0})) /
+                     static_cast<double>(ranks);
 }
 
 absl::Status ValidateOptions(const TpPlanOptions& o) {
@@ -100,9 +99,9 @@ absl::Status ValidateOptions(const TpPlanOptions& o) {
         absl::StrCat("update bytes per element is ", o.update_bytes, "; expected >= 1"));
   }
   if (o.layout.expert_dp != 0 && o.layout.expert_dp != o.layout.dp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--expert_dp is ", o.layout.expert_dp, "; the tp plan needs 0 or --dp (", o.layout.dp,
-        "): one expert-parallel group"));
+    return absl::InvalidArgumentError(absl::StrCat("--expert_dp is ", o.layout.expert_dp,
+                                                   "; the tp plan needs 0 or --dp (", o.layout.dp,
+                                                   "): one expert-parallel group"));
   }
   if (o.layout.muon_strategy == Strategy::kDistOpt) {
     return absl::InvalidArgumentError(
@@ -150,23 +149,22 @@ absl::StatusOr<FusedBlocks> TpLocalBlocks(const FusedBlocks& global, const TpSpl
   if (split.parts == 1 && global.num_groups % tp == 0) {
     return FusedBlocks{global.num_groups / tp, global.block_rows};
   }
-  const int64_t rows = global.num_groups *
-                       std::accumulate(global.block_rows.begin(), global.block_rows.end(),
-                                       int64_t{0});
+  const int64_t rows = global.num_groups * std::accumulate(global.block_rows.begin(),
+                                                           global.block_rows.end(), int64_t{0});
   const bool one_block_per_part =
       global.num_groups == 1 && split.parts == static_cast<int64_t>(global.block_rows.size()) &&
-      std::all_of(global.block_rows.begin(), global.block_rows.end(), [&](int64_t r) {
-        return r * split.parts == rows && r % tp == 0;
-      });
+      std::all_of(global.block_rows.begin(), global.block_rows.end(),
+                  [&](int64_t r) { return r * split.parts == rows && r % tp == 0; });
   if (one_block_per_part) {
     FusedBlocks local{1, {}};
     for (int64_t r : global.block_rows) local.block_rows.push_back(r / tp);
     return local;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      what, ": tp slices (", split.ToString(), ") do not hold whole logical matrices of its fused "
-      "split (", global.num_groups, " groups x [", absl::StrJoin(global.block_rows, ", "),
-      "] rows)"));
+      what, ": tp slices (", split.ToString(),
+      ") do not hold whole logical matrices of its fused "
+      "split (",
+      global.num_groups, " groups x [", absl::StrJoin(global.block_rows, ", "), "] rows)"));
 }
 
 absl::StatusOr<TpPlan> PlanTpMuon(const std::vector<ParamSpec>& params,
@@ -179,14 +177,14 @@ absl::StatusOr<TpPlan> PlanTpMuon(const std::vector<ParamSpec>& params,
   for (const auto& [name, blocks] : splits) {
     auto it = index.find(name);
     if (it == index.end() || params[it->second].role != ParamRole::kMuon) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fused split for '", name, "': no Muon param of that name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fused split for '", name, "': no Muon param of that name"));
     }
   }
   for (const ParamSpec& p : params) {
     if (p.tp.dim >= 0 && p.tp.size != tp) {
-      return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "': split over a tp group of ",
-                                                     p.tp.size, ", the plan's tp is ", tp));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", p.name, "': split over a tp group of ", p.tp.size, ", the plan's tp is ", tp));
     }
     RETURN_IF_ERROR(ValidateTpSplit(TpGlobalShape(p.shape, p.tp), p.tp, "param '" + p.name + "'"));
   }
@@ -216,9 +214,9 @@ absl::StatusOr<TpPlan> PlanTpMuon(const std::vector<ParamSpec>& params,
       if (placement.role != ParamRole::kMuon) continue;
       const ParamSpec& p = params[placement.param_index];
       auto split = splits.find(p.name);
-      ASSIGN_OR_RETURN(const Matrix m,
-                       DescribeMatrix(p, split == splits.end() ? FusedBlocks{} : split->second,
-                                      options));
+      ASSIGN_OR_RETURN(
+          const Matrix m,
+          DescribeMatrix(p, split == splits.end() ? FusedBlocks{} : split->second, options));
       const int d = buffer.OwnerOf(placement);
       if (m.split) {
         ++plan.tp_split_matrices;
@@ -233,7 +231,8 @@ absl::StatusOr<TpPlan> PlanTpMuon(const std::vector<ParamSpec>& params,
       }
       ++plan.replicated_matrices;
       for (TpModePlan* mode : {&plan.owner, &plan.duplicated, &plan.blockwise}) {
-        for (int t = 0; t < tp; ++t) mode->rank_ns_flops[static_cast<size_t>(d) * tp + t] += m.global_flops;
+        for (int t = 0; t < tp; ++t)
+          mode->rank_ns_flops[static_cast<size_t>(d) * tp + t] += m.global_flops;
       }
     }
   }

@@ -22,8 +22,9 @@
 //   B = b A + c A·A       [m, m]·[m, m]   2 m³
 //   X' = a X + B X        [m, m]·[m, n]   2 m² n
 // so 4 m² n + 2 m³ per step and ns_steps (4 m² n + 2 m³) per matrix. The normalisation (one norm
-// and one division, O(m n)) and the scalings are left out; the Gram form (NewtonSchulzOptions::gram,
-// off by default) is not modelled. Batching same-shape matrices changes no FLOP count.
+// and one division, O(m n)) and the scalings are left out; the Gram form
+// (NewtonSchulzOptions::gram, off by default) is not modelled. Batching same-shape matrices
+// changes no FLOP count.
 //
 // Pure: params in, figures out; no tensors, no communicator.
 #ifndef ORTHOSHARD_LAYOUT_TP_PLAN_H_
@@ -63,8 +64,9 @@ struct TpPlanOptions {
 // ranks (collectives/mesh.h).
 struct TpModePlan {
   std::vector<int64_t> rank_ns_flops;  // [tp * dp] Newton–Schulz FLOPs per step
-  std::vector<int64_t> rank_tp_bytes;  // [tp * dp] bytes sent over the tp group per step for Muon;
-                                       // each rank receives as many as it sends, in every mode
+  // [tp * dp] bytes sent over the tp group per step for Muon; each rank receives as many as it
+  // sends, in every mode.
+  std::vector<int64_t> rank_tp_bytes;
   int64_t total_ns_flops = 0;          // over the grid
   int64_t max_ns_flops = 0;
   double mean_ns_flops = 0;

@@ -243,9 +243,8 @@ TEST(PresetTpTest, SplitsAndNamedRefusals) {
                        HasSubstr("the FFN width 2048 does not split over 3")));
   EXPECT_THAT(PresetParams("moe_60x256", 8),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV groups")));
-  EXPECT_THAT(PresetParams("gpt8b", 0),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "preset 'gpt8b': --tp is 0; expected 1 to 2^20"));
+  EXPECT_THAT(PresetParams("gpt8b", 0), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 "preset 'gpt8b': --tp is 0; expected 1 to 2^20"));
 }
 
 }  // namespace
