@@ -139,7 +139,7 @@ std::string TpPlanTable(const std::string& preset, const std::vector<TpPlan>& pl
                   absl::StrFormat("%4s %6s %7s | %19s | %19s | %19s | %9s | %10s %10s | %10s\n",
                                   "tp", "dp", "ranks", "owner GFLOP", "duplicated GFLOP",
                                   "blockwise GFLOP", "owner/dup", "owner tpMB",
-                                        "dup tpMB", "dp MB"));
+                                  "dup tpMB", "dp MB"));
   for (const TpPlan& p : plans) {
     auto flops = [](const TpModePlan& m) {
       return absl::StrFormat("%10.1f (%.3f)", static_cast<double>(m.max_ns_flops) / 1e9,
