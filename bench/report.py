@@ -24,9 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_shapes  # noqa: E402
 import moe_bench  # noqa: E402
 import report_lib as rl  # noqa: E402
+import tp_plan_bench  # noqa: E402
 
 SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint", "peer",
-            "precision", "moe"]
+            "precision", "moe", "tp_plan"]
 
 
 def sh(cmd, cwd=None):
@@ -111,6 +112,7 @@ BIN = {
     "distributed": "optimizers/distributed/distributed_benchmark",
     "checkpoint": "checkpoint/checkpoint_benchmark",
     "pretrain": "integration/pretrain",
+    "tp_plan": "layout/plan",
 }
 
 
@@ -472,6 +474,13 @@ def main():
         except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
             errors["moe"] = str(e)
             print(f"[bench] moe failed: {e}", file=sys.stderr)
+    tp_plan_md = None  # section 10: exact arithmetic of the plan tool, no timing, no repeats
+    if "tp_plan" in only:
+        try:
+            tp_plan_md = tp_plan_bench.section(BIN["tp_plan"])
+        except (RuntimeError, ValueError, KeyError, OSError, subprocess.TimeoutExpired) as e:
+            errors["tp_plan"] = str(e)
+            print(f"[bench] tp_plan failed: {e}", file=sys.stderr)
     load_end = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 
@@ -786,6 +795,14 @@ def main():
         md += [moe_md, ""] if moe_md else [failed("moe") if "moe" in errors else
                                            "Not measured: `//integration:pretrain` is not built.",
                                            ""]
+
+    # 10. Tensor-parallel Muon planning.
+    if "tp_plan" in only:
+        md += ["## 10. Tensor-parallel Muon: planning", "",
+               "Reproduce: `bazel run //layout:plan -- --preset=llama3_8b_gqa --tp=1,2,4,8 "
+               "--dp=8,64,1024` (a text table; `--format=json` for this section's input), or "
+               "`tools/python3 bench/tp_plan_bench.py --plan=bazel-bin/layout/plan`.", ""]
+        md += [tp_plan_md, ""] if tp_plan_md else [failed("tp_plan"), ""]
 
     md += ["## Run log", "", rl.markdown_table(
         ["binary", "arguments", "wall s", "exit"],

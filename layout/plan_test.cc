@@ -214,7 +214,7 @@ TEST(PlanTest, BadFlagsAreNamed) {
   EXPECT_THAT(RunPlan(request),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "preset 'gpt9b' is unknown; expected one of gpt8b, llama3_8b_gqa, "
-                       "moe_60x256"));
+                       "moe_60x256, gpt2-124m, tinyllama-1.1b"));
 }
 
 TEST(PlanTest, BadSpecFilesAreNamed) {
@@ -230,6 +230,75 @@ TEST(PlanTest, BadSpecFilesAreNamed) {
   EXPECT_THAT(RunPlan(request),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "param 'w' (index 0): role muon needs a 2-D shape, got [4]"));
+}
+
+TEST(PlanTest, TpTableSweepsEveryTpAndDp) {
+  PlanRequest request;
+  request.preset = "llama3_8b_gqa";
+  request.tp = {1, 8};
+  request.dp_sweep = {8, 64};
+  request.format = "json";
+  ASSERT_OK_AND_ASSIGN(const std::string json, RunPlan(request));
+  const google::protobuf::Struct doc = ParseJson(json);
+  const auto& plans = doc.fields().at("plans").list_value().values();
+  ASSERT_EQ(plans.size(), 4);
+  const auto& tp8 = plans[2].struct_value().fields();
+  EXPECT_EQ(tp8.at("tp").number_value(), 8);
+  EXPECT_EQ(tp8.at("dp").number_value(), 8);
+  EXPECT_EQ(tp8.at("ranks").number_value(), 64);
+  // 32 layers x (qkv, proj, fc1, fc2), all split at tp 8.
+  EXPECT_EQ(tp8.at("tp_split_matrices").number_value(), 128);
+  const auto& modes = tp8.at("modes").struct_value().fields();
+  const double owner = modes.at("owner").struct_value().fields().at("total_ns_flops").number_value();
+  const double duplicated =
+      modes.at("duplicated").struct_value().fields().at("total_ns_flops").number_value();
+  EXPECT_EQ(duplicated, 8 * owner);
+  EXPECT_EQ(owner, plans[0].struct_value().fields().at("modes").struct_value().fields().at(
+                       "owner").struct_value().fields().at("total_ns_flops").number_value());
+
+  request.format = "table";
+  ASSERT_OK_AND_ASSIGN(const std::string table, RunPlan(request));
+  EXPECT_THAT(table, HasSubstr("Tensor-parallel Muon plan for llama3_8b_gqa, 5 Newton-Schulz "
+                               "steps\n"));
+  EXPECT_THAT(table, HasSubstr("owner/dup"));
+  EXPECT_THAT(table, HasSubstr("\n   8     64     512 |"));
+}
+
+TEST(PlanTest, TpTableRefusals) {
+  PlanRequest request;
+  request.preset = "gpt2-124m";
+  request.dp = 8;
+  request.tp = {2, 8};
+  EXPECT_THAT(RunPlan(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("preset 'gpt2-124m' at --tp=8: the KV groups")));
+  request.tp = {2};
+  request.dp_sweep = {8, 0};
+  EXPECT_THAT(RunPlan(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--dp is 0; expected >= 1"));
+  request.dp_sweep.clear();
+  request.format = "csv";
+  EXPECT_THAT(RunPlan(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         "--format 'csv': expected table or json"));
+  request.format = "table";
+  request.strategy = "distopt";
+  EXPECT_THAT(RunPlan(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("--tp=2 --dp=8: --strategy=distopt")));
+  request.preset.clear();
+  request.model = "spec.json";
+  EXPECT_THAT(RunPlan(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("--tp needs --preset")));
+  request.tp.clear();
+  request.dp_sweep = {2, 4};
+  EXPECT_THAT(RunPlan(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("--dp: a list of sizes needs --tp")));
+  EXPECT_THAT(ParseSizeList("tp", "1,x"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--tp '1,x': expected a comma-separated list of integers"));
+  EXPECT_THAT(ParseSizeList("tp", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--tp '': expected a comma-separated list of integers"));
+  EXPECT_EQ(*ParseSizeList("dp", "8,64,1024"), (std::vector<int>{8, 64, 1024}));
 }
 
 TEST(PlanTest, ExitCodes) {
@@ -263,6 +332,21 @@ TEST(PlanBinaryTest, GoodAndBadInput) {
   auto [spec_code, spec_out] = RunBinary(absl::StrCat("--model=", spec, " --dp=2"));
   EXPECT_EQ(spec_code, 2);
   EXPECT_THAT(spec_out, HasSubstr("params[0] ('w'): dtype 'int4' is unknown"));
+}
+
+TEST(PlanBinaryTest, TpTable) {
+  auto [ok_code, ok_out] = RunBinary("--preset=tinyllama-1.1b --tp=1,2,4 --dp=8,64");
+  EXPECT_EQ(ok_code, 0) << ok_out;
+  EXPECT_THAT(ok_out, HasSubstr("Tensor-parallel Muon plan for tinyllama-1.1b"));
+  EXPECT_THAT(ok_out, HasSubstr("\n   4     64     256 |"));
+  auto [bad_code, bad_out] = RunBinary("--preset=tinyllama-1.1b --tp=8 --dp=8");
+  EXPECT_EQ(bad_code, 2);
+  EXPECT_EQ(bad_out,
+            "plan: preset 'tinyllama-1.1b' at --tp=8: the KV groups (attention query groups) 4 "
+            "does not split over 8 tp ranks; expected tp to divide 4\n");
+  auto [list_code, list_out] = RunBinary("--preset=gpt8b --tp=2 --dp=8,x");
+  EXPECT_EQ(list_code, 2);
+  EXPECT_EQ(list_out, "plan: --dp '8,x': expected a comma-separated list of integers\n");
 }
 
 }  // namespace
