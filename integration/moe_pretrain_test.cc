@@ -22,70 +22,32 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "integration/metrics/tensorboard.h"
 #include "integration/testing/pretrain_runner.h"
 
 namespace orthoshard::integration {
 namespace {
 
+using testing::ExpectSameTraining;
 using testing::JsonField;
 using testing::JsonNumber;
-using testing::LastLine;
+using testing::Pretrain;
 using testing::RunPretrain;
 using testing::RunResult;
+using testing::Scalars;
 using testing::TempDir;
+using testing::With;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// tag -> value at each step 1, 2, ... (TensorBoard stores floats).
-using Scalars = std::map<std::string, std::vector<float>>;
-
-// The one event file of `dir` (rank 0's).
-Scalars ReadScalars(const std::string& dir) {
-  Scalars out;
-  std::vector<std::string> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    files.push_back(entry.path().string());
-  }
-  EXPECT_EQ(files.size(), 1u) << dir;
-  if (files.size() != 1) return out;
-  absl::StatusOr<std::vector<TbEvent>> events = ReadEventFile(files[0]);
-  EXPECT_OK(events.status());
-  if (!events.ok()) return out;
-  for (const TbEvent& e : *events) {
-    for (const ScalarValue& v : e.scalars) {
-      if (e.step >= 1) out[v.tag].push_back(v.value);
-    }
-  }
-  return out;
-}
-
-struct MoeRun {
-  std::string out;   // stdout
-  std::string json;  // its last line
-  Scalars scalars;   // with a log dir
-};
+using MoeRun = testing::TrainingRun;
 
 // pretrain --model=moe-tiny with `args`; the TensorBoard scalars when `tb` names a log dir.
-MoeRun Pretrain(std::vector<std::string> args, const std::string& tb = "") {
-  static int runs = 0;
+MoeRun MoePretrain(std::vector<std::string> args, const std::string& tb = "") {
   args.insert(args.begin(), "--model=moe-tiny");
-  std::string dir;
-  if (!tb.empty()) {
-    dir = absl::StrCat(TempDir(), "/", tb, runs++);
-    args.push_back("--log_dir=" + dir);
-  }
-  const RunResult run = RunPretrain(args);
-  EXPECT_EQ(run.exit_code, 0) << absl::StrJoin(args, " ") << "\n" << run.out << run.err;
-  MoeRun out;
-  out.out = run.out;
-  out.json = LastLine(run.out);
-  if (run.exit_code == 0 && !dir.empty()) out.scalars = ReadScalars(dir);
-  return out;
+  return Pretrain(std::move(args), tb);
 }
 
 // The fields two runs of the same steps must agree on to be the same training, bitwise (the
@@ -94,28 +56,10 @@ const std::vector<std::string> kSameRun = {"steps",        "initial_loss",   "fi
                                            "eval_loss",    "param_checksum", "moe_aux_loss",
                                            "moe_z_loss",   "expert_load_max", "expert_load_min"};
 
-// A field's text in the flat JSON summary, lists ("[1.8438,2.8359]") whole; "" when absent.
-std::string Field(const std::string& json, const std::string& key) {
-  const std::string needle = absl::StrCat("\"", key, "\":");
-  const size_t at = json.find(needle);
-  if (at == std::string::npos) return "";
-  const size_t begin = at + needle.size();
-  if (json[begin] != '[') return JsonField(json, key);
-  return json.substr(begin, json.find(']', begin) + 1 - begin);
-}
-
 // At another rank count the eval loss is over that count's eval slices: not compared.
 const std::vector<std::string> kSameTrainingSteps = {
     "steps",      "initial_loss",    "final_loss",     "param_checksum", "moe_aux_loss",
     "moe_z_loss", "expert_load_max", "expert_load_min"};
-
-void ExpectSameTraining(const MoeRun& a, const MoeRun& b, const std::string& what,
-                        const std::vector<std::string>& fields = kSameRun) {
-  for (const std::string& field : fields) {
-    EXPECT_EQ(Field(a.json, field), Field(b.json, field)) << what << ": " << field;
-  }
-  EXPECT_FALSE(JsonField(a.json, "param_checksum").empty()) << a.json;
-}
 
 // The expert loads of every layer at every step: the routing decisions' per-expert counts.
 std::vector<std::string> LoadTags(const Scalars& s) {
@@ -130,12 +74,6 @@ const std::vector<std::string> kShort = {"--steps=4",         "--global_batch=16
                                          "--eval_every=0",    "--check_every=2",
                                          "--warmup_steps=1",  "--max_grad_norm=0",
                                          "--muon_ns_dtype=fp32"};
-
-std::vector<std::string> With(std::vector<std::string> args,
-                              const std::vector<std::string>& extra) {
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
 
 // ep 2 against ep 1 at 2 ranks, the same global batch and seed, 4 steps, Muon with fp32
 // Newton-Schulz (in bf16, a last-bit difference of its input flips bf16 roundings and moves the
@@ -153,9 +91,9 @@ std::vector<std::string> With(std::vector<std::string> args,
 // un-updated moves the checksum (sqrt(8192) x lr 0.02 x ~0.1 per entry ~ 0.2). Also 1 rank with 2
 // micro-batches = 2 ranks at ep 1, bitwise.
 TEST(MoePretrain, EpTwoTracksEpOne) {
-  const MoeRun ep1 = Pretrain(kShort, "ep1_");
-  const MoeRun ep2 = Pretrain(With(kShort, {"--ep=2"}), "ep2_");
-  const MoeRun one = Pretrain(With(kShort, {"--nproc_per_node=1", "--micro_batches=2"}));
+  const MoeRun ep1 = MoePretrain(kShort, "ep1_");
+  const MoeRun ep2 = MoePretrain(With(kShort, {"--ep=2"}), "ep2_");
+  const MoeRun one = MoePretrain(With(kShort, {"--nproc_per_node=1", "--micro_batches=2"}));
   ExpectSameTraining(ep1, one, "2 ranks vs 1 rank x 2 micro-batches, ep 1", kSameTrainingSteps);
   EXPECT_EQ(JsonField(ep1.json, "checksum_checks"), "2");
   EXPECT_EQ(JsonField(ep2.json, "checksum_checks"), "2");  // experts compared over expt_dp too
@@ -188,11 +126,11 @@ TEST(MoePretrain, EpTwoTracksEpOne) {
   // Step 1 alone: the JSON's loss digits and loads, and the same routing.
   const std::vector<std::string> step1 = {"--steps=1", "--global_batch=16", "--eval_every=0",
                                           "--check_every=0"};
-  const MoeRun first1 = Pretrain(step1);
-  const MoeRun first2 = Pretrain(With(step1, {"--ep=2"}));
+  const MoeRun first1 = MoePretrain(step1);
+  const MoeRun first2 = MoePretrain(With(step1, {"--ep=2"}));
   for (const char* field : {"initial_loss", "final_loss", "initial_eval_loss", "moe_aux_loss",
                             "moe_z_loss", "expert_load_max", "expert_load_min"}) {
-    EXPECT_EQ(Field(first1.json, field), Field(first2.json, field)) << field;
+    EXPECT_EQ(JsonField(first1.json, field), JsonField(first2.json, field)) << field;
   }
 }
 
@@ -206,20 +144,21 @@ TEST(MoePretrain, ModesAgreeBitwiseAtEpTwo) {
                                            "--global_batch=16", "--eval_every=2",
                                            "--eval_batches=1", "--check_every=0",
                                            "--warmup_steps=1"};
-  const MoeRun clipped = Pretrain(With(common, {"--dist=layerwise"}));
-  ExpectSameTraining(clipped, Pretrain(With(common, {"--dist=fsdp"})), "fsdp, Muon, clipped");
-  const MoeRun layerwise = Pretrain(With(common, {"--dist=layerwise", "--max_grad_norm=0"}));
-  ExpectSameTraining(layerwise, Pretrain(With(common, {"--dist=fsdp", "--max_grad_norm=0"})),
-                     "fsdp, Muon");
+  const MoeRun clipped = MoePretrain(With(common, {"--dist=layerwise"}));
+  ExpectSameTraining(clipped, MoePretrain(With(common, {"--dist=fsdp"})), "fsdp, Muon, clipped",
+                     kSameRun);
+  const MoeRun layerwise = MoePretrain(With(common, {"--dist=layerwise", "--max_grad_norm=0"}));
+  ExpectSameTraining(layerwise, MoePretrain(With(common, {"--dist=fsdp", "--max_grad_norm=0"})),
+                     "fsdp, Muon", kSameRun);
   const MoeRun replicated =
-      Pretrain(With(common, {"--dist=replicated", "--max_grad_norm=0", "--check_every=1"}));
-  ExpectSameTraining(layerwise, replicated, "replicated, Muon");
+      MoePretrain(With(common, {"--dist=replicated", "--max_grad_norm=0", "--check_every=1"}));
+  ExpectSameTraining(layerwise, replicated, "replicated, Muon", kSameRun);
   EXPECT_EQ(JsonField(replicated.json, "checksum_checks"), "3");
-  const MoeRun adamw = Pretrain(With(common, {"--dist=layerwise", "--optimizer=adamw"}));
-  ExpectSameTraining(adamw, Pretrain(With(common, {"--dist=distopt", "--optimizer=adamw"})),
-                     "distopt, AdamW");
-  ExpectSameTraining(adamw, Pretrain(With(common, {"--dist=fsdp", "--optimizer=adamw"})),
-                     "fsdp, AdamW");
+  const MoeRun adamw = MoePretrain(With(common, {"--dist=layerwise", "--optimizer=adamw"}));
+  ExpectSameTraining(adamw, MoePretrain(With(common, {"--dist=distopt", "--optimizer=adamw"})),
+                     "distopt, AdamW", kSameRun);
+  ExpectSameTraining(adamw, MoePretrain(With(common, {"--dist=fsdp", "--optimizer=adamw"})),
+                     "fsdp, AdamW", kSameRun);
   EXPECT_NE(JsonField(adamw.json, "param_checksum"), JsonField(layerwise.json, "param_checksum"));
 }
 
@@ -234,7 +173,7 @@ TEST(MoePretrain, ModesAgreeBitwiseAtEpTwo) {
 // by tens of percent (the experts hold most of the gradient's mass; sqrt(2) for a doubled count).
 TEST(MoePretrain, GradNormCountsEveryParamOnceAtEveryDpAndEp) {
   auto step1_norm = [](const std::string& dist, int world, int ep) {
-    const MoeRun run = Pretrain({dist, absl::StrCat("--nproc_per_node=", world),
+    const MoeRun run = MoePretrain({dist, absl::StrCat("--nproc_per_node=", world),
                               absl::StrCat("--ep=", ep), "--steps=1", "--global_batch=16",
                               "--eval_every=0", "--check_every=0", "--moe_aux_loss_coeff=0"},
                              "norm_");
@@ -260,15 +199,15 @@ TEST(MoePretrain, GradNormCountsEveryParamOnceAtEveryDpAndEp) {
 // ep 1 and ep 4 at 4 ranks within EpTwoTracksEpOne's budgets.
 TEST(MoePretrain, FourRanksAsEpTwoByExpertDpTwo) {
   const std::vector<std::string> four = With(kShort, {"--nproc_per_node=4", "--check_every=1"});
-  const MoeRun ep2 = Pretrain(With(four, {"--ep=2"}));
+  const MoeRun ep2 = MoePretrain(With(four, {"--ep=2"}));
   EXPECT_EQ(JsonField(ep2.json, "checksum_checks"), "4");
   EXPECT_EQ(JsonField(ep2.json, "world_size"), "4");
-  ExpectSameTraining(ep2, Pretrain(With(four, {"--ep=2", "--dist=fsdp"})),
-                     "fsdp at 4 ranks, ep 2");
+  ExpectSameTraining(ep2, MoePretrain(With(four, {"--ep=2", "--dist=fsdp"})),
+                     "fsdp at 4 ranks, ep 2", kSameRun);
   for (const char* other : {"--ep=1", "--ep=4"}) {
-    const MoeRun run = Pretrain(With(four, {other}));
-    EXPECT_EQ(Field(run.json, "expert_load_max"), Field(ep2.json, "expert_load_max")) << other;
-    EXPECT_EQ(Field(run.json, "expert_load_min"), Field(ep2.json, "expert_load_min")) << other;
+    const MoeRun run = MoePretrain(With(four, {other}));
+    EXPECT_EQ(JsonField(run.json, "expert_load_max"), JsonField(ep2.json, "expert_load_max")) << other;
+    EXPECT_EQ(JsonField(run.json, "expert_load_min"), JsonField(ep2.json, "expert_load_min")) << other;
     EXPECT_NEAR(JsonNumber(run.json, "final_loss"), JsonNumber(ep2.json, "final_loss"),
                 1e-5 * JsonNumber(ep2.json, "final_loss") + 1e-6)  // + the JSON's rounding
         << other;

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "integration/metrics/tensorboard.h"
 
 namespace orthoshard::integration::testing {
 
@@ -48,6 +50,7 @@ std::string JsonField(const std::string& json, const std::string& key) {
   const size_t at = json.find(needle);
   if (at == std::string::npos) return "";
   const size_t begin = at + needle.size();
+  if (json[begin] == '[') return json.substr(begin, json.find(']', begin) + 1 - begin);
   const size_t end = json.find_first_of(",}", begin);
   std::string value = json.substr(begin, end - begin);
   if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
@@ -58,6 +61,55 @@ double JsonNumber(const std::string& json, const std::string& key) {
   const std::string value = JsonField(json, key);
   EXPECT_FALSE(value.empty()) << "no key " << key << " in " << json;
   return std::strtod(value.c_str(), nullptr);
+}
+
+Scalars ReadScalars(const std::string& dir) {
+  Scalars out;
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    files.push_back(entry.path().string());
+  }
+  EXPECT_EQ(files.size(), 1u) << dir;
+  if (files.size() != 1) return out;
+  absl::StatusOr<std::vector<TbEvent>> events = ReadEventFile(files[0]);
+  EXPECT_TRUE(events.ok()) << events.status();
+  if (!events.ok()) return out;
+  for (const TbEvent& e : *events) {
+    for (const ScalarValue& v : e.scalars) {
+      if (e.step >= 1) out[v.tag].push_back(v.value);
+    }
+  }
+  return out;
+}
+
+TrainingRun Pretrain(std::vector<std::string> args, const std::string& tb) {
+  static int runs = 0;
+  std::string dir;
+  if (!tb.empty()) {
+    dir = absl::StrCat(TempDir(), "/", tb, runs++);
+    args.push_back("--log_dir=" + dir);
+  }
+  const RunResult run = RunPretrain(args);
+  EXPECT_EQ(run.exit_code, 0) << absl::StrJoin(args, " ") << "\n" << run.out << run.err;
+  TrainingRun out;
+  out.out = run.out;
+  out.json = LastLine(run.out);
+  if (run.exit_code == 0 && !dir.empty()) out.scalars = ReadScalars(dir);
+  return out;
+}
+
+void ExpectSameTraining(const TrainingRun& a, const TrainingRun& b, const std::string& what,
+                        const std::vector<std::string>& fields) {
+  for (const std::string& field : fields) {
+    EXPECT_EQ(JsonField(a.json, field), JsonField(b.json, field)) << what << ": " << field;
+  }
+  EXPECT_FALSE(JsonField(a.json, "param_checksum").empty()) << a.json;
+}
+
+std::vector<std::string> With(std::vector<std::string> args,
+                              const std::vector<std::string>& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
 }
 
 }  // namespace orthoshard::integration::testing
