@@ -9,6 +9,7 @@
 //     a bound derived from the reduction orders, and in fp32 within the fp32 rounding the tp-1
 //     model itself makes; for a GQA config with an untied head and an MHA config with tied
 //     embeddings, targets with ignored positions, both reductions, with and without documents;
+//     mixed precision (bf16) within the bf16 tp-1 model's own rounding;
 //   - QK-clip: the max-logit record gets this rank's heads only; QkClipRowScales of a shard is
 //     the slice of the whole weight's factors;
 //   - a tp rank that does not take part in a collective (forward, then backward): the survivor
@@ -421,6 +422,57 @@ TEST(TensorParallelGpt, Tp4ComputesWhatTpOneComputes) {
         CompareWithTpOne(comm, WideConfig());
       },
       collectives::testing::WithTimeouts(absl::Seconds(60), absl::Seconds(240)));
+}
+
+// Mixed precision (bf16 params and activations, the cross entropy in fp32) at tp 2: the bf16
+// all-reduces run, and the logits, loss and gradients are held to the bf16 tp-1 model's own
+// rounding error as the fp32 ones are (kFp32EstimateFactor x max |tp1_bf16 - tp1_fp64|, with the
+// floor at 4 bf16 ulps, 4 x 2^-8, of the tensor's largest element).
+TEST(TensorParallelGpt, Bf16Tp2StaysWithinTheTpOneModelsRounding) {
+  RunOnRanks(
+      2,
+      [](Communicator& comm) {
+        at::set_num_threads(1);
+        const GptConfig c = GqaConfig();
+        const at::Tensor tokens = Ids(3, c.max_seq_len, c.vocab_size, 31);
+        const at::Tensor targets = Ids(3, c.max_seq_len, c.vocab_size, 32);
+        ASSERT_OK_AND_ASSIGN(const Gpt reference, Gpt::Create(c, 4, at::kDouble));
+        ASSERT_OK_AND_ASSIGN(const Gpt whole, Gpt::Create(c, 4, at::kBFloat16));
+        ASSERT_OK_AND_ASSIGN(const Gpt part, Gpt::Create(c, 4, at::kBFloat16, at::kCPU, {},
+                                                         TensorParallel{&comm}));
+        constexpr double kBf16FloorUlps = 4.0 / 256.0;
+        double worst = 0;
+        auto check = [&](const std::string& name, const at::Tensor& got, const at::Tensor& tp1,
+                         const at::Tensor& ref) {
+          const double allowed =
+              std::max(kFp32EstimateFactor * RelDiff(tp1, ref), kBf16FloorUlps);
+          const double diff = RelDiff(got, tp1);
+          worst = std::max(worst, diff / allowed);
+          EXPECT_LE(diff, allowed) << name << " on tp rank " << comm.rank();
+        };
+        ASSERT_OK_AND_ASSIGN(const at::Tensor ref_logits, reference.Forward(tokens));
+        ASSERT_OK_AND_ASSIGN(const at::Tensor local_logits, part.Forward(tokens));
+        ASSERT_OK_AND_ASSIGN(const at::Tensor whole_logits, whole.Forward(tokens));
+        check("logits", GatherVocab(comm, local_logits), whole_logits, ref_logits);
+        ASSERT_OK_AND_ASSIGN(const at::Tensor ref_loss, reference.Loss(tokens, targets));
+        ASSERT_OK_AND_ASSIGN(const at::Tensor part_loss, part.Loss(tokens, targets));
+        ASSERT_OK_AND_ASSIGN(const at::Tensor whole_loss, whole.Loss(tokens, targets));
+        EXPECT_EQ(part_loss.scalar_type(), at::kFloat);
+        check("loss", part_loss, whole_loss, ref_loss);
+        ref_loss.backward();
+        part_loss.backward();
+        whole_loss.backward();
+        ASSERT_OK(part.TakeCollectiveError());
+        const std::map<std::string, const ModelParam*> tp1 = ByName(whole), ref = ByName(reference);
+        for (const ModelParam& p : part.params()) {
+          ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+          EXPECT_EQ(p.tensor.grad().scalar_type(), at::kBFloat16) << p.name;
+          check(p.name + " gradient", p.tensor.grad(), TpSlice(tp1.at(p.name)->tensor.grad(), p.tp),
+                TpSlice(ref.at(p.name)->tensor.grad(), p.tp));
+        }
+        std::printf("bf16 tp 2 rank %d: largest difference / bound %.3g\n", comm.rank(), worst);
+      },
+      collectives::testing::WithTimeouts(absl::Seconds(60), absl::Seconds(120)));
 }
 
 // The max-logit record at tp 2: each rank writes only its own heads (the others stay -inf), and
