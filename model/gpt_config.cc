@@ -1,11 +1,14 @@
 // GptConfig presets and validation (gpt_config.h).
 #include "model/gpt_config.h"
 
+#include <numeric>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
@@ -75,6 +78,40 @@ absl::StatusOr<GptConfig> GptPreset(absl::string_view name) {
       absl::StrCat("unknown model preset '", name,
                    "'; expected one of tiny, small, gpt2-124m, tinyllama-1.1b, moe-tiny, "
                    "moe-tiny-shared, moe-small"));
+}
+
+absl::Status ValidateTensorParallel(const GptConfig& c, int tp) {
+  RETURN_IF_ERROR(ValidateConfig(c));
+  if (tp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallelism: tp must be >= 1, got ", tp));
+  }
+  if (tp == 1) return absl::OkStatus();
+  if (c.is_moe()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallelism of a mixture-of-experts model is not supported yet: num_experts ",
+        c.num_experts, " needs tp 1, got tp ", tp));
+  }
+  const std::pair<const char*, int64_t> sizes[] = {{"num_heads", c.num_heads},
+                                                   {"num_kv_heads", c.num_kv_heads},
+                                                   {"ffn_hidden", c.ffn_hidden},
+                                                   {"vocab_size", c.vocab_size}};
+  int64_t common = 0;
+  for (const auto& [name, size] : sizes) common = std::gcd(common, size);
+  for (const auto& [name, size] : sizes) {
+    if (size % tp == 0) continue;
+    std::vector<int64_t> working;
+    for (int64_t d = 1; d <= common; ++d) {
+      if (common % d == 0) working.push_back(d);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallelism: tp ", tp, " does not divide ", name, " ", size,
+        " (tp must divide num_heads ", c.num_heads, ", num_kv_heads ", c.num_kv_heads,
+        ", ffn_hidden ", c.ffn_hidden, " and vocab_size ", c.vocab_size,
+        "; the vocabulary is not padded); tp sizes that divide all of them: ",
+        absl::StrJoin(working, ", ")));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateConfig(const GptConfig& c) {

@@ -74,6 +74,16 @@ int64_t GptExpertParamCount(const GptConfig& config);
 // moe_ffn_hidden < 1.
 absl::Status ValidateConfig(const GptConfig& config);
 
+// Whether a model of `config` splits over a tensor-parallel group of `tp` ranks (Megatron-LM's
+// layout, model/tensor_parallel.h): tp >= 1 divides num_heads (each rank's query heads),
+// num_kv_heads (each rank holds whole KV groups), ffn_hidden (the fc1 halves' and fc2's slices)
+// and vocab_size (the vocab-parallel embedding and output layer). The vocabulary is NOT padded
+// to a multiple of tp: a vocabulary tp does not divide is an error, and the message lists the tp
+// sizes that divide every one of these sizes. Mixture-of-experts models (num_experts > 0) take
+// tp 1 only (expert tensor parallelism is not supported yet). Call it before launching ranks.
+// Errors: kInvalidArgument naming the field, its size and tp; as ValidateConfig.
+absl::Status ValidateTensorParallel(const GptConfig& config, int tp);
+
 // A model's identity as a checkpoint records it (SharedState::model_config), written by the
 // trainer and read back by `ckpt` to rebuild the model:
 //   "model=<preset> seq_len=<S>[ vocab=<V>][ top_k=<k>][ precision=<p>][ documents=<d>]"

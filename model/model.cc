@@ -6,7 +6,6 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cross_entropy_loss.h>
-#include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/linear.h>
@@ -108,8 +107,10 @@ at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 }
 
 absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::ScalarType dtype,
-                                             at::Device device, ExpertParallel ep) {
+                                             at::Device device, ExpertParallel ep,
+                                             TensorParallel tp) {
   RETURN_IF_ERROR(ValidateConfig(config));
+  RETURN_IF_ERROR(ValidateTensorParallel(config, tp.size()));
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kDouble) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gpt: param dtype must be float, bfloat16 or double, got ", c10::toString(dtype)));
@@ -123,6 +124,7 @@ absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::Scalar
     Gpt model;
     model.config_ = config;
     model.ep_ = ep;
+    model.tp_ = tp;
     const int64_t C = config.hidden, V = config.vocab_size, F = config.ffn_hidden;
     const int64_t H = config.num_heads, KV = config.num_kv_heads, D = C / H;
     const int L = static_cast<int>(config.num_layers);
@@ -130,45 +132,72 @@ absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::Scalar
     const int64_t local_experts = config.is_moe() ? config.num_experts / ep.size() : 0;
     const int64_t first_expert = ep.rank() * local_experts;
 
+    // How a param of each kind splits over the tp group (tensor_parallel.h); replicated
+    // (TpSplit's default) at tp 1.
+    auto tp_split = [&](int dim, int64_t parts) {
+      TpSplit s;
+      if (tp.size() == 1) return s;
+      s.size = tp.size();
+      s.rank = tp.rank();
+      s.dim = dim;
+      s.parts = parts;
+      return s;
+    };
+    const TpSplit replicated = tp_split(-1, 1), rows = tp_split(0, 1), columns = tp_split(1, 1);
     // Uninitialised memory: nothing is written (or, for large params, even committed) until the
     // values arrive. An expert of another ep rank is only listed for the initial values.
+    // `shape` is the global shape; the tensor has this rank's slice of it.
     auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
-                   double std, FusedSplit split = {}, int expert = -1) {
-      InitialParam initial{shape, kind == ParamKind::kNorm, std, -1};
+                   double std, TpSplit split_tp, FusedSplit split = {}, int expert = -1) {
+      InitialParam initial{shape, kind == ParamKind::kNorm, std, -1, split_tp};
       at::Tensor t;
       if (expert < 0 || (expert >= first_expert && expert < first_expert + local_experts)) {
         initial.local = static_cast<int>(model.params_.size());
-        t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
+        t = at::empty(TpLocalShape(shape, split_tp),
+                      at::TensorOptions().dtype(dtype).device(device));
         t.set_requires_grad(true);
-        model.params_.push_back({std::move(name), t, kind, layer, std::move(split), {}, expert});
+        if (split_tp.split() && !split.block_rows.empty()) {
+          // A fused weight's blocks as this rank holds them: its share of the groups (QKV, one
+          // part: whole KV groups) or of each block (fc1, 2 parts: the gate and up halves).
+          if (split_tp.parts == 1) {
+            split.num_groups /= tp.size();
+          } else {
+            for (int64_t& r : split.block_rows) r /= tp.size();
+          }
+        }
+        model.params_.push_back(
+            {std::move(name), t, kind, layer, std::move(split), {}, expert, split_tp});
       }
       model.initial_.push_back(std::move(initial));
       return t;
     };
     auto add_mlp = [&](const std::string& p, int64_t width, int layer, int expert,
                        at::Tensor* fc1, at::Tensor* fc2) {
+      // MoE models are tp 1 (ValidateTensorParallel): the splits are then replicated.
       at::Tensor a = add(p + "fc1.weight", {2 * width, C}, ParamKind::kHidden, layer,
-                         config.init_std, FusedSplit{1, {width, width}}, expert);
-      at::Tensor b = add(p + "fc2.weight", {C, width}, ParamKind::kHidden, layer, residual_std, {},
-                         expert);
+                         config.init_std, tp_split(0, 2), FusedSplit{1, {width, width}}, expert);
+      at::Tensor b = add(p + "fc2.weight", {C, width}, ParamKind::kHidden, layer, residual_std,
+                         columns, {}, expert);
       if (a.defined()) *fc1 = a, *fc2 = b;
     };
 
-    model.embedding_ = add("embedding.weight", {V, C}, ParamKind::kEmbedding, 0, config.init_std);
+    model.embedding_ =
+        add("embedding.weight", {V, C}, ParamKind::kEmbedding, 0, config.init_std, rows);
     for (int i = 0; i < L; ++i) {
       const std::string p = absl::StrCat("layers.", i, ".");
       Layer layer;
-      layer.attn_norm = add(p + "attn_norm.weight", {C}, ParamKind::kNorm, i + 1, 0);
+      layer.attn_norm = add(p + "attn_norm.weight", {C}, ParamKind::kNorm, i + 1, 0, replicated);
       layer.qkv = add(p + "attn.qkv.weight", {(H + 2 * KV) * D, C}, ParamKind::kHidden, i + 1,
-                      config.init_std, FusedSplit{KV, {H / KV * D, D, D}});
-      layer.proj = add(p + "attn.proj.weight", {C, H * D}, ParamKind::kHidden, i + 1, residual_std);
-      layer.mlp_norm = add(p + "mlp_norm.weight", {C}, ParamKind::kNorm, i + 1, 0);
+                      config.init_std, rows, FusedSplit{KV, {H / KV * D, D, D}});
+      layer.proj = add(p + "attn.proj.weight", {C, H * D}, ParamKind::kHidden, i + 1, residual_std,
+                       columns);
+      layer.mlp_norm = add(p + "mlp_norm.weight", {C}, ParamKind::kNorm, i + 1, 0, replicated);
       if (!config.is_moe()) {
         add_mlp(p + "mlp.", F, i + 1, -1, &layer.fc1, &layer.fc2);
       } else {
         MoeWeights& moe = layer.moe;
         moe.router = add(p + "mlp.router.weight", {config.num_experts, C}, ParamKind::kRouter,
-                         i + 1, config.init_std);
+                         i + 1, config.init_std, replicated);
         moe.fc1.resize(local_experts);
         moe.fc2.resize(local_experts);
         for (int e = 0; e < config.num_experts; ++e) {
@@ -182,18 +211,18 @@ absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::Scalar
           add_mlp(p + "mlp.shared_expert.", config.moe_shared_ffn_hidden, i + 1, -1,
                   &moe.shared_fc1, &moe.shared_fc2);
           moe.shared_gate = add(p + "mlp.shared_expert_gate.weight", {1, C}, ParamKind::kRouter,
-                                i + 1, config.init_std);
+                                i + 1, config.init_std, replicated);
         }
       }
       model.layers_.push_back(std::move(layer));
     }
-    model.final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0);
+    model.final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0, replicated);
     if (config.tie_embeddings) {
       model.output_ = model.embedding_;
       model.params_.front().also_read_by = {L + 1};
     } else {
       model.output_ =
-          add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1, config.init_std);
+          add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1, config.init_std, rows);
     }
     RotaryTables(config.max_seq_len, D, config.rope_theta, dtype, &model.rope_cos_,
                  &model.rope_sin_);
@@ -218,7 +247,7 @@ absl::Status Gpt::ForEachInitialValue(
         value = at::empty(p.shape, at::kFloat);
         value.normal_(0.0, p.std, gen);
       }
-      if (p.local >= 0) RETURN_IF_ERROR(fn(p.local, value));
+      if (p.local >= 0) RETURN_IF_ERROR(fn(p.local, p.tp.split() ? TpSlice(value, p.tp) : value));
     }
     return absl::OkStatus();
   } catch (const c10::Error& e) {
@@ -227,8 +256,8 @@ absl::Status Gpt::ForEachInitialValue(
 }
 
 absl::StatusOr<Gpt> Gpt::Create(const GptConfig& config, uint64_t seed, at::ScalarType dtype,
-                                at::Device device, ExpertParallel ep) {
-  ASSIGN_OR_RETURN(Gpt model, CreateUninitialized(config, dtype, device, ep));
+                                at::Device device, ExpertParallel ep, TensorParallel tp) {
+  ASSIGN_OR_RETURN(Gpt model, CreateUninitialized(config, dtype, device, ep, tp));
   const std::vector<ModelParam>& params = model.params();
   RETURN_IF_ERROR(model.ForEachInitialValue(seed, [&](int i, const at::Tensor& value) {
     at::NoGradGuard no_grad;
@@ -252,10 +281,15 @@ int64_t Gpt::num_params() const {
 
 at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
                       const AttentionInputs& attention) const {
-  const int64_t B = x.size(0), T = x.size(1), C = config_.hidden;
-  const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = C / H, R = H / KV;
+  const int64_t B = x.size(0), T = x.size(1), C = config_.hidden, D = C / config_.num_heads;
+  // This rank's query heads and KV groups (all of them at tp 1).
+  const int64_t H = config_.num_heads / tp_.size(), KV = config_.num_kv_heads / tp_.size();
+  const int64_t R = H / KV;
+  absl::Status* error = collective_error_.get();
 
-  const at::Tensor h = at::rms_norm(x, {C}, layer.attn_norm, config_.norm_eps);
+  // Column-parallel QKV: the replicated normed input in, this rank's KV groups out.
+  const at::Tensor h = CopyToTpRegion(at::rms_norm(x, {C}, layer.attn_norm, config_.norm_eps), tp_,
+                                      error);
   // The fused outputs are taken apart by split, whose backward concatenates the parts' grads into
   // the fused grad. narrow/select would give the same values, but each one's backward allocates
   // and zero-fills a tensor of the whole fused output and the parts are then added: on a CPU that
@@ -278,21 +312,27 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
   const at::Tensor y = at::scaled_dot_product_attention(
       q, k, v, masked ? std::optional<at::Tensor>(attention.mask) : std::nullopt,
       /*dropout_p=*/0.0, /*is_causal=*/!masked, /*scale=*/std::nullopt, /*enable_gqa=*/R > 1);
-  const at::Tensor x1 = x + at::linear(y.transpose(1, 2).reshape({B, T, H * D}), layer.proj);
+  // Row-parallel proj: this rank's heads' columns, summed over the group.
+  const at::Tensor x1 =
+      x + ReduceFromTpRegion(at::linear(y.transpose(1, 2).reshape({B, T, H * D}), layer.proj), tp_,
+                             error);
 
   const at::Tensor m = at::rms_norm(x1, {C}, layer.mlp_norm, config_.norm_eps);
   if (config_.is_moe()) {
     moe_aux_.emplace_back();
     return x1 + MoeMlp(config_, layer.moe, ep_, m, &moe_aux_.back(), collective_error_.get());
   }
-  const at::Tensor a = SwiGluIn(m, layer.fc1);  // [B, T, F]
-  return x1 + at::linear(a, layer.fc2);
+  // Column-parallel fc1 (this rank's hidden units of gate and up), row-parallel fc2.
+  const at::Tensor a = SwiGluIn(CopyToTpRegion(m, tp_, error), layer.fc1);  // [B, T, F / tp]
+  return x1 + ReduceFromTpRegion(at::linear(a, layer.fc2), tp_, error);
 }
 
 void Gpt::RecordMaxLogits(const Layer& layer, const at::Tensor& q, const at::Tensor& k,
                           const AttentionInputs& attention) const {
   const int64_t block = &layer - layers_.data();
-  at::Tensor row = max_logit_record_.select(0, block);
+  // This rank's heads of the block's row (q has them in order).
+  const int64_t heads = q.size(1);
+  at::Tensor row = max_logit_record_.select(0, block).narrow(0, tp_.rank() * heads, heads);
   row.copy_(at::maximum(row, MaxAttentionLogits(q, k, attention.mask)));
 }
 
@@ -312,7 +352,8 @@ at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens, const Documents* docu
   }
   moe_aux_.clear();
   Enter(0);
-  at::Tensor x = at::embedding(embedding_, tokens);  // [B, T, C]
+  at::Tensor x = VocabParallelEmbedding(embedding_, tokens, VocabBegin(), tp_,
+                                        collective_error_.get());  // [B, T, C]
   Leave(0, x);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const int layer = static_cast<int>(i) + 1;
@@ -322,8 +363,9 @@ at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens, const Documents* docu
   }
   const int head = static_cast<int>(layers_.size()) + 1;
   Enter(head);
-  x = at::rms_norm(x, {config_.hidden}, final_norm_, config_.norm_eps);
-  const at::Tensor logits = at::linear(x, output_);  // [B, T, V]
+  x = CopyToTpRegion(at::rms_norm(x, {config_.hidden}, final_norm_, config_.norm_eps), tp_,
+                     collective_error_.get());
+  const at::Tensor logits = at::linear(x, output_);  // [B, T, V / tp]
   Leave(head, logits);
   return logits;
 }
@@ -377,6 +419,17 @@ absl::StatusOr<at::Tensor> Gpt::Loss(const at::Tensor& tokens, const at::Tensor&
     // Mixed precision: log-softmax and the mean over tokens in fp32 (the cast's backward rounds
     // the logits' gradient back to bf16).
     if (logits.scalar_type() == at::kBFloat16) logits = logits.to(at::kFloat);
+    if (tp_.size() > 1) {
+      // The mean as cross_entropy_loss takes it: the sum over counted targets over their count
+      // (0 / 0 = NaN when none is counted).
+      const at::Tensor flat_targets = targets.reshape({-1});
+      const at::Tensor per_token = VocabParallelCrossEntropy(
+          logits.reshape({-1, logits.size(-1)}), flat_targets, VocabBegin(), kIgnoredTarget, tp_,
+          collective_error_.get());
+      const at::Tensor sum = per_token.sum();
+      if (reduction == LossReduction::kSum) return sum;
+      return sum / flat_targets.ne(kIgnoredTarget).sum().to(sum.scalar_type());
+    }
     return at::cross_entropy_loss(
         logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
         reduction == LossReduction::kSum ? at::Reduction::Sum : at::Reduction::Mean,

@@ -35,13 +35,36 @@
 // The fused QKV rows are ordered per query group g (Megatron's layout): the H/KV query heads of the
 // group, then its key head, then its value head, each D rows. Query head h uses group h / (H/KV).
 //
+// Tensor parallelism (TensorParallel of size tp > 1, model/tensor_parallel.h; Megatron-LM's layout,
+// checked by ValidateTensorParallel): each rank holds its slice of every split param under the
+// param's global name (ModelParam::tp says which; common/tp_split.h), and a TP model's params are
+// bitwise slices of the tp-1 model's of the same seed. Local shapes (G = KV / tp groups, each of
+// R = H / KV query heads, a key and a value head; Vl = V / tp):
+//   embedding.weight                [Vl, C]               dim 0: vocab ids [r Vl, (r+1) Vl)
+//   layers.{i}.attn.qkv.weight      [(H + 2 KV) D / tp, C] dim 0, 1 part: KV groups
+//                                                         [r G, (r+1) G), whole (column-parallel)
+//   layers.{i}.attn.proj.weight     [C, H D / tp]         dim 1: the same heads' columns (row-par.)
+//   layers.{i}.mlp.fc1.weight       [2 F / tp, C]         dim 0, 2 parts: gate rows
+//                                                         [r F/tp, (r+1) F/tp), then the same up rows
+//   layers.{i}.mlp.fc2.weight       [C, F / tp]           dim 1: the same hidden units (row-parallel)
+//   output_layer.weight             [Vl, C]               dim 0, as the embedding (tied: the one slice)
+//   norms                           [C]                   replicated (every rank the whole; their
+//                                                         gradients equal on every rank)
+// Attention runs on the rank's H / tp query heads and G KV groups; the proj and fc2 outputs are
+// summed over the group (ReduceFromTpRegion), the QKV and fc1 inputs' gradients too
+// (CopyToTpRegion); the output layer's input likewise. Forward returns the VOCAB-LOCAL logits
+// [B, T, Vl] (columns [r Vl, (r+1) Vl) of the whole logits); Loss is the vocab-parallel cross
+// entropy (no gather of the logits), the same value on every tp rank. Every rank of the tp group
+// must call Forward and Loss, and run backward, together (they run its collectives). MoE models
+// take tp 1 only.
+//
 // Layer hooks (for a data-parallel wrapper that gathers sharded params layer by layer, ddp/'s
 // LayerHooks): the forward runs "forward layers" in order, 0 = embedding, 1..L = blocks, L + 1 =
 // head (final norm and output projection). When hooks are set, Forward calls, for each forward
 // layer i = 0, 1, ..., L + 1 in that order, on the calling thread: pre_forward(i) before any param
 // of layer i is read, and post_forward(i, output) once every read of the params layer i reads has
 // been issued, with the layer's output (embedding: [B, T, C]; block: [B, T, C]; head: the logits
-// [B, T, V]), from whose gradient all of layer i's backward follows. Each param's `layer` says
+// [B, T, V], vocab-local [B, T, V / tp] with tensor parallelism), from whose gradient all of layer i's backward follows. Each param's `layer` says
 // which forward layer owns it and `also_read_by` which others read it: with tied embeddings the
 // head reads embedding.weight too, so a wrapper that releases gathered params after their last
 // reader keeps it until post_forward(L + 1). Hooks must not throw; they may block (e.g. on an
@@ -63,6 +86,7 @@
 #include "common/tp_split.h"
 #include "model/gpt_config.h"
 #include "model/moe.h"
+#include "model/tensor_parallel.h"
 
 namespace orthoshard::model {
 
@@ -125,12 +149,15 @@ class Gpt {
  public:
   // Builds a model with params initialised from `seed` alone: the same seed gives bit-identical
   // params on every machine (ForEachInitialValue's values, cast to `dtype` and copied to
-  // `device`). `dtype` is kFloat, kBFloat16 or kDouble. Errors: as ValidateConfig;
-  // kInvalidArgument for another dtype; kInternal when LibTorch cannot place the params on
-  // `device`.
+  // `device`). `dtype` is kFloat, kBFloat16 or kDouble. `tp`: the tensor-parallel group (see the
+  // file comment; its communicator must outlive the model and its device be `device`).
+  // Errors: as ValidateConfig and ValidateTensorParallel(config, tp.size()); kInvalidArgument
+  // for another dtype; kInternal when LibTorch cannot place the
+  // params on `device`.
   static absl::StatusOr<Gpt> Create(const GptConfig& config, uint64_t seed,
                                     at::ScalarType dtype = at::kFloat,
-                                    at::Device device = at::kCPU, ExpertParallel ep = {});
+                                    at::Device device = at::kCPU, ExpertParallel ep = {},
+                                    TensorParallel tp = {});
 
   // The same model with uninitialised params (allocated, never written: on the CPU, large ones
   // take no memory until touched), for a caller that moves the params into its own storage
@@ -139,13 +166,15 @@ class Gpt {
   static absl::StatusOr<Gpt> CreateUninitialized(const GptConfig& config,
                                                  at::ScalarType dtype = at::kFloat,
                                                  at::Device device = at::kCPU,
-                                                 ExpertParallel ep = {});
+                                                 ExpertParallel ep = {}, TensorParallel tp = {});
 
   // Calls fn(i, value) for every param i in order with its initial value for `seed`: an fp32 CPU
-  // tensor of the param's shape, drawn from one CPU generator in the listed order of the whole
-  // model (normal with the param's init std; norms are ones), one param at a time; the values of
-  // experts this rank does not hold are drawn and dropped, so every expert starts the same at
-  // every ep. Errors: the first of fn's.
+  // tensor of the param's (local) shape, drawn from one CPU generator in the listed order of the
+  // whole model (normal with the param's init std; norms are ones), one param at a time; the
+  // values of experts this rank does not hold are drawn and dropped, so every expert starts the
+  // same at every ep; with tensor parallelism every param's whole tensor is drawn and fn gets this
+  // rank's slice (TpSlice with its ModelParam::tp), so the values are the tp-1 model's.
+  // Errors: the first of fn's.
   absl::Status ForEachInitialValue(
       uint64_t seed,
       const std::function<absl::Status(int index, const at::Tensor& value)>& fn) const;
@@ -163,8 +192,10 @@ class Gpt {
   const std::vector<MoeAux>& moe_aux() const { return moe_aux_; }
   // The experts' ep group (size 1 without one).
   const ExpertParallel& expert_parallel() const { return ep_; }
-  // The first failed expert all-to-all (forward or backward) since the last call, which a
-  // LibTorch error thrown from backward carries only as text; OK when none failed.
+  // The tensor-parallel group (size 1 without one).
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // The first failed expert all-to-all or tp collective (forward or backward) since the last
+  // call, which a LibTorch error thrown from backward carries only as text; OK when none failed.
   absl::Status TakeCollectiveError() const;
 
   // Installs (or, with empty functions, clears) the layer hooks.
@@ -175,10 +206,13 @@ class Gpt {
   // its q and k after rotary, with the forward's causal or document mask) and folds it into
   // record[block][head] by max, in place. `record`: fp32 [L, H] on the params' device (fill it
   // with -inf to start); an undefined tensor (the default) turns it off, at no cost. Each block
-  // then costs one more q k^T product.
+  // then costs one more q k^T product. With tensor parallelism the record still has every
+  // (global) head, and a rank folds in only its own heads [r H / tp, (r + 1) H / tp); the other
+  // entries are left as they are.
   void set_max_logit_record(at::Tensor record) { max_logit_record_ = std::move(record); }
 
-  // logits [B, T, V] for tokens [B, T] (int64 on the params' device, 1 <= T <= max_seq_len, ids
+  // logits [B, T, V] (with tensor parallelism this rank's vocabulary columns [B, T, V / tp]) for
+  // tokens [B, T] (int64 on the params' device, 1 <= T <= max_seq_len, ids
   // in [0, V)); causal attention over each whole row, or within each document when `documents`
   // is given.
   // Errors: kInvalidArgument naming the expected vs received shape/dtype/id range (documents'
@@ -205,6 +239,7 @@ class Gpt {
     bool ones = false;  // norms start at 1
     double std = 0;
     int local = -1;     // its index in params_, or -1: an expert another ep rank holds
+    TpSplit tp;         // this rank's slice of the value drawn in `shape`
   };
 
   // What every block's attention shares in one forward: the rotary rows and the document mask.
@@ -214,6 +249,8 @@ class Gpt {
   };
 
   absl::Status CheckDocuments(const at::Tensor& tokens, const Documents& documents) const;
+  // The first global vocabulary id of this rank's embedding and output rows.
+  int64_t VocabBegin() const { return tp_.rank() * (config_.vocab_size / tp_.size()); }
   at::Tensor ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const;
   at::Tensor Block(const Layer& layer, const at::Tensor& x, const AttentionInputs& attention) const;
   // With a max-logit record: folds this forward's logits of `layer` (an element of layers_) into it.
@@ -230,6 +267,7 @@ class Gpt {
   std::vector<ModelParam> params_;
   std::vector<InitialParam> initial_;  // the whole model's params
   ExpertParallel ep_;
+  TensorParallel tp_;
   mutable std::vector<MoeAux> moe_aux_;
   std::shared_ptr<absl::Status> collective_error_ = std::make_shared<absl::Status>();
   at::Tensor embedding_, final_norm_, output_;  // output_ aliases embedding_ when tied

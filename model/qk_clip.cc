@@ -47,15 +47,18 @@ at::Tensor MaxAttentionLogits(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 at::Tensor QkClipRowScales(const GptConfig& config, const at::Tensor& max_logits, double tau,
-                           int64_t* clipped_groups) {
+                           int64_t* clipped_groups, const TpSplit& tp) {
   const int64_t H = config.num_heads, KV = config.num_kv_heads, R = H / KV;
   const int64_t D = config.hidden / H;
   const at::Tensor logits = max_logits.detach().to(at::kCPU, at::kFloat).contiguous();
   const float* s = logits.data_ptr<float>();
   std::vector<float> factors;
-  factors.reserve(static_cast<size_t>((H + 2 * KV) * D));
+  factors.reserve(static_cast<size_t>((H + 2 * KV) * D / std::max(tp.size, 1)));
   int64_t clipped = 0;
-  for (int64_t g = 0; g < KV; ++g) {
+  // The groups whose rows this (shard of the) weight holds.
+  const int64_t groups = tp.split() ? KV / tp.size : KV;
+  const int64_t first = tp.split() ? tp.rank * groups : 0;
+  for (int64_t g = first; g < first + groups; ++g) {
     double group_max = -std::numeric_limits<double>::infinity();
     for (int64_t r = 0; r < R; ++r) group_max = std::max(group_max, double{s[g * R + r]});
     // gamma = tau / S_g < 1 for a group above tau; q and k each take gamma^(1/2).

@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "common/tp_split.h"
 #include "model/gpt_config.h"
 
 namespace orthoshard::model {
@@ -44,9 +45,15 @@ at::Tensor MaxAttentionLogits(const at::Tensor& q, const at::Tensor& k, const at
 // the query and key rows of group g, 1 for its value rows (see the file comment). gamma_g is
 // computed in double from the fp32 maxima; a group whose maximum is not above tau (NaN included)
 // gets exactly 1. Returns fp32 [(H + 2 KV) D] on the CPU. Sets *clipped_groups (when not null) to
-// the number of groups scaled. Precondition: ValidateConfig(config) is OK, tau > 0.
+// the number of groups scaled.
+// Tensor parallelism: with `tp` the QKV weight's split (ModelParam::tp: dim 0, 1 part, rank r of
+// size tp), the factors of this rank's shard only, [(H + 2 KV) D / tp]: the rows of KV groups
+// [r KV / tp, (r + 1) KV / tp), read from those groups' heads of the (global) `max_logits`, the
+// other heads' entries unread; *clipped_groups then counts this shard's groups.
+// Precondition: ValidateConfig(config) is OK, tau > 0; a split `tp` is dim 0, 1 part, and its
+// size divides num_kv_heads.
 at::Tensor QkClipRowScales(const GptConfig& config, const at::Tensor& max_logits, double tau,
-                           int64_t* clipped_groups = nullptr);
+                           int64_t* clipped_groups = nullptr, const TpSplit& tp = {});
 
 }  // namespace orthoshard::model
 
