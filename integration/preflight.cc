@@ -87,25 +87,32 @@ std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c,
   // description cannot be read (the run reports that itself).
   const absl::StatusOr<ResolvedModel> resolved = ResolveModel(c);
   const GptConfig preset = resolved.ok() ? resolved->config : *GptPreset(c.model);
-  const int64_t params = GptParamCount(preset);
+  // With --tp each rank holds 1/tp of the params (the few replicated norms are left out: this is a
+  // lower bound) and of the logits' vocabulary, and the batch is split over dp = world / tp.
+  const int64_t tp = std::max<int64_t>(1, c.tp);
+  const int dp = static_cast<int>(std::max<int64_t>(1, world_size / tp));
+  const int64_t params = GptParamCount(preset) / tp;
   const int64_t seq_len = c.seq_len > 0 ? c.seq_len : preset.max_seq_len;
-  const int64_t micro_batch = c.global_batch / (int64_t{world_size} * c.micro_batches);
+  const int64_t micro_batch = c.global_batch / (int64_t{dp} * c.micro_batches);
   // Optimizer state: AdamW's two fp32 moments, Muon's one fp32 momentum (fp32 params are their own
   // main params). Params and grads are fp32.
-  const int64_t muon = c.optimizer == OptimizerChoice::kMuon ? GptHiddenMatrixCount(preset) : 0;
+  const int64_t muon =
+      c.optimizer == OptimizerChoice::kMuon ? GptHiddenMatrixCount(preset) / tp : 0;
   const int64_t state = 8 * (params - muon) + 4 * muon;
   // replicated: every rank holds and steps everything; layerwise/distopt: whole params and grads,
   // its share of the state; fsdp: its share of all three.
   const DistModeSpec& mode = SpecOf(c.dist);
-  const int64_t model_bytes = mode.sharded_params ? (8 * params + state) / world_size
-                              : mode.sharded_step ? 8 * params + state / world_size
+  const int64_t model_bytes = mode.sharded_params ? (8 * params + state) / dp
+                              : mode.sharded_step ? 8 * params + state / dp
                                                   : 8 * params + state;
   return {
       {model_bytes,
-       absl::StrCat("the model (--model=", c.model, ", ", params, " params, --dist=", mode.name,
+       absl::StrCat("the model (--model=", c.model, ", ", params,
+                    tp > 1 ? absl::StrCat(" params per tp rank at --tp=", tp) : " params",
+                    ", --dist=", mode.name,
                     ": ", mode.rank_holds,
                     ")")},
-      {2 * micro_batch * seq_len * preset.vocab_size * 4,
+      {2 * micro_batch * seq_len * (preset.vocab_size / tp) * 4,
        absl::StrCat("the logits of a micro-batch of ", micro_batch,
                     " samples (lower --global_batch or raise --micro_batches)")},
       {c.eval_batches * micro_batch * seq_len * 16,

@@ -35,12 +35,19 @@ absl::StatusOr<QkClipStats> QkClip::Prepare(collectives::Communicator& comm,
   stats.max_logit = maxima.max().item<double>();
   const model::GptConfig& c = model_->config();
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    // The groups clipped in the whole model (every rank computes the same count), and the factors
+    // of the rows this rank holds: with tensor parallelism its KV groups' slice of the QKV weight.
     int64_t clipped = 0;
-    const at::Tensor scales = model::QkClipRowScales(c, maxima[l], tau_, &clipped);
+    at::Tensor scales = model::QkClipRowScales(c, maxima[l], tau_, &clipped);
     if (clipped == 0) continue;
     stats.clipped_groups += clipped;
-    RETURN_IF_ERROR(
-        optimizer.SetRowScales(absl::StrCat("layers.", l, ".attn.qkv.weight"), scales));
+    const std::string name = absl::StrCat("layers.", l, ".attn.qkv.weight");
+    for (const model::ModelParam& p : model_->params()) {
+      if (p.name == name && p.tp.split()) {
+        scales = model::QkClipRowScales(c, maxima[l], tau_, nullptr, p.tp);
+      }
+    }
+    RETURN_IF_ERROR(optimizer.SetRowScales(name, scales));
   }
   return stats;
 }

@@ -21,6 +21,7 @@
 #include "data/dataset.h"
 #include "integration/training_data.h"
 #include "model/gpt_config.h"
+#include "model/tensor_parallel.h"
 #include "optimizers/distributed/distributed_optimizer.h"
 #include "optimizers/ns_schedule.h"
 #include "optimizers/schedule.h"
@@ -164,6 +165,7 @@ absl::Status RouteAndLayOut(const TrainerConfig& c, const model::GptConfig& gpt,
                                                                       : layout::ParamRole::kAdam;
     spec.shared_embedding = params[i].kind == model::ParamKind::kEmbedding && gpt.tie_embeddings;
     spec.expert = params[i].expert >= 0;  // planned over expt_dp, in buffers of their own
+    spec.tp = params[i].tp;               // the shape is the tp-local one: what the buffers hold
     specs.push_back(std::move(spec));
   }
   layout::LayoutOptions options = LayoutOptionsOf(c, dp);
@@ -264,9 +266,11 @@ std::string LayoutSummary(const layout::FullParamLayout& full) {
 absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   Setup s;
   s.mode = c.dist;
-  // Dense params data parallel over the world; experts split over ep, their params data parallel
-  // over expt_dp = world / ep.
+  // tp innermost (ranks 0..tp-1 hold the slices of one model copy), dense params data parallel
+  // over dp = world / tp; experts split over ep, their params data parallel over expt_dp = dp / ep.
   collectives::MeshGrid grid = collectives::DataParallelGrid(comm.size());
+  grid.tp = static_cast<int>(c.tp);
+  grid.dp = comm.size() / grid.tp;
   grid.ep = static_cast<int>(c.ep);
   ASSIGN_OR_RETURN(collectives::Mesh mesh, collectives::Mesh::Create(comm, grid));
   s.mesh = std::make_unique<collectives::Mesh>(std::move(mesh));
@@ -289,7 +293,8 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
   // device starts from the same weights) into the buffers.
   ASSIGN_OR_RETURN(Gpt model, Gpt::CreateUninitialized(
                                   gpt, c.precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat,
-                                  comm.device(), model::ExpertParallel{&s.mesh->ep()}));
+                                  comm.device(), model::ExpertParallel{&s.mesh->ep()},
+                                  model::TensorParallel{&s.mesh->tp()}));
   s.model = std::make_unique<Gpt>(std::move(model));
   RETURN_IF_ERROR(RouteAndLayOut(c, gpt, s.mesh->dp().size(), s));
   RETURN_IF_ERROR(BuildDataParallel(c, s));

@@ -456,23 +456,32 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
                "(--precision=fp32 trains faster here)\n",
                out);
   }
-  // Every expert's params, as the summary counts them; with ep > 1 also what each rank holds (the
-  // dense params and E / ep experts).
+  // Every expert's params, as the summary counts them; with tp or ep > 1 also what each rank holds
+  // (its tp slices; the dense params and E / ep experts).
+  const collectives::MeshGrid& grid = s.mesh->grid();
   const int64_t params = model::GptParamCount(s.model->config());
-  const std::string held =
-      s.model->num_params() == params
-          ? ""
-          : absl::StrFormat(", %d per rank at ep %d", s.model->num_params(),
-                            s.model->expert_parallel().size());
+  std::string held;
+  if (s.model->num_params() != params) {
+    std::vector<std::string> at;
+    if (s.model->tensor_parallel().size() > 1) {
+      at.push_back(absl::StrCat("tp ", s.model->tensor_parallel().size()));
+    }
+    if (s.model->expert_parallel().size() > 1) {
+      at.push_back(absl::StrCat("ep ", s.model->expert_parallel().size()));
+    }
+    held = absl::StrFormat(", %d per rank at %s", s.model->num_params(), absl::StrJoin(at, ", "));
+  }
   std::fprintf(out,
                "pretrain: model %s (%lld params%s), data %s (%lld train / %lld eval tokens, "
-               "unigram entropy %.3f nats), %d ranks, dist %s, optimizer %s\n"
-               "pretrain: global batch %lld = %d ranks x %lld micro-batches x %lld samples x "
+               "unigram entropy %.3f nats), %d ranks%s, dist %s, optimizer %s\n"
+               "pretrain: global batch %lld = %d %s x %lld micro-batches x %lld samples x "
                "%lld tokens\n",
                c.model.c_str(), static_cast<long long>(params), held.c_str(), c.data.c_str(),
                static_cast<long long>(s.train_tokens), static_cast<long long>(s.eval_tokens),
-               s.unigram_entropy, comm.size(), ChoiceName(c.dist), ChoiceName(c.optimizer),
-               static_cast<long long>(c.global_batch), comm.size(),
+               s.unigram_entropy, comm.size(),
+               grid.tp > 1 ? absl::StrFormat(" (tp %d x dp %d)", grid.tp, grid.dp).c_str() : "",
+               ChoiceName(c.dist), ChoiceName(c.optimizer),
+               static_cast<long long>(c.global_batch), grid.dp, grid.tp > 1 ? "dp ranks" : "ranks",
                static_cast<long long>(c.micro_batches), static_cast<long long>(s.micro_batch_size),
                static_cast<long long>(s.seq_len));
   std::fprintf(out, "pretrain: vocabulary %lld (from %s), eval on %s, %s\n",
@@ -721,6 +730,7 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   }
   TrainSummary summary;
   summary.world_size = comm.size();
+  summary.tp = s.mesh->grid().tp;
   summary.dist = ChoiceName(c.dist);
   summary.model = c.model;
   summary.optimizer = ChoiceName(c.optimizer);

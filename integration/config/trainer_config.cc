@@ -325,16 +325,10 @@ absl::Status ValidateTensorParallel(const TrainerConfig& c, int world_size) {
         c.model, "' yet (use --ep to split the experts)"));
   }
   if (c.vocab_size > 0) preset.vocab_size = c.vocab_size;
-  for (const auto& [what, size] : {std::pair<const char*, int64_t>{"attention heads",
-                                                                   preset.num_heads},
-                                   {"KV groups", preset.num_kv_heads},
-                                   {"FFN width", preset.ffn_hidden},
-                                   {"vocabulary", preset.vocab_size}}) {
-    if (size % c.tp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tp ", c.tp, " does not divide model '", c.model, "''s ", size, " ", what,
-          " (tensor parallelism splits them evenly; the vocabulary is not padded)"));
-    }
+  if (absl::Status split = model::ValidateTensorParallel(preset, static_cast<int>(c.tp));
+      !split.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp ", c.tp, " for model '", c.model, "': ", split.message()));
   }
   return absl::OkStatus();
 }
@@ -510,6 +504,7 @@ std::string TrainSummary::ToJson() const {
   j.Double("tokens_per_s", tokens_per_s, 1);
   j.Double("elapsed_s", elapsed_s, 3);
   j.Int("world_size", world_size);
+  j.Int("tp", tp);
   j.String("dist", dist);
   j.String("model", model);
   j.String("optimizer", optimizer);

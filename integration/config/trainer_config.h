@@ -102,6 +102,7 @@ struct TrainSummary {
   double tokens_per_s = 0;        // training tokens of all ranks / wall time of the steps
   double elapsed_s = 0;           // wall time of the steps (no eval)
   int world_size = 1;
+  int tp = 1;                     // tensor-parallel size: world_size / tp data-parallel ranks
   std::string dist;
   std::string model;
   std::string optimizer;

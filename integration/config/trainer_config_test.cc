@@ -130,12 +130,13 @@ TEST(TrainerConfigTest, TensorParallelFlags) {
   config.tp = 3;
   EXPECT_THAT(ValidateTrainerConfig(config, 3),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--tp 3 does not divide model 'tiny''s 4 attention heads")));
+                       HasSubstr("--tp 3 for model 'tiny': tensor parallelism: tp 3 does not "
+                                 "divide num_heads 4")));
   config.tp = 2;
   config.vocab_size = 255;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("does not divide model 'tiny''s 255 vocabulary")));
+                       HasSubstr("tp 2 does not divide vocab_size 255")));
   config.vocab_size = 0;
   // dp = 4 / 2 = 2 ranks read different data: 6 rows split over 2 x 1 micro-batches.
   config.global_batch = 6;
