@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -23,6 +24,7 @@
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard.h"
+#include "checkpoint/tp_slices.h"
 #include "common/status_macros.h"
 #include "layout/layout.h"
 
@@ -78,11 +80,44 @@ int FirstElementOwner(const layout::PerBufferParamLayout& layout, const layout::
 using collectives::AllRanksOk;
 
 // The group `buffer` is sharded over: `expert_comm` for an expert buffer (layout key.expert) when
-// given, `comm` otherwise.
+// given, `dense` (tp.dp_comm, or the world without tensor parallelism) otherwise.
 collectives::Communicator& GroupOf(const buffers::ParamAndGradBuffer& buffer,
-                                   collectives::Communicator& comm,
+                                   collectives::Communicator& dense,
                                    collectives::Communicator* expert_comm) {
-  return buffer.layout().key.expert && expert_comm != nullptr ? *expert_comm : comm;
+  return buffer.layout().key.expert && expert_comm != nullptr ? *expert_comm : dense;
+}
+
+collectives::Communicator& DenseGroup(const TensorParallelism& tp,
+                                      collectives::Communicator& comm) {
+  return tp.dp_comm != nullptr ? *tp.dp_comm : comm;
+}
+
+// This run's split of param `name` (replicated when `tp` lists none).
+TpSplit SplitFor(const TensorParallelism& tp, const std::string& name) {
+  auto it = tp.splits.find(name);
+  return it == tp.splits.end() ? TpSplit{} : it->second;
+}
+
+// kInvalidArgument naming a param whose split's size or rank is not `tp`'s.
+absl::Status CheckTensorParallelism(const TensorParallelism& tp) {
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallelism: rank ", tp.rank, " of a tp group of ", tp.size));
+  }
+  for (const auto& [name, split] : tp.splits) {
+    if (split.dim >= 0 && (split.size != tp.size || split.rank != tp.rank)) {
+      return absl::InvalidArgumentError(absl::StrCat("param '", name, "': tp split (",
+                                                     split.ToString(), ") is not this rank's (",
+                                                     tp.rank, " of ", tp.size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Model-space name of the param a state record belongs to ("" for "chained/..." counters).
+std::string StateParam(const std::string& state_name) {
+  const size_t slash = state_name.rfind('/');
+  return slash == std::string::npos ? "" : state_name.substr(0, slash);
 }
 
 // A host copy of `t` (contiguous, owning its memory) for the writer: the live tensor may be on a
@@ -106,9 +141,11 @@ bool BucketHasStraddler(const buffers::ParamAndGradBuffer& buffer, int bucket) {
 // group, so each ep rank writes its own experts and, among the copies of those, the owner of each
 // shard writes). With sharded residency a param inside this rank's shard is copied from the shard;
 // a bucket with a param that straddles shards is all-gathered first over `comm` (collective: every
-// rank of the group gathers the same buckets).
+// rank of the group gathers the same buckets). A tp-split param is saved as this tp rank's slice;
+// a replicated one on tp rank 0 only.
 absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
-                            collectives::Communicator& comm, RankSnapshot& snap) {
+                            collectives::Communicator& comm, const TensorParallelism& tp,
+                            RankSnapshot& snap) {
   const layout::PerBufferParamLayout& layout = buffer.layout();
   const int rank = comm.rank();
   const bool sharded = buffer.residency() == buffers::Residency::kSharded;
@@ -124,6 +161,8 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
   for (int i : buffer.BucketParams(bucket)) {
     const layout::ParamPlacement& p = layout.params[i];
     if (FirstElementOwner(layout, p) != rank) continue;
+    const TpSplit split = SplitFor(tp, p.name);
+    if (!split.split() && tp.rank != 0) continue;
     const at::Tensor live = !sharded || gather ? buffer.Param(i)
                                                : buffer.ParamShard(bucket, rank)
                                                      .narrow(0, p.start - shard_begin, p.numel())
@@ -131,7 +170,12 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
     at::Tensor t = HostCopy(live);
     ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
     snap.tensors.push_back(t);
-    snap.records.push_back({p.name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
+    if (split.split()) {
+      snap.records.push_back({p.name, TpParamKind(split.rank), dtype, t.sizes().vec(), BytesOf(t),
+                              MakeTpSlice(split, TpGlobalShape(t.sizes().vec(), split))});
+    } else {
+      snap.records.push_back({p.name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
+    }
   }
   if (gather && !was_materialized) buffer.ReleaseParams(bucket);
   return absl::OkStatus();
@@ -143,23 +187,42 @@ absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
                                           absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                                           const optimizers::OptimizerState& optimizer,
                                           collectives::Communicator& comm,
-                                          collectives::Communicator* expert_comm) {
+                                          collectives::Communicator* expert_comm,
+                                          const TensorParallelism& tp) {
+  RETURN_IF_ERROR(CheckTensorParallelism(tp));
   RankSnapshot snap;
   snap.rank = comm.rank();
   snap.step = shared.step;
   const int rank = snap.rank;
+  collectives::Communicator& dense = DenseGroup(tp, comm);
   try {
+    absl::flat_hash_map<std::string, std::vector<int64_t>> local_shapes;  // split params only
     for (buffers::ParamAndGradBuffer* buffer : buffers) {
+      for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
+        const std::string& name = buffer->layout().params[i].name;
+        if (SplitFor(tp, name).split()) local_shapes[name] = buffer->Param(i).sizes().vec();
+      }
       for (int b = 0; b < buffer->num_buckets(); ++b) {
-        RETURN_IF_ERROR(SnapshotParams(*buffer, b, GroupOf(*buffer, comm, expert_comm), snap));
+        RETURN_IF_ERROR(
+            SnapshotParams(*buffer, b, GroupOf(*buffer, dense, expert_comm), tp, snap));
       }
     }
     for (const StateRecord& s : optimizer.ExportState()) {  // clones: only a device copy is new
+      // Elementwise state of a split param (the param's local shape) is this tp rank's slice;
+      // everything else is the same on every tp rank and saved by tp rank 0.
+      const std::string param = StateParam(s.name);
+      const auto local = local_shapes.find(param);
+      const bool sliced = local != local_shapes.end() && s.full_shape == local->second;
+      if (!sliced && tp.rank != 0) continue;
       at::Tensor t = s.tensor.device().is_cpu() ? s.tensor.contiguous() : HostCopy(s.tensor);
       ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
       snap.tensors.push_back(t);
       snap.records.push_back({s.name, absl::StrCat(kStatePrefix, s.offset, ".rank", rank), dtype,
                               t.sizes().vec(), BytesOf(t)});
+      if (sliced) {
+        const TpSplit split = SplitFor(tp, param);
+        snap.records.back().tp = MakeTpSlice(split, TpGlobalShape(s.full_shape, split));
+      }
       snap.full_shapes.emplace_back(s.name, absl::StrJoin(s.full_shape, ","));
     }
   } catch (const c10::Error& e) {
@@ -185,8 +248,8 @@ namespace {
 // Rank 0: merges every rank's part into the manifest, removes the parts, commits.
 absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
                             const SharedState& shared,
-                            absl::Span<buffers::ParamAndGradBuffer* const> buffers, int dp,
-                            const SaveOptions& options) {
+                            absl::Span<buffers::ParamAndGradBuffer* const> buffers, int world,
+                            int dp, int tp, const SaveOptions& options) {
   Manifest manifest;
   manifest.set_format_version(kManifestFormatVersion);
   manifest.set_step(shared.step);
@@ -196,6 +259,7 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
   }
   manifest.set_layout_strategy(absl::StrJoin(strategies, ","));
   manifest.set_dp_size(dp);
+  manifest.set_tp_size(tp);
   manifest.set_model_config(shared.model_config);
   manifest.set_optimizer_config(shared.optimizer_config);
   auto& meta = *manifest.mutable_metadata();
@@ -203,10 +267,10 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
   meta["data_position"] = absl::Base64Escape(shared.data_position);
   meta["rng_seed"] = absl::StrCat(shared.rng_seed);
   // Every record is written once over all ranks (params by their shard's owner in the buffer's
-  // group, state pieces by kind "state@<offset>.rank<r>"); a second writer would be a bug in who
-  // writes what, and a load would read one of the two at random.
+  // group, tp slices by their tp rank's, state pieces by kind "state@<offset>.rank<r>"); a second
+  // writer would be a bug in who writes what, and a load would read one of the two at random.
   std::map<std::pair<std::string, std::string>, std::string> writer;  // (name, kind) -> file
-  for (int r = 0; r < dp; ++r) {
+  for (int r = 0; r < world; ++r) {
     const std::string path = JoinPath(tmp, PartFileName(r));
     ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
     Manifest part;
@@ -224,6 +288,11 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
     }
     for (const auto& [k, v] : part.metadata()) meta[k] = v;
     RETURN_IF_ERROR(RemoveRecursively(path));
+  }
+  // Every tp-split param has all its slices, of one split (else the checkpoint could not be read).
+  if (absl::StatusOr<std::vector<WholeParam>> params = WholeParams(manifest, tmp); !params.ok()) {
+    return absl::InternalError(absl::StrCat("checkpoint step ", shared.step, ": ",
+                                            params.status().message()));
   }
   RETURN_IF_ERROR(WriteManifest(tmp, manifest));
   CommitOptions commit;
@@ -275,16 +344,54 @@ struct ParamLoad {
   at::Tensor value;  // whole param, read and checked
 };
 
+// Reads into `out` (this run's local tensor of param `name`: `split`, dtype `dtype`) the elements
+// it holds, from the saved records (the whole param, or its tp slices) that overlap it, after
+// checking the whole shapes agree.
+absl::Status ReadParamSlice(const CheckpointReader& reader, const std::string& name,
+                            const std::string& dtype, const TpSplit& split, at::Tensor& out) {
+  const WholeParam* saved = reader.FindParam(name);
+  if (saved == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", reader.dir(), ": no record '", name, "' (", kParamKind, ")"));
+  }
+  const std::vector<int64_t> local = out.sizes().vec();
+  const std::vector<int64_t> whole = split.split() ? TpGlobalShape(local, split) : local;
+  if (saved->dtype != dtype || saved->shape != whole) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", reader.dir(), ": param '", name, "' is ", saved->dtype, " [",
+        absl::StrJoin(saved->shape, ","), "] whole, the model's is ", dtype, " [",
+        absl::StrJoin(whole, ","), "] (local [", absl::StrJoin(local, ","), "], tp ",
+        split.ToString(), ")"));
+  }
+  int64_t covered = 0;
+  std::vector<uint8_t> bytes;
+  for (const TensorRecord* r : saved->records) {
+    const TpSplit from = SplitOf(*r);
+    if (TpOverlapElements(from, split, whole) == 0) continue;
+    const std::vector<int64_t> shape(r->global_shape().begin(), r->global_shape().end());
+    bytes.resize(r->length());
+    RETURN_IF_ERROR(reader.Read(name, r->kind(), r->dtype(), shape, absl::MakeSpan(bytes)));
+    covered += CopyTpOverlap(bytes, from, MutableBytesOf(out), split, whole, out.element_size());
+  }
+  if (covered != out.numel()) {  // WholeParams checked the slices: a broken invariant
+    return absl::InternalError(absl::StrCat("checkpoint ", reader.dir(), ": param '", name,
+                                            "': its records hold ", covered, " of the ",
+                                            out.numel(), " elements this rank needs"));
+  }
+  return absl::OkStatus();
+}
+
 // Reads (and checks) the param records whose elements fall in this rank's shards, its rank in each
-// buffer's group deciding; touches nothing live.
+// buffer's group deciding (dense buffers: `dense`); each param this run splits over tp is read as
+// its local slice. Touches nothing live.
 absl::Status ReadOwnedParams(const CheckpointReader& reader,
                              absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                             collectives::Communicator& comm,
-                             collectives::Communicator* expert_comm,
+                             collectives::Communicator& dense,
+                             collectives::Communicator* expert_comm, const TensorParallelism& tp,
                              std::vector<ParamLoad>& params) {
   for (buffers::ParamAndGradBuffer* buffer : buffers) {
     const layout::PerBufferParamLayout& layout = buffer->layout();
-    const int rank = GroupOf(*buffer, comm, expert_comm).rank();
+    const int rank = GroupOf(*buffer, dense, expert_comm).rank();
     for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
       const layout::ParamPlacement& p = layout.params[i];
       const auto [lo, hi] = layout.ShardRange(p.bucket, rank);
@@ -292,57 +399,164 @@ absl::Status ReadOwnedParams(const CheckpointReader& reader,
       const at::Tensor& live = buffer->Param(i);
       ASSIGN_OR_RETURN(std::string dtype, DTypeOf(live.scalar_type()));
       at::Tensor value = at::empty(live.sizes(), live.scalar_type());
-      RETURN_IF_ERROR(reader.Read(p.name, kParamKind, dtype, live.sizes().vec(),
-                                  MutableBytesOf(value)));
+      RETURN_IF_ERROR(ReadParamSlice(reader, p.name, dtype, SplitFor(tp, p.name), value));
       params.push_back({buffer, i, value});
     }
   }
   return absl::OkStatus();
 }
 
+// A param this rank holds: this run's split and local shape.
+struct HeldParam {
+  TpSplit split;
+  std::vector<int64_t> local;
+};
+
+// Reads one state record (a piece, as saved) with its offset and full shape.
+absl::StatusOr<StateRecord> ReadStatePiece(const CheckpointReader& reader, const TensorRecord& r) {
+  const auto& meta = reader.manifest().metadata();
+  absl::string_view rest = absl::string_view(r.kind()).substr(sizeof(kStatePrefix) - 1);
+  int64_t offset = 0;
+  const size_t dot = rest.find('.');
+  auto shape_it = meta.find(absl::StrCat(kFullShapePrefix, r.name()));
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &offset) ||
+      shape_it == meta.end()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", JoinPath(reader.dir(), r.file()),
+                                            ": tensor '", r.name(), "' (", r.kind(),
+                                            "): bad state record (offset or full shape)"));
+  }
+  StateRecord s;
+  s.name = r.name();
+  s.offset = offset;
+  ASSIGN_OR_RETURN(s.full_shape, ParseShape(shape_it->second));
+  ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(r.dtype()));
+  std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
+  s.tensor = at::empty(shape, type);
+  RETURN_IF_ERROR(reader.Read(r.name(), r.kind(), r.dtype(), shape, MutableBytesOf(s.tensor)));
+  return s;
+}
+
+// The elementwise state tensor `name` of a param held as `held`, whole in this rank's local
+// shape, from the saved `pieces` (each some saving tp rank's piece, or a piece of the whole
+// tensor): only the pieces of saving tp ranks whose slices overlap this rank's are read.
+absl::StatusOr<StateRecord> AssembleStateSlice(const CheckpointReader& reader,
+                                               const std::string& name,
+                                               const std::vector<const TensorRecord*>& pieces,
+                                               const HeldParam& held) {
+  const std::vector<int64_t> model_whole =
+      held.split.split() ? TpGlobalShape(held.local, held.split) : held.local;
+  std::map<int, std::vector<const TensorRecord*>> by_rank;  // saving tp rank -> its pieces
+  std::vector<int64_t> whole;
+  for (const TensorRecord* r : pieces) {
+    std::vector<int64_t> w = WholeShapeOf(*r);
+    if (!r->has_tp()) {
+      auto it = reader.manifest().metadata().find(absl::StrCat(kFullShapePrefix, r->name()));
+      if (it == reader.manifest().metadata().end()) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", reader.dir(), ": state tensor '",
+                                                name, "' has no full shape"));
+      }
+      ASSIGN_OR_RETURN(w, ParseShape(it->second));
+    }
+    if (!whole.empty() && w != whole) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", reader.dir(), ": state tensor '",
+                                              name, "' has pieces of whole shapes [",
+                                              absl::StrJoin(whole, ","), "] and [",
+                                              absl::StrJoin(w, ","), "]"));
+    }
+    whole = w;
+    by_rank[SplitOf(*r).rank].push_back(r);
+  }
+  if (whole != model_whole) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", reader.dir(), ": state tensor '", name, "' is [",
+        absl::StrJoin(whole, ","), "] whole, the model's param is [",
+        absl::StrJoin(model_whole, ","), "]"));
+  }
+  ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(pieces.front()->dtype()));
+  at::Tensor target = at::empty(held.local, type);
+  int64_t covered = 0;
+  for (const auto& [saved_rank, records] : by_rank) {
+    const TpSplit from = SplitOf(*records.front());
+    if (TpOverlapElements(from, held.split, whole) == 0) continue;
+    std::vector<StateRecord> read;
+    for (const TensorRecord* r : records) {
+      ASSIGN_OR_RETURN(StateRecord s, ReadStatePiece(reader, *r));
+      read.push_back(std::move(s));
+    }
+    const std::vector<int64_t> saved_local = from.split() ? TpLocalShape(whole, from) : whole;
+    int64_t numel = 1;
+    for (int64_t d : saved_local) numel *= d;
+    ASSIGN_OR_RETURN(at::Tensor local, optimizers::ReadStateRange(read, name, saved_local, 0,
+                                                                  numel, type));
+    covered += CopyTpOverlap(BytesOf(local), from, MutableBytesOf(target), held.split, whole,
+                             target.element_size());
+  }
+  if (covered != target.numel()) {
+    return absl::NotFoundError(absl::StrCat(
+        "checkpoint ", reader.dir(), ": state tensor '", name, "': its saved tp slices hold ",
+        covered, " of the ", target.numel(), " elements this rank (tp ", held.split.ToString(),
+        ") needs"));
+  }
+  StateRecord s;
+  s.name = name;
+  s.full_shape = held.local;
+  s.tensor = target.view({-1});
+  return s;
+}
+
 // Reads (and checks) every optimizer state record, except those of saved params this rank does not
 // hold (experts of other ep ranks): ImportState picks out what this rank's slots need, and names
-// anything that is no param of the checkpoint. Touches nothing live.
+// anything that is no param of the checkpoint. The elementwise state of a param split over tp when
+// saved or now is handed over as this rank's local tensor, assembled from the overlapping saved
+// slices. Touches nothing live.
 absl::Status ReadState(const CheckpointReader& reader,
                        absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                       std::vector<StateRecord>& state) {
-  absl::flat_hash_set<std::string> held;
+                       const TensorParallelism& tp, std::vector<StateRecord>& state) {
+  absl::flat_hash_map<std::string, HeldParam> held;
   for (const buffers::ParamAndGradBuffer* buffer : buffers) {
-    for (const layout::ParamPlacement& p : buffer->layout().params) held.insert(p.name);
+    for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
+      const std::string& name = buffer->layout().params[i].name;
+      held[name] = {SplitFor(tp, name), buffer->Param(i).sizes().vec()};
+    }
   }
-  const auto& meta = reader.manifest().metadata();
+  std::map<std::string, std::vector<const TensorRecord*>> sliced;  // state name -> pieces
+  std::map<std::string, const HeldParam*> sliced_param;
   for (const TensorRecord& r : reader.manifest().tensors()) {
     if (!absl::StartsWith(r.kind(), kStatePrefix)) continue;
-    const size_t slash = r.name().rfind('/');
-    if (slash != std::string::npos) {
-      const std::string param = r.name().substr(0, slash);
-      if (!held.contains(param) && reader.Find(param, kParamKind) != nullptr) continue;
+    const std::string param = StateParam(r.name());
+    const auto h = held.find(param);
+    const WholeParam* saved = param.empty() ? nullptr : reader.FindParam(param);
+    if (h == held.end() && saved != nullptr) continue;
+    if (h != held.end() && saved != nullptr) {
+      // Elementwise state of a param split when saved (the record says so) or split now (a whole
+      // state tensor of the saved param's whole shape).
+      bool elementwise = r.has_tp();
+      if (!elementwise && h->second.split.split() && !saved->split.split()) {
+        auto it = reader.manifest().metadata().find(absl::StrCat(kFullShapePrefix, r.name()));
+        if (it != reader.manifest().metadata().end()) {
+          absl::StatusOr<std::vector<int64_t>> full = ParseShape(it->second);
+          elementwise = full.ok() && *full == saved->shape;
+        }
+      }
+      if (elementwise) {
+        sliced[r.name()].push_back(&r);
+        sliced_param[r.name()] = &h->second;
+        continue;
+      }
     }
-    absl::string_view rest = absl::string_view(r.kind()).substr(sizeof(kStatePrefix) - 1);
-    int64_t offset = 0;
-    const size_t dot = rest.find('.');
-    auto shape_it = meta.find(absl::StrCat(kFullShapePrefix, r.name()));
-    if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &offset) ||
-        shape_it == meta.end()) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", JoinPath(reader.dir(), r.file()),
-                                              ": tensor '", r.name(), "' (", r.kind(),
-                                              "): bad state record (offset or full shape)"));
-    }
-    StateRecord s;
-    s.name = r.name();
-    s.offset = offset;
-    ASSIGN_OR_RETURN(s.full_shape, ParseShape(shape_it->second));
-    ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(r.dtype()));
-    std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
-    s.tensor = at::empty(shape, type);
-    RETURN_IF_ERROR(reader.Read(r.name(), r.kind(), r.dtype(), shape, MutableBytesOf(s.tensor)));
+    ASSIGN_OR_RETURN(StateRecord s, ReadStatePiece(reader, r));
+    state.push_back(std::move(s));
+  }
+  for (const auto& [name, pieces] : sliced) {
+    ASSIGN_OR_RETURN(StateRecord s,
+                     AssembleStateSlice(reader, name, pieces, *sliced_param.at(name)));
     state.push_back(std::move(s));
   }
   return absl::OkStatus();
 }
 
-// The param sync after a load: dense buffers over `comm`, then expert buffers over `expert_comm`
-// (the same order on every rank).
+// The param sync after a load: dense buffers over `comm` (the dense group), then expert buffers
+// over `expert_comm` (the same order on every rank).
 absl::Status SyncLoadedParams(absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                               collectives::Communicator& comm,
                               collectives::Communicator* expert_comm) {
@@ -364,8 +578,8 @@ absl::Status SaveDistributedCheckpoint(
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     const optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm, const SaveOptions& options,
-    collectives::Communicator* expert_comm) {
-  AsyncCheckpointSaver saver(&comm, expert_comm);
+    collectives::Communicator* expert_comm, const TensorParallelism& tp) {
+  AsyncCheckpointSaver saver(&comm, expert_comm, tp);
   RETURN_IF_ERROR(saver.Start(root, shared, buffers, optimizer, options));
   return saver.Finalize();
 }
@@ -393,7 +607,7 @@ absl::Status AsyncCheckpointSaver::Start(
   pending_ = true;
   // A snapshot that fails is this rank's write failure: Finalize tells every rank, as for a write.
   absl::StatusOr<RankSnapshot> snapshot =
-      SnapshotRank(shared, buffers, optimizer, comm, expert_comm_);
+      SnapshotRank(shared, buffers, optimizer, comm, expert_comm_, tp_);
   if (!snapshot.ok()) {
     write_status_ = snapshot.status();
     write_finished_.store(true, std::memory_order_release);
@@ -426,7 +640,8 @@ absl::Status AsyncCheckpointSaver::Finalize() {
   const std::string tmp = JoinPath(root_, StepDirName(shared_.step) + ".tmp");
   absl::Status commit = absl::OkStatus();
   if (comm.rank() == 0) {
-    commit = MergeAndCommit(root_, tmp, shared_, buffers_, comm.size(), options_);
+    commit = MergeAndCommit(root_, tmp, shared_, buffers_, comm.size(),
+                            DenseGroup(tp_, comm).size(), tp_.size, options_);
   }
   ASSIGN_OR_RETURN(bool committed, AllRanksOk(comm, commit.ok()));
   if (!commit.ok()) return commit;
@@ -437,16 +652,19 @@ absl::Status AsyncCheckpointSaver::Finalize() {
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     optimizers::OptimizerState& optimizer,
-    collectives::Communicator& comm, collectives::Communicator* expert_comm) {
+    collectives::Communicator& comm, collectives::Communicator* expert_comm,
+    const TensorParallelism& tp) {
   std::vector<ParamLoad> params;
+  collectives::Communicator& dense = DenseGroup(tp, comm);
   std::vector<StateRecord> state;
   absl::StatusOr<SharedState> shared = absl::UnknownError("unset");
   absl::Status read = [&]() -> absl::Status {
     try {
       ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(path));
+      RETURN_IF_ERROR(CheckTensorParallelism(tp));
       ASSIGN_OR_RETURN(shared, ReadShared(reader));
-      RETURN_IF_ERROR(ReadOwnedParams(reader, buffers, comm, expert_comm, params));
-      return ReadState(reader, buffers, state);
+      RETURN_IF_ERROR(ReadOwnedParams(reader, buffers, dense, expert_comm, tp, params));
+      return ReadState(reader, buffers, tp, state);
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
     }
@@ -463,7 +681,7 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
   try {
     for (ParamLoad& p : params) {
       const layout::ParamPlacement& placement = p.buffer->layout().params[p.index];
-      const int rank = GroupOf(*p.buffer, comm, expert_comm).rank();
+      const int rank = GroupOf(*p.buffer, dense, expert_comm).rank();
       const auto [lo, hi] = p.buffer->layout().ShardRange(placement.bucket, rank);
       const int64_t b = std::max(lo, placement.start);
       const int64_t e = std::min(hi, placement.end);
@@ -474,7 +692,7 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
   }
-  RETURN_IF_ERROR(SyncLoadedParams(buffers, comm, expert_comm));
+  RETURN_IF_ERROR(SyncLoadedParams(buffers, dense, expert_comm));
   return shared;
 }
 
