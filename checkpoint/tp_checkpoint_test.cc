@@ -11,9 +11,10 @@
 // tp 1 x dp 1 and tp 2 x dp 1: each rank dumps what it holds (local params, its optimizer's
 // exported state pieces), the test process reassembles whole tensors from every run's dumps with
 // its own slicing (chunk/cat, not the library's), and every param and state tensor of every load
-// equals the save's bit for bit. A model of other whole shapes is refused naming the param; a
-// checkpoint lacking a param slice or a state slice is refused; a save whose tp ranks disagree
-// on a split is not committed. The whole-tensor readers (CheckpointReader, `ckpt export`)
+// equals the save's bit for bit; a resume at tp 2 (dp 1 or 2) continues bit for bit as the
+// straight run; a tp-1 save loads at tp 2. A model of other whole shapes is refused naming the
+// param; a checkpoint lacking a param slice or a state slice is refused; a save whose tp ranks
+// disagree on a split is not committed. The whole-tensor readers (CheckpointReader, `ckpt export`)
 // assemble the whole tensors the save held.
 #include <cstdint>
 #include <cstring>
@@ -69,7 +70,7 @@ namespace od = optimizers::distributed;
 constexpr int64_t kBucketSize = 120;
 constexpr int kSteps = 3;
 
-// A param of the whole model and how tensor parallelism splits it (size and rank come from the run).
+// A param of the whole model and how tensor parallelism splits it (size and rank: the run's).
 struct GlobalParam {
   std::string name;
   std::vector<int64_t> shape;  // whole
@@ -251,11 +252,14 @@ absl::Status Dump(const std::string& dir, Rank& r, int world_rank) {
 }
 
 // "save": kSteps steps at `grid`, saved under `root`, dumped to `dump`. "load": loads `root` at
-// `grid` (checking the shared state), dumped to `dump`.
+// `grid` (checking the shared state), dumped to `dump`; "resume": the same, one more step before
+// the dump. "straight": kSteps + 1 steps, dumped.
 absl::Status RunScenario(const std::string& scenario, const std::string& root,
                          const std::string& dump, const Grid& grid, Communicator& world) {
   ASSIGN_OR_RETURN(std::unique_ptr<Rank> r, BuildRank(world, grid, Model()));
-  if (scenario == "save") {
+  if (scenario == "straight") {
+    for (int step = 0; step <= kSteps; ++step) RETURN_IF_ERROR(TrainStep(*r, step));
+  } else if (scenario == "save") {
     for (int step = 0; step < kSteps; ++step) RETURN_IF_ERROR(TrainStep(*r, step));
     RETURN_IF_ERROR(SaveDistributedCheckpoint(root, Shared(kSteps), r->buffers, *r->optimizer,
                                               world, {}, nullptr, r->tp));
@@ -267,6 +271,7 @@ absl::Status RunScenario(const std::string& scenario, const std::string& root,
                               r->optimizer->steps_taken() == kSteps,
                           absl::StrCat("loaded step ", loaded.step, ", optimizer steps ",
                                        r->optimizer->steps_taken())));
+    if (scenario == "resume") RETURN_IF_ERROR(TrainStep(*r, kSteps));
   }
   return Dump(dump, *r, world.rank());
 }
@@ -427,6 +432,23 @@ TEST(TpCheckpointTest, SavedAtTp2Dp2LoadsAtAnyTpAndDp) {
   }
 }
 
+// At the same tp the update of every param is the same at any dp (Muon on the same local slices,
+// AdamW elementwise, gradients averaged exactly): a resume at tp 2 x dp 1 (and at the saving grid)
+// continues bit for bit as the straight tp 2 x dp 2 run.
+TEST(TpCheckpointTest, ResumeAtTp2ContinuesAsAStraightRun) {
+  const auto [root, save_dump] = SaveAt("resume", {2, 2});
+  const std::string straight = FreshDir("resume_straight");
+  RunJob("straight", "", straight, {2, 2});
+  for (const Grid& grid : {Grid{2, 1}, Grid{2, 2}}) {
+    const std::string dump = FreshDir("resume_at_" + grid.Label());
+    RunJob("resume", root, dump, grid);
+    if (collectives::testing::InRankProcess()) continue;
+    ASSERT_OK_AND_ASSIGN(const auto want, WholeFromDumps(straight, {2, 2}));
+    ASSERT_OK_AND_ASSIGN(const auto got, WholeFromDumps(dump, grid));
+    ExpectSameWhole(want, got, "resumed at " + grid.Label());
+  }
+}
+
 TEST(TpCheckpointTest, SavedWithoutTpLoadsAtTp2) {
   const auto [root, save_dump] = SaveAt("tp1dp2", {1, 2});
   const std::string dump = FreshDir("tp1dp2_to_tp2_dp2");
@@ -522,7 +544,8 @@ TEST(TpCheckpointTest, CommitRefusesAMissingSlice) {
     TensorParallelism tp = r->tp;
     if (tp.rank == 1) tp.splits.erase("layers.0.mlp.fc1.weight");
     const absl::Status saved =
-        SaveDistributedCheckpoint(root, Shared(1), r->buffers, *r->optimizer, world, {}, nullptr, tp);
+        SaveDistributedCheckpoint(root, Shared(1), r->buffers, *r->optimizer, world, {}, nullptr,
+                                  tp);
     if (world.rank() == 0) {
       EXPECT_THAT(saved, StatusIs(absl::StatusCode::kInternal,
                                   HasSubstr("param 'layers.0.mlp.fc1.weight' is split over tp 2 "
@@ -567,7 +590,8 @@ TEST(TpCheckpointTest, WholeTensorReadersAssembleTpSlices) {
   CkptCommand command;
   command.dir = root;
   ASSERT_OK(RunCkptCommand(command, inspect));
-  EXPECT_THAT(inspect.str(), HasSubstr("layers.0.mlp.fc1.weight: F32 [16,8], tp 2: dim 0, 2 parts"));
+  EXPECT_THAT(inspect.str(),
+              HasSubstr("layers.0.mlp.fc1.weight: F32 [16,8], tp 2: dim 0, 2 parts"));
   EXPECT_THAT(inspect.str(), HasSubstr("layers.0.mlp_norm.weight: F32 [8], replicated"));
 }
 

@@ -135,12 +135,14 @@ TEST(TpSlicesTest, WholeParamsChecksSlices) {
   whole.clear_tp();
   *mixed.add_tensors() = whole;
   EXPECT_THAT(WholeParams(mixed, "ck"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("param 'w' has records of different")));
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("param 'w' has records of different")));
 
   Manifest two_splits = missing;
   *two_splits.add_tensors() = Slice("w", 1, 4);
   EXPECT_THAT(WholeParams(two_splits, "ck"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("different dtypes, shapes or splits")));
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("different dtypes, shapes or splits")));
 }
 
 }  // namespace
