@@ -11,17 +11,15 @@
 #include <c10/util/Exception.h>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "buffers/bucket_sync.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/file_util.h"
+#include "checkpoint/internal/state_records.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard.h"
 #include "checkpoint/tp_slices.h"
@@ -32,41 +30,17 @@ namespace orthoshard::checkpoint {
 namespace {
 
 using optimizers::StateRecord;
+using internal_checkpoint::BytesOf;
+using internal_checkpoint::DTypeOf;
+using internal_checkpoint::HeldParam;
+using internal_checkpoint::kFullShapePrefix;
+using internal_checkpoint::kStatePrefix;
+using internal_checkpoint::ReadParamSlice;
+using internal_checkpoint::StateParam;
 
-constexpr char kStatePrefix[] = "state@";
-constexpr char kFullShapePrefix[] = "full_shape/";
 
-absl::StatusOr<std::string> DTypeOf(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return std::string("F32");
-    case at::kBFloat16: return std::string("BF16");
-    case at::kHalf: return std::string("F16");
-    case at::kDouble: return std::string("F64");
-    case at::kLong: return std::string("I64");
-    case at::kInt: return std::string("I32");
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", c10::toString(t), " cannot be checkpointed"));
-  }
-}
 
-absl::StatusOr<at::ScalarType> ScalarTypeOf(const std::string& dtype) {
-  static const auto* kMap = new std::map<std::string, at::ScalarType>{
-      {"F32", at::kFloat}, {"BF16", at::kBFloat16}, {"F16", at::kHalf},
-      {"F64", at::kDouble}, {"I64", at::kLong},     {"I32", at::kInt}};
-  auto it = kMap->find(dtype);
-  if (it == kMap->end()) {
-    return absl::DataLossError(absl::StrCat("dtype ", dtype, " is not a supported state dtype"));
-  }
-  return it->second;
-}
 
-absl::Span<const uint8_t> BytesOf(const at::Tensor& t) {
-  return {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
-}
-absl::Span<uint8_t> MutableBytesOf(at::Tensor& t) {
-  return {static_cast<uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
-}
 
 std::string ShardFileName(int rank) { return absl::StrCat("rank", rank, ".safetensors"); }
 std::string PartFileName(int rank) { return absl::StrCat("rank", rank, ".records.binpb"); }
@@ -114,11 +88,6 @@ absl::Status CheckTensorParallelism(const TensorParallelism& tp) {
   return absl::OkStatus();
 }
 
-// Model-space name of the param a state record belongs to ("" for "chained/..." counters).
-std::string StateParam(const std::string& state_name) {
-  const size_t slash = state_name.rfind('/');
-  return slash == std::string::npos ? "" : state_name.substr(0, slash);
-}
 
 // A host copy of `t` (contiguous, owning its memory) for the writer: the live tensor may be on a
 // GPU and keeps changing while the shard is written in the background.
@@ -300,18 +269,6 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
   return CommitCheckpoint(root, shared.step, commit);
 }
 
-absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& s) {
-  std::vector<int64_t> shape;
-  if (s.empty()) return shape;
-  for (absl::string_view d : absl::StrSplit(s, ',')) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(d, &v) || v < 0) {
-      return absl::DataLossError(absl::StrCat("bad full shape '", s, "'"));
-    }
-    shape.push_back(v);
-  }
-  return shape;
-}
 
 absl::StatusOr<SharedState> ReadShared(const CheckpointReader& reader) {
   const Manifest& m = reader.manifest();
@@ -344,42 +301,6 @@ struct ParamLoad {
   at::Tensor value;  // whole param, read and checked
 };
 
-// Reads into `out` (this run's local tensor of param `name`: `split`, dtype `dtype`) the elements
-// it holds, from the saved records (the whole param, or its tp slices) that overlap it, after
-// checking the whole shapes agree.
-absl::Status ReadParamSlice(const CheckpointReader& reader, const std::string& name,
-                            const std::string& dtype, const TpSplit& split, at::Tensor& out) {
-  const WholeParam* saved = reader.FindParam(name);
-  if (saved == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint ", reader.dir(), ": no record '", name, "' (", kParamKind, ")"));
-  }
-  const std::vector<int64_t> local = out.sizes().vec();
-  const std::vector<int64_t> whole = split.split() ? TpGlobalShape(local, split) : local;
-  if (saved->dtype != dtype || saved->shape != whole) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", reader.dir(), ": param '", name, "' is ", saved->dtype, " [",
-        absl::StrJoin(saved->shape, ","), "] whole, the model's is ", dtype, " [",
-        absl::StrJoin(whole, ","), "] (local [", absl::StrJoin(local, ","), "], tp ",
-        split.ToString(), ")"));
-  }
-  int64_t covered = 0;
-  std::vector<uint8_t> bytes;
-  for (const TensorRecord* r : saved->records) {
-    const TpSplit from = SplitOf(*r);
-    if (TpOverlapElements(from, split, whole) == 0) continue;
-    const std::vector<int64_t> shape(r->global_shape().begin(), r->global_shape().end());
-    bytes.resize(r->length());
-    RETURN_IF_ERROR(reader.Read(name, r->kind(), r->dtype(), shape, absl::MakeSpan(bytes)));
-    covered += CopyTpOverlap(bytes, from, MutableBytesOf(out), split, whole, out.element_size());
-  }
-  if (covered != out.numel()) {  // WholeParams checked the slices: a broken invariant
-    return absl::InternalError(absl::StrCat("checkpoint ", reader.dir(), ": param '", name,
-                                            "': its records hold ", covered, " of the ",
-                                            out.numel(), " elements this rank needs"));
-  }
-  return absl::OkStatus();
-}
 
 // Reads (and checks) the param records whose elements fall in this rank's shards, its rank in each
 // buffer's group deciding (dense buffers: `dense`); each param this run splits over tp is read as
@@ -406,154 +327,9 @@ absl::Status ReadOwnedParams(const CheckpointReader& reader,
   return absl::OkStatus();
 }
 
-// A param this rank holds: this run's split and local shape.
-struct HeldParam {
-  TpSplit split;
-  std::vector<int64_t> local;
-};
 
-// Reads one state record (a piece, as saved) with its offset and full shape.
-absl::StatusOr<StateRecord> ReadStatePiece(const CheckpointReader& reader, const TensorRecord& r) {
-  const auto& meta = reader.manifest().metadata();
-  absl::string_view rest = absl::string_view(r.kind()).substr(sizeof(kStatePrefix) - 1);
-  int64_t offset = 0;
-  const size_t dot = rest.find('.');
-  auto shape_it = meta.find(absl::StrCat(kFullShapePrefix, r.name()));
-  if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &offset) ||
-      shape_it == meta.end()) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", JoinPath(reader.dir(), r.file()),
-                                            ": tensor '", r.name(), "' (", r.kind(),
-                                            "): bad state record (offset or full shape)"));
-  }
-  StateRecord s;
-  s.name = r.name();
-  s.offset = offset;
-  ASSIGN_OR_RETURN(s.full_shape, ParseShape(shape_it->second));
-  ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(r.dtype()));
-  std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
-  s.tensor = at::empty(shape, type);
-  RETURN_IF_ERROR(reader.Read(r.name(), r.kind(), r.dtype(), shape, MutableBytesOf(s.tensor)));
-  return s;
-}
 
-// The elementwise state tensor `name` of a param held as `held`, whole in this rank's local
-// shape, from the saved `pieces` (each some saving tp rank's piece, or a piece of the whole
-// tensor): only the pieces of saving tp ranks whose slices overlap this rank's are read.
-absl::StatusOr<StateRecord> AssembleStateSlice(const CheckpointReader& reader,
-                                               const std::string& name,
-                                               const std::vector<const TensorRecord*>& pieces,
-                                               const HeldParam& held) {
-  const std::vector<int64_t> model_whole =
-      held.split.split() ? TpGlobalShape(held.local, held.split) : held.local;
-  std::map<int, std::vector<const TensorRecord*>> by_rank;  // saving tp rank -> its pieces
-  std::vector<int64_t> whole;
-  for (const TensorRecord* r : pieces) {
-    std::vector<int64_t> w = WholeShapeOf(*r);
-    if (!r->has_tp()) {
-      auto it = reader.manifest().metadata().find(absl::StrCat(kFullShapePrefix, r->name()));
-      if (it == reader.manifest().metadata().end()) {
-        return absl::DataLossError(absl::StrCat("checkpoint ", reader.dir(), ": state tensor '",
-                                                name, "' has no full shape"));
-      }
-      ASSIGN_OR_RETURN(w, ParseShape(it->second));
-    }
-    if (!whole.empty() && w != whole) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", reader.dir(), ": state tensor '",
-                                              name, "' has pieces of whole shapes [",
-                                              absl::StrJoin(whole, ","), "] and [",
-                                              absl::StrJoin(w, ","), "]"));
-    }
-    whole = w;
-    by_rank[SplitOf(*r).rank].push_back(r);
-  }
-  if (whole != model_whole) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", reader.dir(), ": state tensor '", name, "' is [",
-        absl::StrJoin(whole, ","), "] whole, the model's param is [",
-        absl::StrJoin(model_whole, ","), "]"));
-  }
-  ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(pieces.front()->dtype()));
-  at::Tensor target = at::empty(held.local, type);
-  int64_t covered = 0;
-  for (const auto& [saved_rank, records] : by_rank) {
-    const TpSplit from = SplitOf(*records.front());
-    if (TpOverlapElements(from, held.split, whole) == 0) continue;
-    std::vector<StateRecord> read;
-    for (const TensorRecord* r : records) {
-      ASSIGN_OR_RETURN(StateRecord s, ReadStatePiece(reader, *r));
-      read.push_back(std::move(s));
-    }
-    const std::vector<int64_t> saved_local = from.split() ? TpLocalShape(whole, from) : whole;
-    int64_t numel = 1;
-    for (int64_t d : saved_local) numel *= d;
-    ASSIGN_OR_RETURN(at::Tensor local, optimizers::ReadStateRange(read, name, saved_local, 0,
-                                                                  numel, type));
-    covered += CopyTpOverlap(BytesOf(local), from, MutableBytesOf(target), held.split, whole,
-                             target.element_size());
-  }
-  if (covered != target.numel()) {
-    return absl::NotFoundError(absl::StrCat(
-        "checkpoint ", reader.dir(), ": state tensor '", name, "': its saved tp slices hold ",
-        covered, " of the ", target.numel(), " elements this rank (tp ", held.split.ToString(),
-        ") needs"));
-  }
-  StateRecord s;
-  s.name = name;
-  s.full_shape = held.local;
-  s.tensor = target.view({-1});
-  return s;
-}
 
-// Reads (and checks) every optimizer state record, except those of saved params this rank does not
-// hold (experts of other ep ranks): ImportState picks out what this rank's slots need, and names
-// anything that is no param of the checkpoint. The elementwise state of a param split over tp when
-// saved or now is handed over as this rank's local tensor, assembled from the overlapping saved
-// slices. Touches nothing live.
-absl::Status ReadState(const CheckpointReader& reader,
-                       absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                       const TensorParallelism& tp, std::vector<StateRecord>& state) {
-  absl::flat_hash_map<std::string, HeldParam> held;
-  for (const buffers::ParamAndGradBuffer* buffer : buffers) {
-    for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
-      const std::string& name = buffer->layout().params[i].name;
-      held[name] = {SplitFor(tp, name), buffer->Param(i).sizes().vec()};
-    }
-  }
-  std::map<std::string, std::vector<const TensorRecord*>> sliced;  // state name -> pieces
-  std::map<std::string, const HeldParam*> sliced_param;
-  for (const TensorRecord& r : reader.manifest().tensors()) {
-    if (!absl::StartsWith(r.kind(), kStatePrefix)) continue;
-    const std::string param = StateParam(r.name());
-    const auto h = held.find(param);
-    const WholeParam* saved = param.empty() ? nullptr : reader.FindParam(param);
-    if (h == held.end() && saved != nullptr) continue;
-    if (h != held.end() && saved != nullptr) {
-      // Elementwise state of a param split when saved (the record says so) or split now (a whole
-      // state tensor of the saved param's whole shape).
-      bool elementwise = r.has_tp();
-      if (!elementwise && h->second.split.split() && !saved->split.split()) {
-        auto it = reader.manifest().metadata().find(absl::StrCat(kFullShapePrefix, r.name()));
-        if (it != reader.manifest().metadata().end()) {
-          absl::StatusOr<std::vector<int64_t>> full = ParseShape(it->second);
-          elementwise = full.ok() && *full == saved->shape;
-        }
-      }
-      if (elementwise) {
-        sliced[r.name()].push_back(&r);
-        sliced_param[r.name()] = &h->second;
-        continue;
-      }
-    }
-    ASSIGN_OR_RETURN(StateRecord s, ReadStatePiece(reader, r));
-    state.push_back(std::move(s));
-  }
-  for (const auto& [name, pieces] : sliced) {
-    ASSIGN_OR_RETURN(StateRecord s,
-                     AssembleStateSlice(reader, name, pieces, *sliced_param.at(name)));
-    state.push_back(std::move(s));
-  }
-  return absl::OkStatus();
-}
 
 // The param sync after a load: dense buffers over `comm` (the dense group), then expert buffers
 // over `expert_comm` (the same order on every rank).
@@ -664,7 +440,14 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
       RETURN_IF_ERROR(CheckTensorParallelism(tp));
       ASSIGN_OR_RETURN(shared, ReadShared(reader));
       RETURN_IF_ERROR(ReadOwnedParams(reader, buffers, dense, expert_comm, tp, params));
-      return ReadState(reader, buffers, tp, state);
+      absl::flat_hash_map<std::string, HeldParam> held;
+      for (const buffers::ParamAndGradBuffer* buffer : buffers) {
+        for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
+          const std::string& name = buffer->layout().params[i].name;
+          held[name] = {SplitFor(tp, name), buffer->Param(i).sizes().vec()};
+        }
+      }
+      return internal_checkpoint::ReadState(reader, held, state);
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
     }
