@@ -35,7 +35,16 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& path)
     }
     reader.files_.emplace(file, *std::move(shard));
   }
+  ASSIGN_OR_RETURN(reader.params_, WholeParams(reader.manifest_, reader.dir_));
+  for (int i = 0; i < static_cast<int>(reader.params_.size()); ++i) {
+    reader.param_index_.emplace(reader.params_[i].name, i);
+  }
   return reader;
+}
+
+const WholeParam* CheckpointReader::FindParam(absl::string_view name) const {
+  auto it = param_index_.find(name);
+  return it == param_index_.end() ? nullptr : &params_[it->second];
 }
 
 const TensorRecord* CheckpointReader::Find(absl::string_view name, absl::string_view kind) const {
@@ -56,6 +65,22 @@ absl::Status CheckpointReader::Read(absl::string_view name, absl::string_view ki
                                     absl::Span<const int64_t> expected_shape,
                                     absl::Span<uint8_t> out) const {
   const TensorRecord* record = Find(name, kind);
+  const WholeParam* sliced = kind == kParamKind && record == nullptr ? FindParam(name) : nullptr;
+  if (sliced != nullptr) {
+    if (sliced->dtype != expected_dtype ||
+        absl::Span<const int64_t>(sliced->shape) != expected_shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", dir_, ": param '", name, "' (whole, from its tp slices) is ",
+          sliced->dtype, " [", absl::StrJoin(sliced->shape, ","), "], the model expects ",
+          expected_dtype, " [", absl::StrJoin(expected_shape, ","), "]"));
+    }
+    return ReadWholeParam(
+        *sliced,
+        [this](const TensorRecord& r, absl::Span<uint8_t> bytes) {
+          return ReadRecord(files_.at(r.file()), r, bytes);
+        },
+        out);
+  }
   if (record == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", dir_, ": no record '", name, "' (", kind, ")"));

@@ -10,19 +10,19 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "buffers/bucket_sync.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/file_util.h"
+#include "checkpoint/internal/state_records.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard.h"
+#include "checkpoint/tp_slices.h"
 #include "common/status_macros.h"
 #include "layout/layout.h"
 
@@ -30,41 +30,17 @@ namespace orthoshard::checkpoint {
 namespace {
 
 using optimizers::StateRecord;
+using internal_checkpoint::BytesOf;
+using internal_checkpoint::DTypeOf;
+using internal_checkpoint::HeldParam;
+using internal_checkpoint::kFullShapePrefix;
+using internal_checkpoint::kStatePrefix;
+using internal_checkpoint::ReadParamSlice;
+using internal_checkpoint::StateParam;
 
-constexpr char kStatePrefix[] = "state@";
-constexpr char kFullShapePrefix[] = "full_shape/";
 
-absl::StatusOr<std::string> DTypeOf(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return std::string("F32");
-    case at::kBFloat16: return std::string("BF16");
-    case at::kHalf: return std::string("F16");
-    case at::kDouble: return std::string("F64");
-    case at::kLong: return std::string("I64");
-    case at::kInt: return std::string("I32");
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", c10::toString(t), " cannot be checkpointed"));
-  }
-}
 
-absl::StatusOr<at::ScalarType> ScalarTypeOf(const std::string& dtype) {
-  static const auto* kMap = new std::map<std::string, at::ScalarType>{
-      {"F32", at::kFloat}, {"BF16", at::kBFloat16}, {"F16", at::kHalf},
-      {"F64", at::kDouble}, {"I64", at::kLong},     {"I32", at::kInt}};
-  auto it = kMap->find(dtype);
-  if (it == kMap->end()) {
-    return absl::DataLossError(absl::StrCat("dtype ", dtype, " is not a supported state dtype"));
-  }
-  return it->second;
-}
 
-absl::Span<const uint8_t> BytesOf(const at::Tensor& t) {
-  return {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
-}
-absl::Span<uint8_t> MutableBytesOf(at::Tensor& t) {
-  return {static_cast<uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
-}
 
 std::string ShardFileName(int rank) { return absl::StrCat("rank", rank, ".safetensors"); }
 std::string PartFileName(int rank) { return absl::StrCat("rank", rank, ".records.binpb"); }
@@ -78,12 +54,40 @@ int FirstElementOwner(const layout::PerBufferParamLayout& layout, const layout::
 using collectives::AllRanksOk;
 
 // The group `buffer` is sharded over: `expert_comm` for an expert buffer (layout key.expert) when
-// given, `comm` otherwise.
+// given, `dense` (tp.dp_comm, or the world without tensor parallelism) otherwise.
 collectives::Communicator& GroupOf(const buffers::ParamAndGradBuffer& buffer,
-                                   collectives::Communicator& comm,
+                                   collectives::Communicator& dense,
                                    collectives::Communicator* expert_comm) {
-  return buffer.layout().key.expert && expert_comm != nullptr ? *expert_comm : comm;
+  return buffer.layout().key.expert && expert_comm != nullptr ? *expert_comm : dense;
 }
+
+collectives::Communicator& DenseGroup(const TensorParallelism& tp,
+                                      collectives::Communicator& comm) {
+  return tp.dp_comm != nullptr ? *tp.dp_comm : comm;
+}
+
+// This run's split of param `name` (replicated when `tp` lists none).
+TpSplit SplitFor(const TensorParallelism& tp, const std::string& name) {
+  auto it = tp.splits.find(name);
+  return it == tp.splits.end() ? TpSplit{} : it->second;
+}
+
+// kInvalidArgument naming a param whose split's size or rank is not `tp`'s.
+absl::Status CheckTensorParallelism(const TensorParallelism& tp) {
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallelism: rank ", tp.rank, " of a tp group of ", tp.size));
+  }
+  for (const auto& [name, split] : tp.splits) {
+    if (split.dim >= 0 && (split.size != tp.size || split.rank != tp.rank)) {
+      return absl::InvalidArgumentError(absl::StrCat("param '", name, "': tp split (",
+                                                     split.ToString(), ") is not this rank's (",
+                                                     tp.rank, " of ", tp.size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 
 // A host copy of `t` (contiguous, owning its memory) for the writer: the live tensor may be on a
 // GPU and keeps changing while the shard is written in the background.
@@ -106,9 +110,11 @@ bool BucketHasStraddler(const buffers::ParamAndGradBuffer& buffer, int bucket) {
 // group, so each ep rank writes its own experts and, among the copies of those, the owner of each
 // shard writes). With sharded residency a param inside this rank's shard is copied from the shard;
 // a bucket with a param that straddles shards is all-gathered first over `comm` (collective: every
-// rank of the group gathers the same buckets).
+// rank of the group gathers the same buckets). A tp-split param is saved as this tp rank's slice;
+// a replicated one on tp rank 0 only.
 absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
-                            collectives::Communicator& comm, RankSnapshot& snap) {
+                            collectives::Communicator& comm, const TensorParallelism& tp,
+                            RankSnapshot& snap) {
   const layout::PerBufferParamLayout& layout = buffer.layout();
   const int rank = comm.rank();
   const bool sharded = buffer.residency() == buffers::Residency::kSharded;
@@ -124,6 +130,8 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
   for (int i : buffer.BucketParams(bucket)) {
     const layout::ParamPlacement& p = layout.params[i];
     if (FirstElementOwner(layout, p) != rank) continue;
+    const TpSplit split = SplitFor(tp, p.name);
+    if (!split.split() && tp.rank != 0) continue;
     const at::Tensor live = !sharded || gather ? buffer.Param(i)
                                                : buffer.ParamShard(bucket, rank)
                                                      .narrow(0, p.start - shard_begin, p.numel())
@@ -131,7 +139,12 @@ absl::Status SnapshotParams(buffers::ParamAndGradBuffer& buffer, int bucket,
     at::Tensor t = HostCopy(live);
     ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
     snap.tensors.push_back(t);
-    snap.records.push_back({p.name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
+    if (split.split()) {
+      snap.records.push_back({p.name, TpParamKind(split.rank), dtype, t.sizes().vec(), BytesOf(t),
+                              MakeTpSlice(split, TpGlobalShape(t.sizes().vec(), split))});
+    } else {
+      snap.records.push_back({p.name, kParamKind, dtype, t.sizes().vec(), BytesOf(t)});
+    }
   }
   if (gather && !was_materialized) buffer.ReleaseParams(bucket);
   return absl::OkStatus();
@@ -143,23 +156,42 @@ absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
                                           absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                                           const optimizers::OptimizerState& optimizer,
                                           collectives::Communicator& comm,
-                                          collectives::Communicator* expert_comm) {
+                                          collectives::Communicator* expert_comm,
+                                          const TensorParallelism& tp) {
+  RETURN_IF_ERROR(CheckTensorParallelism(tp));
   RankSnapshot snap;
   snap.rank = comm.rank();
   snap.step = shared.step;
   const int rank = snap.rank;
+  collectives::Communicator& dense = DenseGroup(tp, comm);
   try {
+    absl::flat_hash_map<std::string, std::vector<int64_t>> local_shapes;  // split params only
     for (buffers::ParamAndGradBuffer* buffer : buffers) {
+      for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
+        const std::string& name = buffer->layout().params[i].name;
+        if (SplitFor(tp, name).split()) local_shapes[name] = buffer->Param(i).sizes().vec();
+      }
       for (int b = 0; b < buffer->num_buckets(); ++b) {
-        RETURN_IF_ERROR(SnapshotParams(*buffer, b, GroupOf(*buffer, comm, expert_comm), snap));
+        RETURN_IF_ERROR(
+            SnapshotParams(*buffer, b, GroupOf(*buffer, dense, expert_comm), tp, snap));
       }
     }
     for (const StateRecord& s : optimizer.ExportState()) {  // clones: only a device copy is new
+      // Elementwise state of a split param (the param's local shape) is this tp rank's slice;
+      // everything else is the same on every tp rank and saved by tp rank 0.
+      const std::string param = StateParam(s.name);
+      const auto local = local_shapes.find(param);
+      const bool sliced = local != local_shapes.end() && s.full_shape == local->second;
+      if (!sliced && tp.rank != 0) continue;
       at::Tensor t = s.tensor.device().is_cpu() ? s.tensor.contiguous() : HostCopy(s.tensor);
       ASSIGN_OR_RETURN(std::string dtype, DTypeOf(t.scalar_type()));
       snap.tensors.push_back(t);
       snap.records.push_back({s.name, absl::StrCat(kStatePrefix, s.offset, ".rank", rank), dtype,
                               t.sizes().vec(), BytesOf(t)});
+      if (sliced) {
+        const TpSplit split = SplitFor(tp, param);
+        snap.records.back().tp = MakeTpSlice(split, TpGlobalShape(s.full_shape, split));
+      }
       snap.full_shapes.emplace_back(s.name, absl::StrJoin(s.full_shape, ","));
     }
   } catch (const c10::Error& e) {
@@ -185,8 +217,8 @@ namespace {
 // Rank 0: merges every rank's part into the manifest, removes the parts, commits.
 absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
                             const SharedState& shared,
-                            absl::Span<buffers::ParamAndGradBuffer* const> buffers, int dp,
-                            const SaveOptions& options) {
+                            absl::Span<buffers::ParamAndGradBuffer* const> buffers, int world,
+                            int dp, int tp, const SaveOptions& options) {
   Manifest manifest;
   manifest.set_format_version(kManifestFormatVersion);
   manifest.set_step(shared.step);
@@ -196,6 +228,7 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
   }
   manifest.set_layout_strategy(absl::StrJoin(strategies, ","));
   manifest.set_dp_size(dp);
+  manifest.set_tp_size(tp);
   manifest.set_model_config(shared.model_config);
   manifest.set_optimizer_config(shared.optimizer_config);
   auto& meta = *manifest.mutable_metadata();
@@ -203,10 +236,10 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
   meta["data_position"] = absl::Base64Escape(shared.data_position);
   meta["rng_seed"] = absl::StrCat(shared.rng_seed);
   // Every record is written once over all ranks (params by their shard's owner in the buffer's
-  // group, state pieces by kind "state@<offset>.rank<r>"); a second writer would be a bug in who
-  // writes what, and a load would read one of the two at random.
+  // group, tp slices by their tp rank's, state pieces by kind "state@<offset>.rank<r>"); a second
+  // writer would be a bug in who writes what, and a load would read one of the two at random.
   std::map<std::pair<std::string, std::string>, std::string> writer;  // (name, kind) -> file
-  for (int r = 0; r < dp; ++r) {
+  for (int r = 0; r < world; ++r) {
     const std::string path = JoinPath(tmp, PartFileName(r));
     ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
     Manifest part;
@@ -225,24 +258,17 @@ absl::Status MergeAndCommit(const std::string& root, const std::string& tmp,
     for (const auto& [k, v] : part.metadata()) meta[k] = v;
     RETURN_IF_ERROR(RemoveRecursively(path));
   }
+  // Every tp-split param has all its slices, of one split (else the checkpoint could not be read).
+  if (absl::StatusOr<std::vector<WholeParam>> params = WholeParams(manifest, tmp); !params.ok()) {
+    return absl::InternalError(absl::StrCat("checkpoint step ", shared.step, ": ",
+                                            params.status().message()));
+  }
   RETURN_IF_ERROR(WriteManifest(tmp, manifest));
   CommitOptions commit;
   commit.keep_last = options.keep_last;
   return CommitCheckpoint(root, shared.step, commit);
 }
 
-absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& s) {
-  std::vector<int64_t> shape;
-  if (s.empty()) return shape;
-  for (absl::string_view d : absl::StrSplit(s, ',')) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(d, &v) || v < 0) {
-      return absl::DataLossError(absl::StrCat("bad full shape '", s, "'"));
-    }
-    shape.push_back(v);
-  }
-  return shape;
-}
 
 absl::StatusOr<SharedState> ReadShared(const CheckpointReader& reader) {
   const Manifest& m = reader.manifest();
@@ -275,16 +301,18 @@ struct ParamLoad {
   at::Tensor value;  // whole param, read and checked
 };
 
+
 // Reads (and checks) the param records whose elements fall in this rank's shards, its rank in each
-// buffer's group deciding; touches nothing live.
+// buffer's group deciding (dense buffers: `dense`); each param this run splits over tp is read as
+// its local slice. Touches nothing live.
 absl::Status ReadOwnedParams(const CheckpointReader& reader,
                              absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                             collectives::Communicator& comm,
-                             collectives::Communicator* expert_comm,
+                             collectives::Communicator& dense,
+                             collectives::Communicator* expert_comm, const TensorParallelism& tp,
                              std::vector<ParamLoad>& params) {
   for (buffers::ParamAndGradBuffer* buffer : buffers) {
     const layout::PerBufferParamLayout& layout = buffer->layout();
-    const int rank = GroupOf(*buffer, comm, expert_comm).rank();
+    const int rank = GroupOf(*buffer, dense, expert_comm).rank();
     for (int i = 0; i < static_cast<int>(layout.params.size()); ++i) {
       const layout::ParamPlacement& p = layout.params[i];
       const auto [lo, hi] = layout.ShardRange(p.bucket, rank);
@@ -292,57 +320,19 @@ absl::Status ReadOwnedParams(const CheckpointReader& reader,
       const at::Tensor& live = buffer->Param(i);
       ASSIGN_OR_RETURN(std::string dtype, DTypeOf(live.scalar_type()));
       at::Tensor value = at::empty(live.sizes(), live.scalar_type());
-      RETURN_IF_ERROR(reader.Read(p.name, kParamKind, dtype, live.sizes().vec(),
-                                  MutableBytesOf(value)));
+      RETURN_IF_ERROR(ReadParamSlice(reader, p.name, dtype, SplitFor(tp, p.name), value));
       params.push_back({buffer, i, value});
     }
   }
   return absl::OkStatus();
 }
 
-// Reads (and checks) every optimizer state record, except those of saved params this rank does not
-// hold (experts of other ep ranks): ImportState picks out what this rank's slots need, and names
-// anything that is no param of the checkpoint. Touches nothing live.
-absl::Status ReadState(const CheckpointReader& reader,
-                       absl::Span<buffers::ParamAndGradBuffer* const> buffers,
-                       std::vector<StateRecord>& state) {
-  absl::flat_hash_set<std::string> held;
-  for (const buffers::ParamAndGradBuffer* buffer : buffers) {
-    for (const layout::ParamPlacement& p : buffer->layout().params) held.insert(p.name);
-  }
-  const auto& meta = reader.manifest().metadata();
-  for (const TensorRecord& r : reader.manifest().tensors()) {
-    if (!absl::StartsWith(r.kind(), kStatePrefix)) continue;
-    const size_t slash = r.name().rfind('/');
-    if (slash != std::string::npos) {
-      const std::string param = r.name().substr(0, slash);
-      if (!held.contains(param) && reader.Find(param, kParamKind) != nullptr) continue;
-    }
-    absl::string_view rest = absl::string_view(r.kind()).substr(sizeof(kStatePrefix) - 1);
-    int64_t offset = 0;
-    const size_t dot = rest.find('.');
-    auto shape_it = meta.find(absl::StrCat(kFullShapePrefix, r.name()));
-    if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &offset) ||
-        shape_it == meta.end()) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", JoinPath(reader.dir(), r.file()),
-                                              ": tensor '", r.name(), "' (", r.kind(),
-                                              "): bad state record (offset or full shape)"));
-    }
-    StateRecord s;
-    s.name = r.name();
-    s.offset = offset;
-    ASSIGN_OR_RETURN(s.full_shape, ParseShape(shape_it->second));
-    ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(r.dtype()));
-    std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
-    s.tensor = at::empty(shape, type);
-    RETURN_IF_ERROR(reader.Read(r.name(), r.kind(), r.dtype(), shape, MutableBytesOf(s.tensor)));
-    state.push_back(std::move(s));
-  }
-  return absl::OkStatus();
-}
 
-// The param sync after a load: dense buffers over `comm`, then expert buffers over `expert_comm`
-// (the same order on every rank).
+
+
+
+// The param sync after a load: dense buffers over `comm` (the dense group), then expert buffers
+// over `expert_comm` (the same order on every rank).
 absl::Status SyncLoadedParams(absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                               collectives::Communicator& comm,
                               collectives::Communicator* expert_comm) {
@@ -364,8 +354,8 @@ absl::Status SaveDistributedCheckpoint(
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     const optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm, const SaveOptions& options,
-    collectives::Communicator* expert_comm) {
-  AsyncCheckpointSaver saver(&comm, expert_comm);
+    collectives::Communicator* expert_comm, const TensorParallelism& tp) {
+  AsyncCheckpointSaver saver(&comm, expert_comm, tp);
   RETURN_IF_ERROR(saver.Start(root, shared, buffers, optimizer, options));
   return saver.Finalize();
 }
@@ -393,7 +383,7 @@ absl::Status AsyncCheckpointSaver::Start(
   pending_ = true;
   // A snapshot that fails is this rank's write failure: Finalize tells every rank, as for a write.
   absl::StatusOr<RankSnapshot> snapshot =
-      SnapshotRank(shared, buffers, optimizer, comm, expert_comm_);
+      SnapshotRank(shared, buffers, optimizer, comm, expert_comm_, tp_);
   if (!snapshot.ok()) {
     write_status_ = snapshot.status();
     write_finished_.store(true, std::memory_order_release);
@@ -426,7 +416,8 @@ absl::Status AsyncCheckpointSaver::Finalize() {
   const std::string tmp = JoinPath(root_, StepDirName(shared_.step) + ".tmp");
   absl::Status commit = absl::OkStatus();
   if (comm.rank() == 0) {
-    commit = MergeAndCommit(root_, tmp, shared_, buffers_, comm.size(), options_);
+    commit = MergeAndCommit(root_, tmp, shared_, buffers_, comm.size(),
+                            DenseGroup(tp_, comm).size(), tp_.size, options_);
   }
   ASSIGN_OR_RETURN(bool committed, AllRanksOk(comm, commit.ok()));
   if (!commit.ok()) return commit;
@@ -437,16 +428,26 @@ absl::Status AsyncCheckpointSaver::Finalize() {
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     optimizers::OptimizerState& optimizer,
-    collectives::Communicator& comm, collectives::Communicator* expert_comm) {
+    collectives::Communicator& comm, collectives::Communicator* expert_comm,
+    const TensorParallelism& tp) {
   std::vector<ParamLoad> params;
+  collectives::Communicator& dense = DenseGroup(tp, comm);
   std::vector<StateRecord> state;
   absl::StatusOr<SharedState> shared = absl::UnknownError("unset");
   absl::Status read = [&]() -> absl::Status {
     try {
       ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(path));
+      RETURN_IF_ERROR(CheckTensorParallelism(tp));
       ASSIGN_OR_RETURN(shared, ReadShared(reader));
-      RETURN_IF_ERROR(ReadOwnedParams(reader, buffers, comm, expert_comm, params));
-      return ReadState(reader, buffers, state);
+      RETURN_IF_ERROR(ReadOwnedParams(reader, buffers, dense, expert_comm, tp, params));
+      absl::flat_hash_map<std::string, HeldParam> held;
+      for (const buffers::ParamAndGradBuffer* buffer : buffers) {
+        for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
+          const std::string& name = buffer->layout().params[i].name;
+          held[name] = {SplitFor(tp, name), buffer->Param(i).sizes().vec()};
+        }
+      }
+      return internal_checkpoint::ReadState(reader, held, state);
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
     }
@@ -463,7 +464,7 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
   try {
     for (ParamLoad& p : params) {
       const layout::ParamPlacement& placement = p.buffer->layout().params[p.index];
-      const int rank = GroupOf(*p.buffer, comm, expert_comm).rank();
+      const int rank = GroupOf(*p.buffer, dense, expert_comm).rank();
       const auto [lo, hi] = p.buffer->layout().ShardRange(placement.bucket, rank);
       const int64_t b = std::max(lo, placement.start);
       const int64_t e = std::min(hi, placement.end);
@@ -474,7 +475,7 @@ absl::StatusOr<SharedState> LoadDistributedCheckpoint(
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading ", path, ": ", e.what_without_backtrace()));
   }
-  RETURN_IF_ERROR(SyncLoadedParams(buffers, comm, expert_comm));
+  RETURN_IF_ERROR(SyncLoadedParams(buffers, dense, expert_comm));
   return shared;
 }
 

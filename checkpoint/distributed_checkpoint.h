@@ -45,6 +45,19 @@
 // synchronously and writes the shard on a background thread while training goes on; the commit
 // (barrier, manifest merge, rename, `latest`) runs on the caller's thread at the next Start or at
 // Finalize, because the communicator is not thread-safe and training keeps using it.
+// Tensor parallelism (TensorParallelism below). Every rank of the tp x dp world takes part in the
+// save and commit (`comm` is the world; files rank<world rank>.safetensors); dense buffers are
+// sharded over the dp group, and "by rank" above means by the rank in it. A tp-split param is
+// saved by the dp owner on EVERY tp rank, each its slice (kind "param@tp<r>", checkpoint/
+// tp_slices.h), and so are the pieces of its elementwise optimizer state (its local shape: the
+// record carries the split and the whole shape); everything else (replicated params, their
+// state, non-elementwise state such as step counts) is saved by tp rank 0's ranks alone, as a
+// run without tensor parallelism would. The commit refuses a split param whose slices are not
+// all there. A load at any (tp', dp') builds each local param and elementwise state tensor it
+// needs from the saved slices whose runs overlap it (reading only those records), after checking
+// that the model's whole shapes are the checkpoint's. A checkpoint saved without tensor
+// parallelism is one whose params are all whole.
+//
 // All functions are collective: every rank of `comm` must call them with the same arguments (and,
 // for experts, the same `expert_comm` role: null on every rank, or each rank's expert
 // data-parallel group, a subgroup of `comm`'s ranks; null means `comm` for every buffer).
@@ -66,7 +79,9 @@
 #include "absl/types/span.h"
 #include "buffers/param_and_grad_buffer.h"
 #include "checkpoint/shard.h"
+#include "absl/container/flat_hash_map.h"
 #include "collectives/communicator.h"
+#include "common/tp_split.h"
 #include "optimizers/state.h"
 
 namespace orthoshard::checkpoint {
@@ -78,6 +93,18 @@ struct SharedState {
   uint64_t rng_seed = 0;
   std::string model_config;    // serialized by the model's owner
   std::string optimizer_config;
+};
+
+// The tensor parallelism of the run that saves or loads; the default is none (tp 1).
+struct TensorParallelism {
+  // The group the dense buffers are sharded over (the mesh's dp) when the functions' `comm` is the
+  // whole tp x dp world; null: `comm` itself.
+  collectives::Communicator* dp_comm = nullptr;
+  int size = 1;  // ranks in this rank's tp group
+  int rank = 0;  // this rank's index in it
+  // Every tp-split param's split (ModelParam::tp / layout::ParamSpec::tp: size and rank as above),
+  // by model-space name. A param not listed, or listed replicated, is the same on every tp rank.
+  absl::flat_hash_map<std::string, TpSplit> splits;
 };
 
 struct SaveOptions {
@@ -97,14 +124,15 @@ struct SaveOptions {
 // are sharded over (see the file comment); null: `comm`. Errors: kAlreadyExists if the step
 // is already committed; OS errors naming the path; kAborted "rank R failed to write its shard"
 // on the ranks whose own write succeeded when another's failed; kInternal when two ranks wrote
-// the same record; those of the communicator. On any error `latest` is unchanged (the `.tmp`
-// directory is left for the next save to remove).
+// the same record or a tp-split param's slice is missing; kInvalidArgument for a `tp` split whose
+// size or rank is not `tp`'s; those of the communicator. On any error `latest` is unchanged (the
+// `.tmp` directory is left for the next save to remove). `tp`: see TensorParallelism.
 absl::Status SaveDistributedCheckpoint(
     const std::string& root, const SharedState& shared,
     absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     const optimizers::OptimizerState& optimizer,
     collectives::Communicator& comm, const SaveOptions& options = {},
-    collectives::Communicator* expert_comm = nullptr);
+    collectives::Communicator* expert_comm = nullptr, const TensorParallelism& tp = {});
 
 // One rank's part of a save, in host memory: clones of what it writes and their records.
 struct RankSnapshot {
@@ -116,16 +144,18 @@ struct RankSnapshot {
 };
 
 // Clones rank comm.rank()'s params (those whose first element it owns, by its rank in each
-// buffer's group: `expert_comm` for expert buffers when not null, else `comm`) and optimizer state.
+// buffer's group: `expert_comm` for expert buffers when not null, else tp.dp_comm or `comm`) and
+// optimizer state; with tensor parallelism only what its tp rank saves (see the file comment).
 // Collective over a buffer's group when the buffer has sharded residency and a param that
 // straddles shards (see "param" above); every rank must call it. Precondition: no param sync in
-// flight. Errors: kInvalidArgument for a dtype safetensors cannot hold; kInternal (LibTorch); the
-// communicator's.
+// flight. Errors: kInvalidArgument for a dtype safetensors cannot hold or a split that is not
+// `tp`'s; kInternal (LibTorch); the communicator's.
 absl::StatusOr<RankSnapshot> SnapshotRank(const SharedState& shared,
                                           absl::Span<buffers::ParamAndGradBuffer* const> buffers,
                                           const optimizers::OptimizerState& optimizer,
                                           collectives::Communicator& comm,
-                                          collectives::Communicator* expert_comm = nullptr);
+                                          collectives::Communicator* expert_comm = nullptr,
+                                          const TensorParallelism& tp = {});
 
 // Writes `snap` as rank<r>.safetensors plus its record list into the `.tmp` directory `tmp`
 // (no collectives; safe on a background thread). Errors: those of WriteShard, OS errors.
@@ -136,13 +166,14 @@ absl::Status WriteRankSnapshot(const std::string& tmp, const RankSnapshot& snap)
 //   RETURN_IF_ERROR(saver.Start(root, shared, buffers, *opt));  // returns after the snapshot
 //   ... training steps ...
 //   RETURN_IF_ERROR(saver.Finalize());  // or the next Start, which finalizes first
-// `comm`, `expert_comm` (the expert buffers' group; null: `comm`), the buffers and the optimizer
-// must outlive the saver.
+// `comm` (the world), `expert_comm` (the expert buffers' group; null: `comm`), tp.dp_comm, the
+// buffers and the optimizer must outlive the saver.
 class AsyncCheckpointSaver {
  public:
   explicit AsyncCheckpointSaver(collectives::Communicator* comm,
-                                collectives::Communicator* expert_comm = nullptr)
-      : comm_(comm), expert_comm_(expert_comm) {}
+                                collectives::Communicator* expert_comm = nullptr,
+                                TensorParallelism tp = {})
+      : comm_(comm), expert_comm_(expert_comm), tp_(std::move(tp)) {}
   AsyncCheckpointSaver(const AsyncCheckpointSaver&) = delete;
   AsyncCheckpointSaver& operator=(const AsyncCheckpointSaver&) = delete;
   // Joins a running write; does NOT commit it (its `.tmp` directory is removed by a later save).
@@ -176,6 +207,7 @@ class AsyncCheckpointSaver {
  private:
   collectives::Communicator* comm_;
   collectives::Communicator* expert_comm_;
+  TensorParallelism tp_;
   bool pending_ = false;  // started and not finalized (the write may have ended)
   std::thread thread_;
   std::atomic<bool> write_finished_{false};
@@ -188,20 +220,25 @@ class AsyncCheckpointSaver {
 };
 
 // Loads the checkpoint at `path` (a step directory, or a root whose `latest` is followed) into
-// `buffers` (this rank's shards, then the param sync: dense buffers over `comm`, expert buffers
-// over `expert_comm`, null meaning `comm`) and `optimizer`, at comm.size() ranks, any layout and
-// any expert parallelism. Errors (nothing live is changed on any of them): those of
-// CheckpointReader::Open
+// `buffers` (this rank's shards, then the param sync: dense buffers over tp.dp_comm or `comm`,
+// expert buffers over `expert_comm`, null meaning `comm`) and `optimizer`, at comm.size() ranks,
+// any layout, any expert and any tensor parallelism (`tp`: this run's). Errors (nothing live is
+// changed on any of them): those of CheckpointReader::Open (kDataLoss naming a param whose tp
+// slice is missing)
 // (kNotFound, kDataLoss naming the file and tensor for a missing, truncated or corrupted shard,
 // kFailedPrecondition for an unknown format version); kNotFound "checkpoint <dir>: no record
 // '<name>' (param)" for a param of the model that was not saved; kFailedPrecondition for a dtype or
-// shape mismatch (naming file and tensor); kDataLoss for bad shared-state metadata; kAborted
-// "another rank failed to load" on ranks whose own reads succeeded. After a successful read,
+// shape mismatch (naming file and tensor), and "checkpoint <dir>: param '<name>' is [8,4] whole,
+// the model's is [8,6] (local [8,3], dim 1, ...)" when the model's whole shape differs;
+// kNotFound naming a state tensor whose saved tp slices leave out elements this rank needs;
+// kDataLoss for bad shared-state metadata; kAborted "another rank failed to load" on ranks whose
+// own reads succeeded; kInvalidArgument for a split that is not `tp`'s. After a successful read,
 // ImportState errors (kNotFound, kInvalidArgument) are returned as such.
 absl::StatusOr<SharedState> LoadDistributedCheckpoint(
     const std::string& path, absl::Span<buffers::ParamAndGradBuffer* const> buffers,
     optimizers::OptimizerState& optimizer,
-    collectives::Communicator& comm, collectives::Communicator* expert_comm = nullptr);
+    collectives::Communicator& comm, collectives::Communicator* expert_comm = nullptr,
+    const TensorParallelism& tp = {});
 
 }  // namespace orthoshard::checkpoint
 

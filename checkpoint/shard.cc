@@ -57,6 +57,7 @@ absl::StatusOr<std::vector<TensorRecord>> WriteShard(const std::string& dir, con
     record.set_offset(written[i].offset);
     record.set_length(written[i].length);
     record.set_crc32c(written[i].crc32c);
+    if (records[i].tp.has_value()) *record.mutable_tp() = *records[i].tp;
     out.push_back(std::move(record));
   }
   return out;

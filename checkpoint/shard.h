@@ -7,6 +7,7 @@
 #define ORTHOSHARD_CHECKPOINT_SHARD_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,9 @@ struct RecordData {
   std::string name;                 // model-space parameter name
   std::string kind;                 // kParamKind or an optimizer state key ("exp_avg", ...)
   std::string dtype;                // safetensors dtype name
-  std::vector<int64_t> shape;       // global shape
+  std::vector<int64_t> shape;       // shape of the stored tensor (TensorRecord.global_shape)
   absl::Span<const uint8_t> bytes;  // little-endian C-order data, shape × dtype size bytes
+  std::optional<TpSlice> tp;        // set for a tensor-parallel slice (TensorRecord.tp)
 };
 
 // Writes `records` as the safetensors file `dir`/`file` (fsynced) and returns their manifest

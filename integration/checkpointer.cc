@@ -21,6 +21,17 @@ namespace orthoshard::integration {
 
 using collectives::AllRanksOk;
 
+checkpoint::TensorParallelism CheckpointTensorParallelism(const Setup& s) {
+  checkpoint::TensorParallelism tp;
+  tp.dp_comm = &s.mesh->dp();
+  tp.size = s.mesh->tp().size();
+  tp.rank = s.mesh->tp().rank();
+  for (const model::ModelParam& p : s.model->params()) {
+    if (p.tp.split()) tp.splits[p.name] = p.tp;
+  }
+  return tp;
+}
+
 absl::Status CheckSaveDir(const TrainerConfig& c) {
   namespace fs = std::filesystem;
   if (c.save_dir.empty()) return absl::OkStatus();
@@ -70,10 +81,12 @@ Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& co
                            TrainSummary& summary, std::vector<buffers::ParamAndGradBuffer*> buffers,
                            const optimizers::OptimizerState& optimizer,
                            std::function<absl::Status()> sync_params,
-                           collectives::Communicator* expert_comm)
+                           collectives::Communicator* expert_comm,
+                           checkpoint::TensorParallelism tp)
     : c_(c),
       comm_(comm),
       expert_comm_(expert_comm),
+      tp_(std::move(tp)),
       progress_(progress),
       out_(options.out),
       err_(options.err),
@@ -83,7 +96,7 @@ Checkpointer::Checkpointer(const TrainerConfig& c, collectives::Communicator& co
       sync_params_(std::move(sync_params)) {
   options_.keep_last = c.keep_checkpoints;
   options_.after_shard_written = options.after_shard_written;
-  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm, expert_comm);
+  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm, expert_comm, tp_);
 }
 
 absl::Status Checkpointer::Save(const checkpoint::SharedState& shared, bool final_save) {
@@ -135,7 +148,7 @@ absl::StatusOr<bool> Checkpointer::Settle(int64_t step, const absl::Status& own,
   ++consecutive_failures_;
   // Drop this rank's write still in flight (a snapshot failed elsewhere) without committing it;
   // once every rank has, rank 0 removes the partial `.tmp` directory so it holds no disk space.
-  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm_, expert_comm_);
+  saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(&comm_, expert_comm_, tp_);
   RETURN_IF_ERROR(AllRanksOk(comm_, true).status());
   std::string cleanup;
   if (comm_.rank() == 0) {

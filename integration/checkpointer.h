@@ -17,9 +17,15 @@
 #include "integration/config/train_options.h"
 #include "integration/config/trainer_config.h"
 #include "integration/metrics/progress.h"
+#include "integration/setup.h"
 #include "optimizers/state.h"
 
 namespace orthoshard::integration {
+
+// What checkpoint saves and loads need to know of this run's tensor parallelism: the dp group
+// (s.mesh->dp()), this rank's place in its tp group (s.mesh->tp()) and every split param's
+// ModelParam::tp. `s` must outlive the result's use.
+checkpoint::TensorParallelism CheckpointTensorParallelism(const Setup& s);
 
 // The checkpoint saves of one run (config.save_dir) and what a failed one does
 // (config.on_save_failure). At most one save is in flight: AsyncCheckpointSaver writes it in the
@@ -41,13 +47,15 @@ class Checkpointer {
   // `options.out`, `options.err`, `summary`, the buffers and the optimizer must outlive this
   // object. Rank 0 reports each committed checkpoint on options.out; failed saves that training
   // survives are reported on options.err and counted in summary.failed_saves;
-  // options.after_shard_written is passed to every save (checkpoint::SaveOptions).
+  // options.after_shard_written is passed to every save (checkpoint::SaveOptions). `tp`: the run's
+  // tensor parallelism (CheckpointTensorParallelism), passed to every save.
   Checkpointer(const TrainerConfig& c, collectives::Communicator& comm, ProgressPrinter& progress,
                const TrainOptions& options, TrainSummary& summary,
                std::vector<buffers::ParamAndGradBuffer*> buffers,
                const optimizers::OptimizerState& optimizer,
                std::function<absl::Status()> sync_params,
-               collectives::Communicator* expert_comm = nullptr);
+               collectives::Communicator* expert_comm = nullptr,
+               checkpoint::TensorParallelism tp = {});
 
   // Finalizes the save in flight, syncs the params, then snapshots step `shared.step` and starts
   // writing it. OK when training may go on (with on_save_failure=continue, also after a failed
@@ -78,6 +86,7 @@ class Checkpointer {
   const TrainerConfig& c_;
   collectives::Communicator& comm_;
   collectives::Communicator* expert_comm_;
+  checkpoint::TensorParallelism tp_;
   ProgressPrinter& progress_;
   std::FILE* out_;
   std::FILE* err_;

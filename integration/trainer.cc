@@ -353,7 +353,7 @@ absl::StatusOr<int64_t> Resume(const TrainerConfig& c, Setup& s, Communicator& c
   at::NoGradGuard no_grad;
   absl::StatusOr<checkpoint::SharedState> loaded =
       checkpoint::LoadDistributedCheckpoint(c.save_dir, s.buffers, *s.optimizer, comm,
-                                            &s.mesh->expt_dp());
+                                            &s.mesh->expt_dp(), CheckpointTensorParallelism(s));
   if (!loaded.ok()) {
     const absl::Status& e = loaded.status();
     // kAborted is "another rank failed to load": still the checkpoint's fault, i.e. bad input.
@@ -652,7 +652,7 @@ absl::Status TrainLoop(const TrainerConfig& c, Communicator& comm, const TrainOp
     saver = std::make_unique<Checkpointer>(c, comm, metrics.progress(), options, summary,
                                            s.buffers, *s.optimizer,
                                            [&s] { return s.ddp->FinishParamSync(); },
-                                           &s.mesh->expt_dp());
+                                           &s.mesh->expt_dp(), CheckpointTensorParallelism(s));
   }
   RunPolicy policy(c, first_step);
   StepAgreement agreement(comm);

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/file_util.h"
@@ -16,6 +17,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard.h"
+#include "checkpoint/tp_slices.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::checkpoint {
@@ -87,6 +89,18 @@ absl::Status Inspect(const std::string& dir, std::ostream& out) {
       << " tensors in " << files.size() << " files\n";
   for (const auto& [file, counts] : files) {
     out << "  " << file << ": " << counts.first << " tensors, " << counts.second << " bytes\n";
+  }
+  ASSIGN_OR_RETURN(const std::vector<WholeParam> params, WholeParams(manifest, dir));
+  const int tp = std::max(1, manifest.tp_size());
+  out << "params (whole shapes), saved at tp " << tp << " x dp " << manifest.dp_size() << ":\n";
+  for (const WholeParam& p : params) {
+    out << "  " << p.name << ": " << p.dtype << " [" << absl::StrJoin(p.shape, ",") << "], ";
+    if (p.split.split()) {
+      out << "tp " << p.split.size << ": dim " << p.split.dim << ", " << p.split.parts
+          << (p.split.parts == 1 ? " part" : " parts") << "\n";
+    } else {
+      out << (tp > 1 ? "replicated" : "whole") << "\n";
+    }
   }
   out << ManifestToText(manifest);
   return absl::OkStatus();
@@ -223,7 +237,7 @@ absl::StatusOr<std::vector<std::string>> ExportSafetensors(const std::string& ch
   ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(checkpoint_dir));
   const bool has_params =
       std::any_of(manifest.tensors().begin(), manifest.tensors().end(),
-                  [](const TensorRecord& record) { return record.kind() == kParamKind; });
+                  [](const TensorRecord& record) { return IsParamKind(record.kind()); });
   if (!has_params) {
     return ArgError(absl::StrCat("checkpoint ", checkpoint_dir, " has no records of kind \"",
                                  kParamKind, "\" to export"));
@@ -260,23 +274,21 @@ namespace {
 // A tensor of the export: its name, dtype and shape, and where its bytes come from.
 struct Planned {
   std::string name;
-  const TensorRecord* source = nullptr;
+  const WholeParam* source = nullptr;
   std::vector<std::pair<int64_t, int64_t>> rows;  // empty: the whole record
   std::vector<int64_t> shape;
   uint64_t bytes = 0;
 };
 
-absl::StatusOr<std::vector<Planned>> PlanExport(const Manifest& manifest,
+// `whole`: the checkpoint's params (WholeParams), whole or from tp slices.
+absl::StatusOr<std::vector<Planned>> PlanExport(const std::vector<WholeParam>& whole,
                                                 const std::optional<ExportMapping>& mapping) {
-  std::map<std::string, const TensorRecord*> params;
+  std::map<std::string, const WholeParam*> params;
   std::vector<Planned> planned;
-  for (const TensorRecord& record : manifest.tensors()) {
-    if (record.kind() != kParamKind) continue;
-    params[record.name()] = &record;
+  for (const WholeParam& param : whole) {
+    params[param.name] = &param;
     if (!mapping.has_value()) {
-      planned.push_back({record.name(), &record, {},
-                         {record.global_shape().begin(), record.global_shape().end()},
-                         record.length()});
+      planned.push_back({param.name, &param, {}, param.shape, param.bytes});
     }
   }
   if (!mapping.has_value()) return planned;
@@ -287,11 +299,11 @@ absl::StatusOr<std::vector<Planned>> PlanExport(const Manifest& manifest,
       return ArgError(absl::StrCat("export mapping: '", t.name, "' comes from param '", t.source,
                                    "', which the checkpoint does not have"));
     }
-    const TensorRecord& record = *it->second;
+    const WholeParam& record = *it->second;
     used.insert(t.source);
-    std::vector<int64_t> shape(record.global_shape().begin(), record.global_shape().end());
+    std::vector<int64_t> shape = record.shape;
     if (t.rows.empty()) {  // renamed whole (scalars included)
-      planned.push_back({t.name, &record, {}, shape, record.length()});
+      planned.push_back({t.name, &record, {}, shape, record.bytes});
       continue;
     }
     if (shape.empty()) {
@@ -307,7 +319,7 @@ absl::StatusOr<std::vector<Planned>> PlanExport(const Manifest& manifest,
       }
       total += count;
     }
-    const uint64_t row_bytes = rows > 0 ? record.length() / static_cast<uint64_t>(rows) : 0;
+    const uint64_t row_bytes = rows > 0 ? record.bytes / static_cast<uint64_t>(rows) : 0;
     shape[0] = total;
     planned.push_back({t.name, &record, t.rows, shape, row_bytes * static_cast<uint64_t>(total)});
   }
@@ -324,7 +336,8 @@ absl::StatusOr<std::vector<std::string>> WriteExportFiles(const std::string& che
                                                           const Manifest& manifest,
                                                           const std::string& out_dir,
                                                           const ExportOptions& options) {
-  ASSIGN_OR_RETURN(const std::vector<Planned> params, PlanExport(manifest, options.mapping));
+  ASSIGN_OR_RETURN(const std::vector<WholeParam> whole, WholeParams(manifest, checkpoint_dir));
+  ASSIGN_OR_RETURN(const std::vector<Planned> params, PlanExport(whole, options.mapping));
   // Greedy packing in export order.
   std::vector<std::vector<const Planned*>> shards(1);
   uint64_t shard_bytes = 0;
@@ -347,31 +360,35 @@ absl::StatusOr<std::vector<std::string>> WriteExportFiles(const std::string& che
   }
   std::map<std::string, SafetensorsReader> readers;
   std::vector<uint8_t> buffer, rows;
-  const TensorRecord* buffered = nullptr;  // whose bytes `buffer` holds (fused params feed several)
+  const WholeParam* buffered = nullptr;  // whose bytes `buffer` holds (fused params feed several)
+  // Reads one record, CRC-checked, opening its shard file once.
+  auto read = [&](const TensorRecord& record, absl::Span<uint8_t> out) -> absl::Status {
+    auto it = readers.find(record.file());
+    if (it == readers.end()) {
+      ASSIGN_OR_RETURN(SafetensorsReader reader,
+                       SafetensorsReader::Open(JoinPath(checkpoint_dir, record.file())));
+      it = readers.emplace(record.file(), std::move(reader)).first;
+    }
+    return ReadRecord(it->second, record, out);
+  };
   for (size_t i = 0; i < shards.size(); ++i) {
     std::vector<TensorSpec> specs;
-    for (const Planned* p : shards[i]) specs.push_back({p->name, p->source->dtype(), p->shape});
+    for (const Planned* p : shards[i]) specs.push_back({p->name, p->source->dtype, p->shape});
     ASSIGN_OR_RETURN(SafetensorsWriter writer,
                      SafetensorsWriter::Create(JoinPath(out_dir, names[i]), std::move(specs),
                                                {{"format", "pt"}}));
     for (const Planned* p : shards[i]) {
-      const TensorRecord* record = p->source;
+      const WholeParam* record = p->source;
       if (buffered != record) {
-        auto it = readers.find(record->file());
-        if (it == readers.end()) {
-          ASSIGN_OR_RETURN(SafetensorsReader reader,
-                           SafetensorsReader::Open(JoinPath(checkpoint_dir, record->file())));
-          it = readers.emplace(record->file(), std::move(reader)).first;
-        }
-        buffer.resize(record->length());
-        RETURN_IF_ERROR(ReadRecord(it->second, *record, absl::MakeSpan(buffer)));
+        buffer.resize(record->bytes);
+        RETURN_IF_ERROR(ReadWholeParam(*record, read, absl::MakeSpan(buffer)));
         buffered = record;
       }
       if (p->rows.empty()) {
         RETURN_IF_ERROR(writer.Append(buffer));
         continue;
       }
-      const uint64_t row_bytes = record->length() / static_cast<uint64_t>(record->global_shape(0));
+      const uint64_t row_bytes = record->bytes / static_cast<uint64_t>(record->shape[0]);
       rows.clear();
       for (const auto& [start, count] : p->rows) {
         rows.insert(rows.end(), buffer.begin() + start * row_bytes,
