@@ -196,7 +196,9 @@ for preset, shard_bytes in (("tiny", None), ("small", 300_000), ("moe-tiny", Non
                             ("moe-tiny-shared", None), ("moe-small", 3_000_000)):
     root = os.path.join(work, preset)
     os.makedirs(root)
-    ranks = ["--nproc_per_node=2", "--ep=2"] if preset.startswith("moe") else ["--nproc_per_node=1"]
+    # moe: 2 ranks, ep 2; small: 2 ranks, tp 2 (the export gathers every tensor's tp slices).
+    ranks = (["--nproc_per_node=2", "--ep=2"] if preset.startswith("moe") else
+             ["--nproc_per_node=2", "--tp=2"] if preset == "small" else ["--nproc_per_node=1"])
     run(pretrain, *ranks, f"--model={preset}", f"--data=prepared:{data}", "--steps=3",
         "--global_batch=4", "--seq_len=64", "--eval_every=0", "--eval_batches=1", f"--save_dir={root}/ckpt")
     if preset.startswith("moe"):
