@@ -144,7 +144,8 @@ void PlanDistOpt(const BufferInput& input, PerBufferParamLayout* out) {
     const int64_t start = Pad64(cursor);
     const int64_t numel = spec.numel();
     out->params.push_back(ParamPlacement{spec.name, *it, start, start + numel,
-                                         static_cast<int>(out->buckets.size()), spec.role, spec.tp});
+                                         static_cast<int>(out->buckets.size()), spec.role,
+                                         spec.tp});
     out->unpadded_numel += numel;
     cursor = start + numel;
     open = true;

@@ -16,7 +16,9 @@ double NsCost(int64_t rows, int64_t cols, const FusedSplit& split) {
   if (split.block_rows.empty()) {
     block_rows.push_back(static_cast<double>(rows));
   } else {
-    for (int64_t r : split.block_rows) block_rows.push_back(static_cast<double>(r * split.num_groups));
+    for (int64_t r : split.block_rows) {
+      block_rows.push_back(static_cast<double>(r * split.num_groups));
+    }
   }
   double cost = 0.0;
   for (double m : block_rows) cost += std::max(m, c) * std::min(m, c) * std::min(m, c);
@@ -57,7 +59,8 @@ at::Tensor AssembleTpMatrix(absl::Span<const at::Tensor> slices, const TpSplit& 
   for (int r = 0; r < tp.size; ++r) {
     int64_t cursor = 0;
     for (const auto& [begin, end] : TpRuns(extent, tp.ForRank(r))) {
-      global.narrow(tp.dim, begin, end - begin).copy_(slices[r].narrow(tp.dim, cursor, end - begin));
+      global.narrow(tp.dim, begin, end - begin)
+          .copy_(slices[r].narrow(tp.dim, cursor, end - begin));
       cursor += end - begin;
     }
   }

@@ -36,6 +36,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "buffers/bucket_sync.h"
@@ -47,6 +48,7 @@
 #include "gtest/gtest.h"
 #include "optimizers/distributed/distributed_optimizer.h"
 #include "optimizers/distributed/testing/test_model.h"
+#include "optimizers/distributed/testing/tp_model.h"
 #include "optimizers/tp_muon.h"
 
 namespace orthoshard::optimizers::distributed::testing {
@@ -62,51 +64,6 @@ constexpr int kBucketSize = 300;
 constexpr int kSteps = 4;
 constexpr int kNanStep = 2;
 
-// A param of the global model and how tensor parallelism splits it.
-struct TpParam {
-  std::string name;
-  std::vector<int64_t> shape;  // global
-  int dim = -1;                // TpSplit::dim; -1 replicated
-  int64_t parts = 1;
-  layout::ParamRole role = layout::ParamRole::kAdam;
-  FusedSplit split;  // of the global matrix
-};
-
-// C 16; attention of 2 KV groups, each 2 query heads of head dim 4 (qkv rows per group 8 + 4 + 4);
-// SwiGLU F 24; vocabulary 32.
-std::vector<TpParam> GptLike(int layers) {
-  using layout::ParamRole;
-  std::vector<TpParam> ps;
-  ps.push_back({"embedding.weight", {32, 16}, 0, 1, ParamRole::kAdam, {}});
-  for (int l = 0; l < layers; ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    ps.push_back({p + "input_norm.weight", {16}, -1, 1, ParamRole::kAdam, {}});
-    ps.push_back({p + "attn.qkv.weight", {32, 16}, 0, 1, ParamRole::kMuon, {2, {8, 4, 4}}});
-    ps.push_back({p + "attn.proj.weight", {16, 16}, 1, 1, ParamRole::kMuon, {}});
-    ps.push_back({p + "mlp_norm.weight", {16}, -1, 1, ParamRole::kAdam, {}});
-    ps.push_back({p + "mlp.fc1.weight", {48, 16}, 0, 2, ParamRole::kMuon, {1, {24, 24}}});
-    ps.push_back({p + "mlp.fc2.weight", {16, 24}, 1, 1, ParamRole::kMuon, {}});
-  }
-  ps.push_back({"final_norm.weight", {16}, -1, 1, ParamRole::kAdam, {}});
-  return ps;
-}
-
-// gpt2-124m's matrices (model/gpt_config: C 768, 12 heads = 12 KV groups of head dim 64, SwiGLU F
-// 2048), 12 layers: tp-2 local shapes qkv [1152, 768], proj [768, 384], fc1 [2048, 768], fc2
-// [768, 1024].
-std::vector<TpParam> Gpt2Matrices() {
-  using layout::ParamRole;
-  std::vector<TpParam> ps;
-  for (int l = 0; l < 12; ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    ps.push_back({p + "attn.qkv.weight", {2304, 768}, 0, 1, ParamRole::kMuon, {12, {64, 64, 64}}});
-    ps.push_back({p + "attn.proj.weight", {768, 768}, 1, 1, ParamRole::kMuon, {}});
-    ps.push_back({p + "mlp.fc1.weight", {4096, 768}, 0, 2, ParamRole::kMuon, {1, {2048, 2048}}});
-    ps.push_back({p + "mlp.fc2.weight", {768, 2048}, 1, 1, ParamRole::kMuon, {}});
-  }
-  return ps;
-}
-
 MeshGrid Grid(int dp) {
   MeshGrid grid;
   grid.tp = kTp;
@@ -114,77 +71,16 @@ MeshGrid Grid(int dp) {
   return grid;
 }
 
-TpSplit SplitOf(const TpParam& p, int tp_rank) {
-  return p.dim < 0 ? TpSplit{} : TpSplit{p.dim, p.parts, kTp, tp_rank};
-}
-
-layout::ParamSpec GlobalSpec(const TpParam& p) {
-  layout::ParamSpec s;
-  s.name = p.name;
-  s.shape = p.shape;
-  s.dtype = DType::kBFloat16;
-  s.role = p.role;
-  return s;
-}
-
-std::vector<layout::ParamSpec> GlobalSpecs(const std::vector<TpParam>& ps) {
-  std::vector<layout::ParamSpec> specs;
-  for (const TpParam& p : ps) specs.push_back(GlobalSpec(p));
-  return specs;
-}
-
-// This tp rank's slice of a global tensor of `p` (the tensor itself when replicated).
 at::Tensor Slice(const TpParam& p, int tp_rank, const at::Tensor& global) {
-  const TpSplit split = SplitOf(p, tp_rank);
-  return split.split() ? TpSliceOf(global, split) : global.contiguous();
-}
-
-// The buffers of tp rank `tp_rank`'s slices over `dp` data-parallel ranks.
-absl::StatusOr<DistributedModel> BuildTpModel(const std::vector<TpParam>& ps, int tp_rank, int dp,
-                                              bool with_values = true) {
-  std::vector<layout::ParamSpec> specs;
-  for (const TpParam& p : ps) {
-    layout::ParamSpec s = GlobalSpec(p);
-    s.tp = SplitOf(p, tp_rank);
-    s.shape = TpLocalShape(p.shape, s.tp);
-    specs.push_back(std::move(s));
-  }
-  layout::LayoutOptions options;
-  options.dp = dp;
-  options.bucket_size = kBucketSize;
-  options.muon_strategy = layout::Strategy::kLayerwise;
-  DistributedModel model;
-  ASSIGN_OR_RETURN(model.layout, layout::ComputeFullParamLayout(specs, options));
-  if (with_values) {
-    const std::vector<at::Tensor> global = MakeModelParams(GlobalSpecs(ps));
-    for (size_t i = 0; i < ps.size(); ++i) model.params.push_back(Slice(ps[i], tp_rank, global[i]));
-  } else {
-    for (const layout::ParamSpec& s : specs) model.params.push_back(at::zeros(s.shape, at::kBFloat16));
-  }
-  for (const layout::PerBufferParamLayout& b : model.layout.buffers) {
-    ASSIGN_OR_RETURN(std::unique_ptr<buffers::ParamAndGradBuffer> buffer,
-                     buffers::ParamAndGradBuffer::Create(b, model.params));
-    model.buffers.push_back(buffer.get());
-    model.owned_buffers.push_back(std::move(buffer));
-  }
-  return model;
+  return SliceOf(p, kTp, tp_rank, global);
 }
 
 // Writes this rank's gradients (its dp rank's global RankGrad, sliced), reduces them over dp as DDP
 // does, after putting a NaN into the first element of layer 0's qkv slice when `poison`.
 absl::Status FillAndReduce(const std::vector<TpParam>& ps, DistributedModel& model, int tp_rank,
                            Communicator& dp, DistributedMode mode, int step, bool poison) {
-  const std::vector<layout::ParamSpec> global = GlobalSpecs(ps);
-  for (buffers::ParamAndGradBuffer* buffer : model.buffers) {
-    buffer->grad_data().zero_();
-    const std::vector<layout::ParamPlacement>& placements = buffer->layout().params;
-    for (int j = 0; j < static_cast<int>(placements.size()); ++j) {
-      const int i = placements[j].param_index;
-      at::Tensor g = Slice(ps[i], tp_rank, RankGrad(global[i], i, dp.rank(), step));
-      if (poison && ps[i].name == "layers.0.attn.qkv.weight") g.view({-1})[0].fill_(NAN);
-      buffer->GradView(j).copy_(g);
-    }
-  }
+  FillTpGrads(ps, model, kTp, tp_rank, dp.rank(), step,
+              poison ? "layers.0.attn.qkv.weight" : "");
   const buffers::GradSync sync = mode == DistributedMode::kSharded
                                      ? buffers::GradSync::kReduceScatter
                                      : buffers::GradSync::kAllReduce;
@@ -218,8 +114,9 @@ class TpReference {
         if (tp_rank < 0) {
           splits[ps[i].name] = ps[i].split;
         } else {
-          ASSIGN_OR_RETURN(splits[ps[i].name],
-                           TpLocalFusedSplit(ps[i].split, SplitOf(ps[i], tp_rank), ps[i].name));
+          ASSIGN_OR_RETURN(
+              splits[ps[i].name],
+              TpLocalFusedSplit(ps[i].split, SplitOf(ps[i], kTp, tp_rank), ps[i].name));
         }
       }
       slots.push_back(Slot::Whole(ps[i].name, param, ref->grads_[i]));
@@ -284,21 +181,39 @@ absl::Status RunScenario(Communicator& world, DistributedMode mode, bool blockwi
   const std::vector<TpParam> ps = GptLike(2);
   ChainedConfig config = TestConfig(/*max_grad_norm=*/0.0);
   config.count_zero_grads = true;
-  std::map<std::string, FusedSplit> splits;
-  for (const TpParam& p : ps) {
-    if (!p.split.block_rows.empty()) splits[p.name] = p.split;
-  }
+  const std::map<std::string, FusedSplit> splits = GlobalSplits(ps);
   const std::vector<MuonTpMode> modes =
       blockwise ? std::vector<MuonTpMode>{MuonTpMode::kBlockwise, MuonTpMode::kOwner}
                 : std::vector<MuonTpMode>{MuonTpMode::kOwner, MuonTpMode::kDuplicated};
   std::vector<Run> runs;
   for (MuonTpMode m : modes) {
     Run run{m, {}, nullptr};
-    ASSIGN_OR_RETURN(run.model, BuildTpModel(ps, tp_rank, dp_size));
+    ASSIGN_OR_RETURN(run.model, BuildTpModel(ps, kTp, tp_rank, dp_size, kBucketSize));
     ASSIGN_OR_RETURN(run.opt, CreateDistributedOptimizer(run.model.buffers, &dp, config, mode,
                                                          splits, nullptr, nullptr,
                                                          {&tp, &world, m}));
     runs.push_back(std::move(run));
+  }
+  if (mode == DistributedMode::kSharded && !blockwise) {
+    // Refused with the thing named: split params without a tp group, a sharded optimizer without
+    // the grid's statistics communicator, one of another size.
+    auto expect_error = [&](const TensorParallelOptimizer& options,
+                            const std::string& message) -> absl::Status {
+      const absl::Status st = CreateDistributedOptimizer(runs[0].model.buffers, &dp, config, mode,
+                                                         splits, nullptr, nullptr, options)
+                                  .status();
+      return Check(st.code() == absl::StatusCode::kInvalidArgument &&
+                       absl::StrContains(st.message(), message),
+                   absl::StrCat("expected '", message, "', got ", st.ToString()));
+    };
+    RETURN_IF_ERROR(expect_error({}, "not tensor-parallel (no tp communicator)"));
+    RETURN_IF_ERROR(expect_error({&tp, nullptr, MuonTpMode::kOwner},
+                                 "needs a statistics communicator spanning the tp x dp grid"));
+    if (dp_size > 1) {
+      RETURN_IF_ERROR(expect_error({&tp, &tp, MuonTpMode::kOwner},
+                                   absl::StrCat("the statistics communicator has 2 ranks; expected "
+                                                "the tp 2 x dp ", dp_size, " grid")));
+    }
   }
   ASSIGN_OR_RETURN(auto global_ref, TpReference::Create(ps, config, /*tp_rank=*/-1));
   std::unique_ptr<TpReference> local_ref;
@@ -417,13 +332,11 @@ TEST(TpMuonTest, OwnerBalancesNewtonSchulzCostGpt2Tp2Dp2) {
   RunOnRanks(4, [](Communicator& world) {
     at::set_num_threads(1);
     ASSERT_OK_AND_ASSIGN(Mesh mesh, Mesh::Create(world, Grid(2)));
-    const std::vector<TpParam> ps = Gpt2Matrices();
-    std::map<std::string, FusedSplit> splits;
-    for (const TpParam& p : ps) {
-      if (!p.split.block_rows.empty()) splits[p.name] = p.split;
-    }
+    const std::vector<TpParam> ps = Gpt2Matrices(12);
+    const std::map<std::string, FusedSplit> splits = GlobalSplits(ps);
     ASSERT_OK_AND_ASSIGN(DistributedModel model,
-                         BuildTpModel(ps, mesh.tp().rank(), 2, /*with_values=*/false));
+                         BuildTpModel(ps, kTp, mesh.tp().rank(), 2, kBucketSize,
+                                      /*with_values=*/false));
     ASSERT_OK_AND_ASSIGN(
         auto opt, CreateDistributedOptimizer(model.buffers, &mesh.dp(), TestConfig(0.0),
                                              DistributedMode::kSharded, splits, nullptr, nullptr,
