@@ -113,7 +113,7 @@ void EmitShardAlignedBucket(const std::vector<ParamSpec>& specs, const ShardPack
       cursor = Pad64(cursor);
       const int64_t numel = specs[index].numel();
       out->params.push_back(ParamPlacement{specs[index].name, index, cursor, cursor + numel,
-                                           bucket_id, specs[index].role});
+                                           bucket_id, specs[index].role, specs[index].tp});
       out->unpadded_numel += numel;
       cursor += numel;
     }
@@ -144,7 +144,8 @@ void PlanDistOpt(const BufferInput& input, PerBufferParamLayout* out) {
     const int64_t start = Pad64(cursor);
     const int64_t numel = spec.numel();
     out->params.push_back(ParamPlacement{spec.name, *it, start, start + numel,
-                                         static_cast<int>(out->buckets.size()), spec.role});
+                                         static_cast<int>(out->buckets.size()), spec.role,
+                                         spec.tp});
     out->unpadded_numel += numel;
     cursor = start + numel;
     open = true;

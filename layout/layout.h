@@ -74,6 +74,8 @@ struct ParamPlacement {
   // The optimizer that manages it (ParamSpec::role): routing is decided once, before the layout,
   // and read from here by everyone after it.
   ParamRole role = ParamRole::kAdam;
+  // How the param is split over the tp group (ParamSpec::tp); start/end hold its tp-local slice.
+  TpSplit tp;
 
   int64_t numel() const { return end - start; }
 };

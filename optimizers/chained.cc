@@ -42,7 +42,7 @@ double MuonClipScale(const ChainedConfig& config, const StepResult& result) {
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
     ChainedConfig config, RoutingReport routing, std::vector<Slot> slots,
     const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer,
-    std::unique_ptr<StepSync> sync) {
+    std::unique_ptr<StepSync> sync, std::unique_ptr<TpNewtonSchulz> tp_ns) {
   RETURN_IF_ERROR(ValidateSchedule(config.schedule));
   absl::flat_hash_map<std::string, Route> routes;
   for (const RoutingReport::Entry& e : routing.entries) routes[e.name] = e.route;
@@ -78,7 +78,8 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> ChainedOptimizer::Create(
   }
   std::unique_ptr<ChainedOptimizer> opt(new ChainedOptimizer());
   ASSIGN_OR_RETURN(opt->adamw_, AdamW::Create(std::move(adamw)));
-  ASSIGN_OR_RETURN(opt->muon_, Muon::Create(std::move(muon)));
+  opt->tp_ns_ = std::move(tp_ns);
+  ASSIGN_OR_RETURN(opt->muon_, Muon::Create(std::move(muon), opt->tp_ns_.get()));
   opt->config_ = std::move(config);
   opt->routing_ = std::move(routing);
   opt->reducer_ = std::move(reducer);
@@ -112,7 +113,7 @@ double ChainedOptimizer::ns_cost() const { return muon_->ns_cost(); }
 
 absl::StatusOr<GradStats> ChainedOptimizer::LocalGradStats() const {
   GradStats stats;
-  const bool saved = config_.stats_over_saved_elements;
+  const StatsScope saved{config_.stats_over_saved_elements, config_.stats_skip_tp_replicated};
   ASSIGN_OR_RETURN(stats.adamw_sum_squares, adamw_->GradSumSquares(saved));
   ASSIGN_OR_RETURN(stats.muon_sum_squares, muon_->GradSumSquares(saved));
   stats.nonfinite = !std::isfinite(stats.adamw_sum_squares + stats.muon_sum_squares);

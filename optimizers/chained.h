@@ -39,6 +39,7 @@
 #include "optimizers/schedule.h"
 #include "optimizers/slot_optimizer.h"
 #include "optimizers/state.h"
+#include "optimizers/tp_muon.h"
 
 namespace orthoshard::optimizers {
 
@@ -65,6 +66,9 @@ struct ChainedConfig {
   // saved_only), for replicated ranks that do not all hold the same params (experts split over an
   // ep group), whose reducer then sums over every rank.
   bool stats_over_saved_elements = false;
+  // The local statistics leave out params not split over tp (StatsScope::skip_tp_replicated): set
+  // on tp ranks other than 0, so that a sum over the tp group counts such params once.
+  bool stats_skip_tp_replicated = false;
 };
 
 // Sums of ||g||^2 per optimizer and whether a gradient held inf/NaN: this rank's (partial) or,
@@ -158,13 +162,16 @@ class ChainedOptimizer final : public OptimizerState {
   // AdamW params are ignored). AdamW slots of params that are not 2-D get
   // config.adamw_non_matrix_weight_decay. `reducer` combines statistics across ranks (nullptr:
   // this process sees every gradient). `sync` (may be null) is told every step's progress (see
-  // StepSync); with sync->num_stages() > 0 every step is staged by it. Errors: kInvalidArgument
+  // StepSync); with sync->num_stages() > 0 every step is staged by it. `tp_ns` (may be null)
+  // orthogonalises the Muon slots split over tensor parallelism (Slot::tp; their `splits` entry is
+  // the global matrix's): see Muon and optimizers/tp_muon.h; without it they are blockwise.
+  // Errors: kInvalidArgument
   // from the schedule, hyperparameters, a slot of an unknown param, a split of an unknown param,
   // or the slots themselves (see AdamW::Create, Muon::Create).
   static absl::StatusOr<std::unique_ptr<ChainedOptimizer>> Create(
       ChainedConfig config, RoutingReport routing, std::vector<Slot> slots,
       const std::map<std::string, FusedSplit>& splits, std::unique_ptr<StatsReducer> reducer,
-      std::unique_ptr<StepSync> sync = nullptr);
+      std::unique_ptr<StepSync> sync = nullptr, std::unique_ptr<TpNewtonSchulz> tp_ns = nullptr);
 
   // A single process: routes `params` with config.routing and gives each one whole slot.
   // Errors: as PlanRouting and the general Create.
@@ -228,6 +235,7 @@ class ChainedOptimizer final : public OptimizerState {
 
   ChainedConfig config_;
   RoutingReport routing_;
+  std::unique_ptr<TpNewtonSchulz> tp_ns_;  // used by muon_
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<Muon> muon_;
   std::unique_ptr<StatsReducer> reducer_;

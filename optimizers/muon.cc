@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "optimizers/internal/fused_elementwise.h"
+#include "optimizers/tp_muon.h"
 
 namespace orthoshard::optimizers {
 
@@ -279,6 +280,40 @@ at::Tensor NewtonSchulzBatched(const at::Tensor& g, const NewtonSchulzOptions& o
   return transpose ? x.transpose(1, 2) : x;
 }
 
+std::vector<std::vector<at::Tensor>> OrthogonalizeBlocks(absl::Span<const NsJob> jobs) {
+  static const FusedSplit kWhole;
+  std::vector<std::vector<at::Tensor>> blocks(jobs.size()), orthos(jobs.size());
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    blocks[k] = NsBlocks(jobs[k].matrix, jobs[k].split == nullptr ? kWhole : *jobs[k].split);
+    orthos[k].resize(blocks[k].size());
+  }
+  using Key = std::tuple<int64_t, int64_t, std::vector<NsCoefficients>, bool, int, double,
+                         double, NsDType, bool, bool>;
+  std::map<Key, std::vector<std::pair<size_t, size_t>>> same;
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const NewtonSchulzOptions& ns = *jobs[k].ns;
+    for (size_t j = 0; j < blocks[k].size(); ++j) {
+      same[Key{blocks[k][j].size(0), blocks[k][j].size(1), ns.coefficients, ns.cycle, ns.ns_steps,
+               ns.eps, ns.norm_scale, ns.dtype, ns.batched, ns.gram}]
+          .push_back({k, j});
+    }
+  }
+  for (const auto& [key, members] : same) {
+    const NewtonSchulzOptions& ns = *jobs[members.front().first].ns;
+    if (members.size() == 1 || !ns.batched) {
+      for (const auto& [k, j] : members) orthos[k][j] = NewtonSchulz(blocks[k][j], ns);
+      continue;
+    }
+    std::vector<at::Tensor> stack;
+    for (const auto& [k, j] : members) stack.push_back(blocks[k][j]);
+    const at::Tensor out = NewtonSchulzBatched(at::stack(stack), ns);
+    for (size_t m = 0; m < members.size(); ++m) {
+      orthos[members[m].first][members[m].second] = out.select(0, static_cast<int64_t>(m));
+    }
+  }
+  return orthos;
+}
+
 void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum_buffer,
                 const MuonHyper& hp, double lr, const FusedSplit& split) {
   bool owned = false;
@@ -292,8 +327,11 @@ void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tenso
   ApplyOrthos(param, orthos, hp, lr, split);
 }
 
-absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<Entry> entries) {
+absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<Entry> entries,
+                                                   TpNewtonSchulz* tp_ns) {
   std::unique_ptr<Muon> opt(new Muon());
+  opt->tp_ns_ = tp_ns;
+  std::vector<TpNsMatrix> tp_matrices;
   for (Entry& e : entries) {
     RETURN_IF_ERROR(ValidateMuonHyper(e.hp));
     const Slot& s = e.slot;
@@ -309,11 +347,22 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(std::vector<Entry> entries) {
     }
     RETURN_IF_ERROR(opt->Add(std::move(e.slot)));
     const Slot& added = opt->slots_.back().slot;
-    RETURN_IF_ERROR(ValidateSplit(added.name, e.split, added.full_shape[0]));
+    const std::vector<int64_t> global_shape = TpGlobalShape(added.full_shape, added.tp);
+    RETURN_IF_ERROR(ValidateSplit(added.name, e.split, global_shape[0]));
+    int tp_index = -1;
+    if (added.tp.split() && tp_ns != nullptr) {
+      tp_index = static_cast<int>(tp_matrices.size());
+      tp_matrices.push_back({added.name, global_shape, added.tp, e.split, e.hp.ns});
+    } else if (added.tp.split()) {  // blockwise: the slice's own blocks
+      ASSIGN_OR_RETURN(e.split, TpLocalFusedSplit(e.split, added.tp, added.name));
+    }
     opt->hps_.push_back(e.hp);
     opt->splits_.push_back(std::move(e.split));
+    opt->tp_index_.push_back(tp_index);
+    opt->global_shapes_.push_back(global_shape);
     opt->momentum_.push_back(at::zeros_like(opt->slots_.back().main));
   }
+  if (tp_ns != nullptr) RETURN_IF_ERROR(tp_ns->Prepare(std::move(tp_matrices)));
   return opt;
 }
 
@@ -323,55 +372,53 @@ void Muon::Update(size_t i, const at::Tensor& grad, double lr_multiplier) {
   MuonUpdate(slots_[i].main, grad, momentum_[i], hps_[i], hps_[i].lr * lr_multiplier, splits_[i]);
 }
 
-void Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) {
+absl::Status Muon::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) {
   bool batched = false;
-  for (const int64_t i : indices) batched = batched || hps_[i].ns.batched;
-  if (!batched) {
-    SlotOptimizer::UpdateSlots(indices, context);
-    return;
+  bool tp = false;
+  for (const int64_t i : indices) {
+    batched = batched || hps_[i].ns.batched;
+    tp = tp || tp_index_[i] >= 0;
   }
-  // 1. Every slot's direction, cut into the matrices Newton–Schulz sees.
-  std::vector<std::vector<at::Tensor>> blocks(indices.size()), orthos(indices.size());
+  if (!batched && !tp) return SlotOptimizer::UpdateSlots(indices, context);
+  // 1. Every slot's direction: the local matrices cut into blocks, the split ones' slices for the
+  // TpNewtonSchulz (in the NS dtype, as NewtonSchulz would cast them).
+  std::vector<NsJob> jobs;
+  std::vector<std::pair<int, at::Tensor>> tp_inputs;
+  std::vector<size_t> position(indices.size());  // into jobs, or tp_inputs for split slots
   for (size_t k = 0; k < indices.size(); ++k) {
     const int64_t i = indices[k];
     bool owned = false;
     const at::Tensor update =
         MuonDirection(ScaledGrad(i, context.grad_scale), momentum_[i], hps_[i], &owned);
-    blocks[k] = NsBlocks(update, splits_[i]);
-    orthos[k].resize(blocks[k].size());
-  }
-  // 2. Matrices of one shape and the same options, orthogonalised together (in slot order).
-  using Key = std::tuple<int64_t, int64_t, std::vector<NsCoefficients>, bool, int, double,
-                         double, NsDType, bool, bool>;
-  std::map<Key, std::vector<std::pair<size_t, size_t>>> same;
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    const NewtonSchulzOptions& ns = hps_[indices[k]].ns;
-    for (size_t j = 0; j < blocks[k].size(); ++j) {
-      same[Key{blocks[k][j].size(0), blocks[k][j].size(1), ns.coefficients, ns.cycle, ns.ns_steps,
-               ns.eps, ns.norm_scale, ns.dtype, ns.batched, ns.gram}]
-          .push_back({k, j});
+    if (tp_index_[i] >= 0) {
+      position[k] = tp_inputs.size();
+      tp_inputs.emplace_back(tp_index_[i],
+                             update.to(NsScalarType(hps_[i].ns)).contiguous());
+    } else {
+      position[k] = jobs.size();
+      jobs.push_back({update, &splits_[i], &hps_[i].ns});
     }
   }
-  for (const auto& [key, members] : same) {
-    const NewtonSchulzOptions& ns = hps_[indices[members.front().first]].ns;
-    if (members.size() == 1 || !ns.batched) {
-      for (const auto& [k, j] : members) orthos[k][j] = NewtonSchulz(blocks[k][j], ns);
-      continue;
-    }
-    std::vector<at::Tensor> stack;
-    for (const auto& [k, j] : members) stack.push_back(blocks[k][j]);
-    const at::Tensor out = NewtonSchulzBatched(at::stack(stack), ns);
-    for (size_t m = 0; m < members.size(); ++m) {
-      orthos[members[m].first][members[m].second] = out.select(0, static_cast<int64_t>(m));
-    }
+  // 2. Newton–Schulz: matrices of one shape and the same options together (in slot order).
+  const std::vector<std::vector<at::Tensor>> orthos = OrthogonalizeBlocks(jobs);
+  std::vector<at::Tensor> tp_orthos;
+  if (!tp_inputs.empty()) {
+    ASSIGN_OR_RETURN(tp_orthos, tp_ns_->Orthogonalize(tp_inputs));
   }
   // 3. The updates.
   for (size_t k = 0; k < indices.size(); ++k) {
     const int64_t i = indices[k];
     const Held& h = slots_[i];
-    ApplyOrthos(h.main, orthos[k], hps_[i], hps_[i].lr * context.lr_multiplier, splits_[i]);
+    const double lr = hps_[i].lr * context.lr_multiplier;
+    if (tp_index_[i] >= 0) {
+      ApplyTpOrtho(h.main, tp_orthos[position[k]], hps_[i], lr, h.slot.tp, global_shapes_[i],
+                   splits_[i]);
+    } else {
+      ApplyOrthos(h.main, orthos[position[k]], hps_[i], lr, splits_[i]);
+    }
     FinishUpdate(i);
   }
+  return absl::OkStatus();
 }
 
 std::vector<SlotOptimizer::Field> Muon::Fields(size_t i) const {
@@ -379,19 +426,10 @@ std::vector<SlotOptimizer::Field> Muon::Fields(size_t i) const {
 }
 
 double Muon::ns_cost() const {
-  double cost = 0;
+  double cost = tp_ns_ != nullptr ? tp_ns_->ns_cost() : 0.0;
   for (int64_t i = 0; i < num_slots(); ++i) {
-    const Slot& s = slot(i);
-    const double cols = static_cast<double>(s.full_shape[1]);
-    std::vector<double> rows;
-    if (splits_[i].block_rows.empty()) {
-      rows.push_back(static_cast<double>(s.full_shape[0]));
-    } else {
-      for (int64_t r : splits_[i].block_rows) {
-        rows.push_back(static_cast<double>(r * splits_[i].num_groups));
-      }
-    }
-    for (double m : rows) cost += std::max(m, cols) * std::min(m, cols) * std::min(m, cols);
+    if (tp_index_[i] >= 0) continue;  // counted by tp_ns_
+    cost += NsCost(slot(i).full_shape[0], slot(i).full_shape[1], splits_[i]);
   }
   return cost;
 }

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "optimizers/kinds.h"
 #include "optimizers/ns_schedule.h"
 #include "optimizers/slot_optimizer.h"
@@ -113,6 +114,20 @@ at::Tensor NewtonSchulz(const at::Tensor& g, const NewtonSchulzOptions& options)
 // NewtonSchulzOptions::batched); returns [k, rows, cols] in options.dtype. `g` is not modified.
 at::Tensor NewtonSchulzBatched(const at::Tensor& g, const NewtonSchulzOptions& options);
 
+// One matrix for OrthogonalizeBlocks: its logical blocks (`split`) are orthogonalised with `ns`.
+struct NsJob {
+  at::Tensor matrix;                    // 2-D, any floating dtype; not modified
+  const FusedSplit* split = nullptr;    // empty or null: one matrix
+  const NewtonSchulzOptions* ns = nullptr;
+};
+
+// NewtonSchulz of every logical block of every job, result[k][j] for block j of job k (in
+// FusedSplit order), each in its options' dtype. Blocks of one shape and the same options across
+// jobs go through one NewtonSchulzBatched when those options ask for batching (in job order),
+// else one NewtonSchulz each: what Muon's step runs, so callers that orthogonalise the same
+// matrices in the same groups get the same bits.
+std::vector<std::vector<at::Tensor>> OrthogonalizeBlocks(absl::Span<const NsJob> jobs);
+
 // The factor applied to lr for a [rows, cols] matrix under hp.scale_rule.
 double MuonLrScale(int64_t rows, int64_t cols, const MuonHyper& hp);
 
@@ -125,36 +140,54 @@ void MuonUpdate(const at::Tensor& param, const at::Tensor& grad, const at::Tenso
 // Muon over slots that each cover a whole 2-D matrix (a single process's params, or the matrices a
 // layer-wise rank owns). State per slot: "<name>/momentum_buffer" (fp32) and, for bf16 params,
 // "<name>/main_param".
+//
+// Tensor parallelism (optimizers/tp_muon.h): a slot whose Slot::tp is split holds its tp-local
+// slice; its Entry::split describes the GLOBAL matrix. With a TpNewtonSchulz the slice's
+// Newton–Schulz runs on the global matrix through it (MuonTpMode kOwner / kDuplicated: bitwise
+// single-process Muon on the global matrix); without one, blockwise (the slice as a whole matrix,
+// TpLocalFusedSplit, the slice's lr scale: MuonTpMode::kBlockwise).
+class TpNewtonSchulz;
+
 class Muon final : public SlotOptimizer {
  public:
   struct Entry {
     Slot slot;
     MuonHyper hp;
-    FusedSplit split;  // logical blocks of a fused weight; empty: one matrix
+    FusedSplit split;  // logical blocks of a fused weight (the global one if split over tp)
   };
-  // Errors: kInvalidArgument for invalid hyperparameters, a slot that is not 2-D ("param 'b':
-  // Muon needs a 2-D matrix, got shape [8]") or only a part of its param, an invalid split, a
-  // duplicate name, or a slot SlotOptimizer rejects.
-  static absl::StatusOr<std::unique_ptr<Muon>> Create(std::vector<Entry> entries);
+  // `tp_ns` (may be null; must outlive the optimizer) orthogonalises the slots split over tp; it is
+  // Prepare-d here with them, in entry order. Errors: kInvalidArgument for invalid
+  // hyperparameters, a slot that is not 2-D ("param 'b': Muon needs a 2-D matrix, got shape [8]")
+  // or only a part of its param, an invalid split (of the global matrix for a split slot; for
+  // blockwise also one whose slice holds no whole blocks), a duplicate name, a slot SlotOptimizer
+  // rejects, or tp_ns->Prepare's.
+  static absl::StatusOr<std::unique_ptr<Muon>> Create(std::vector<Entry> entries,
+                                                      TpNewtonSchulz* tp_ns = nullptr);
 
   absl::string_view kind() const override { return "muon"; }
   std::vector<std::string> FieldNames() const override;
 
   // Newton–Schulz cost of one step over this optimizer's slots, in the layout's units: max(m, n) x
   // min(m, n)^2 per logical matrix (each block of a fused split), summed; for how evenly the
-  // orthogonalisation work is spread over ranks.
+  // orthogonalisation work is spread over ranks. Split slots count as the TpNewtonSchulz says
+  // (ns_cost: the global matrices homed here, or all of them), or their slices' blocks (blockwise).
   double ns_cost() const;
 
  private:
   Muon() = default;
   void Update(size_t i, const at::Tensor& grad, double lr_multiplier) override;
-  // Batched Newton–Schulz when a slot asks for it (NewtonSchulzOptions::batched), else per slot.
-  void UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) override;
+  // Batched Newton–Schulz when a slot asks for it (NewtonSchulzOptions::batched), else per slot;
+  // split slots through the TpNewtonSchulz (one Orthogonalize call for all of `indices`'). Errors:
+  // its.
+  absl::Status UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) override;
   std::vector<Field> Fields(size_t i) const override;
   void SetCounter(size_t, absl::string_view, int64_t) override {}
 
   std::vector<MuonHyper> hps_;           // per slot
-  std::vector<FusedSplit> splits_;       // per slot
+  std::vector<FusedSplit> splits_;       // per slot (of the slice for a blockwise split slot)
+  TpNewtonSchulz* tp_ns_ = nullptr;
+  std::vector<int> tp_index_;            // per slot: index in tp_ns_'s matrices, or -1
+  std::vector<std::vector<int64_t>> global_shapes_;  // per slot: the global matrix's shape
   std::vector<at::Tensor> momentum_;     // per slot: fp32, the param's shape
 };
 

@@ -160,18 +160,19 @@ absl::Status SlotOptimizer::Step(const StepContext& context, absl::Span<const in
     if (slots_[i].slot.grad.defined()) stepped.push_back(i);
   }
   try {
-    UpdateSlots(stepped, context);
+    return UpdateSlots(stepped, context);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(kind(), " step: ", e.what_without_backtrace()));
   }
-  return absl::OkStatus();
 }
 
-void SlotOptimizer::UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context) {
+absl::Status SlotOptimizer::UpdateSlots(absl::Span<const int64_t> indices,
+                                        const StepContext& context) {
   for (const int64_t i : indices) {
     Update(i, ScaledGrad(i, context.grad_scale), context.lr_multiplier);
     FinishUpdate(i);
   }
+  return absl::OkStatus();
 }
 
 void SlotOptimizer::FinishUpdate(size_t i) {
@@ -229,36 +230,38 @@ at::Tensor SlotOptimizer::ScaledGrad(size_t i, double grad_scale) const {
 
 namespace {
 
-// `t` (a slot's grad or main param), or with `saved_only` the elements the slot saves.
-at::Tensor Counted(const Slot& s, const at::Tensor& t, bool saved_only) {
-  if (!saved_only) return t;
+// `t` (a slot's grad or main param), or with scope.saved_only the elements the slot saves; none
+// of a param not split over tp under scope.skip_tp_replicated.
+at::Tensor Counted(const Slot& s, const at::Tensor& t, const StatsScope& scope) {
+  if (scope.skip_tp_replicated && !s.tp.split()) return t.reshape({-1}).narrow(0, 0, 0);
+  if (!scope.saved_only) return t;
   return t.reshape({-1}).narrow(0, s.saved_begin, s.saved_end - s.saved_begin);
 }
 
 }  // namespace
 
-absl::StatusOr<double> SlotOptimizer::GradSumSquares(bool saved_only) const {
-  return SumOverSlots<double>(slots_, "grad norm", [saved_only](const Held& h) {
+absl::StatusOr<double> SlotOptimizer::GradSumSquares(const StatsScope& scope) const {
+  return SumOverSlots<double>(slots_, "grad norm", [&scope](const Held& h) {
     if (!h.slot.grad.defined()) return 0.0;
-    const double norm = at::linalg_vector_norm(Counted(h.slot, h.slot.grad, saved_only), 2,
+    const double norm = at::linalg_vector_norm(Counted(h.slot, h.slot.grad, scope), 2,
                                                c10::nullopt, false, at::kFloat)
                             .item<double>();
     return norm * norm;
   });
 }
 
-absl::StatusOr<double> SlotOptimizer::ParamSumSquares(bool saved_only) const {
-  return SumOverSlots<double>(slots_, "param norm", [saved_only](const Held& h) {
+absl::StatusOr<double> SlotOptimizer::ParamSumSquares(const StatsScope& scope) const {
+  return SumOverSlots<double>(slots_, "param norm", [&scope](const Held& h) {
     const double norm =
-        at::linalg_vector_norm(Counted(h.slot, h.main, saved_only), 2).item<double>();
+        at::linalg_vector_norm(Counted(h.slot, h.main, scope), 2).item<double>();
     return norm * norm;
   });
 }
 
-absl::StatusOr<int64_t> SlotOptimizer::GradZeros(bool saved_only) const {
-  return SumOverSlots<int64_t>(slots_, "zero gradients", [saved_only](const Held& h) -> int64_t {
+absl::StatusOr<int64_t> SlotOptimizer::GradZeros(const StatsScope& scope) const {
+  return SumOverSlots<int64_t>(slots_, "zero gradients", [&scope](const Held& h) -> int64_t {
     if (!h.slot.grad.defined()) return 0;
-    const at::Tensor g = Counted(h.slot, h.slot.grad, saved_only);
+    const at::Tensor g = Counted(h.slot, h.slot.grad, scope);
     return g.numel() - at::count_nonzero(g).item<int64_t>();
   });
 }

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/tp_split.h"
 #include "optimizers/state.h"
 
 namespace orthoshard::optimizers {
@@ -67,11 +68,24 @@ struct Slot {
   // except where ranks that all hold the same slot share the saving (replicated training).
   int64_t saved_begin = 0;
   int64_t saved_end = 0;
+  // Tensor parallelism: how the param is split over the tp group. full_shape (and `param`) are then
+  // this tp rank's slice; TpGlobalShape(full_shape, tp) is the whole param's. Replicated by default.
+  TpSplit tp;
 
   // A slot covering the whole of `param`, all of it saved.
   static Slot Whole(std::string name, at::Tensor param, at::Tensor grad);
   int64_t numel() const { return param.numel(); }
   bool covers_whole() const;
+};
+
+// Which elements a rank's gradient statistics count (GradSumSquares and its siblings).
+struct StatsScope {
+  // Only each slot's saved elements [saved_begin, saved_end): replicated ranks that split the
+  // saving count every element once over all of them.
+  bool saved_only = false;
+  // None of a slot whose param is not split over tp (Slot::tp): under tensor parallelism every tp
+  // rank holds the same such param and gradient, which one tp rank (rank 0) counts for all.
+  bool skip_tp_replicated = false;
 };
 
 // What one Step applies on top of each slot's hyperparameters.
@@ -100,15 +114,14 @@ class SlotOptimizer {
   absl::Status Step(const StepContext& context, absl::Span<const int64_t> indices);
 
   // Sum over this optimizer's gradients of ||g||^2 (each norm in fp32, summed in double, in slot
-  // order). Not finite when a gradient holds inf/NaN (or the sum overflows). With `saved_only`,
-  // over each slot's saved elements [saved_begin, saved_end) only: replicated ranks that split the
-  // saving count every element once over all of them. Error: kInternal.
-  absl::StatusOr<double> GradSumSquares(bool saved_only = false) const;
+  // order). Not finite when a gradient holds inf/NaN (or the sum overflows). Over the elements
+  // `scope` counts (every element of every slot by default). Error: kInternal.
+  absl::StatusOr<double> GradSumSquares(const StatsScope& scope = {}) const;
   // Sum over this optimizer's fp32 main params of ||p||^2 (as GradSumSquares). Error: kInternal.
-  absl::StatusOr<double> ParamSumSquares(bool saved_only = false) const;
+  absl::StatusOr<double> ParamSumSquares(const StatsScope& scope = {}) const;
   // Elements of this optimizer's gradients that are exactly zero (as GradSumSquares). Error:
   // kInternal.
-  absl::StatusOr<int64_t> GradZeros(bool saved_only = false) const;
+  absl::StatusOr<int64_t> GradZeros(const StatsScope& scope = {}) const;
 
   // Appends the records this rank saves: per slot "<name>/<field>" for every state tensor (the
   // saved elements, at their offset in the whole param), each counter field as an int64 scalar
@@ -171,9 +184,11 @@ class SlotOptimizer {
 
   // The update of slot `i` with its fp32 (scaled) gradient and the schedule's multiplier.
   virtual void Update(size_t i, const at::Tensor& grad, double lr_multiplier) = 0;
-  // Updates the slots `indices` (checked, each with a gradient) and calls FinishUpdate for each. The default updates them one at a time with Update; a rule that
-  // computes across slots (Muon's batched Newton–Schulz) overrides it.
-  virtual void UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context);
+  // Updates the slots `indices` (checked, each with a gradient) and calls FinishUpdate for each.
+  // The default updates them one at a time with Update; a rule that computes across slots (Muon's
+  // batched Newton–Schulz, its tensor-parallel exchange) overrides it. Errors: the override's
+  // (a failed collective); the slots' updates may then be partial (callers treat it as fatal).
+  virtual absl::Status UpdateSlots(absl::Span<const int64_t> indices, const StepContext& context);
   // After slot `i`'s update: applies its pending row scales to the main param, then copies an
   // owned main param into its model param. Every UpdateSlots calls it for each slot it updates.
   void FinishUpdate(size_t i);

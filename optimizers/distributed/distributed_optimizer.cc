@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "layout/layout.h"
+#include "optimizers/distributed/tp_newton_schulz.h"
+#include "optimizers/tp_muon.h"
 
 namespace orthoshard::optimizers::distributed {
 
@@ -117,6 +119,7 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
       const int64_t hi = std::min(p.end, shard_end);
       if (mode == DistributedMode::kReplicated) {
         Slot s = Slot::Whole(p.name, buffer->ParamView(i), buffer->GradView(i));
+        s.tp = p.tp;
         s.saved_begin = lo < hi ? lo - p.start : 0;
         s.saved_end = lo < hi ? hi - p.start : 0;
         slots.push_back(std::move(s));
@@ -140,8 +143,10 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
         }
         if (owner != rank) continue;
         const c10::IntArrayRef shape = buffer->Param(i).sizes();
-        slots.push_back(Slot::Whole(p.name, param_part(p.start, p.end).view(shape),
-                                    grad_part(p.start, p.end).view(shape)));
+        Slot s = Slot::Whole(p.name, param_part(p.start, p.end).view(shape),
+                             grad_part(p.start, p.end).view(shape));
+        s.tp = p.tp;
+        slots.push_back(std::move(s));
       } else if (lo < hi) {
         Slot s;
         s.name = p.name;
@@ -150,6 +155,7 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
         s.param = param_part(lo, hi);
         s.grad = grad_part(lo, hi);
         s.saved_end = hi - lo;
+        s.tp = p.tp;
         slots.push_back(std::move(s));
       }
     }
@@ -160,9 +166,25 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<ParamAndGradBuffer* const
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     std::vector<ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
     ChainedConfig config, DistributedMode mode, const std::map<std::string, FusedSplit>& splits,
-    buffers::BucketGroupSync* param_sync, collectives::Communicator* expert_comm) {
+    buffers::BucketGroupSync* param_sync, collectives::Communicator* expert_comm,
+    const TensorParallelOptimizer& tensor_parallel) {
   if (comm == nullptr) return absl::InvalidArgumentError("communicator is null");
   if (expert_comm == nullptr) expert_comm = comm;
+  collectives::Communicator* tp = tensor_parallel.tp;
+  const bool tp_active = tp != nullptr && tp->size() > 1;
+  collectives::Communicator* stats = tensor_parallel.stats;
+  if (stats != nullptr && stats->size() != comm->size() * (tp_active ? tp->size() : 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the statistics communicator has ", stats->size(), " ranks; expected the tp ",
+        tp_active ? tp->size() : 1, " x dp ", comm->size(), " grid"));
+  }
+  if (tp_active && stats == nullptr && mode == DistributedMode::kSharded) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallelism over ", tp->size(), " ranks with a sharded optimizer needs a "
+        "statistics communicator spanning the tp x dp grid (each rank holds other gradients)"));
+  }
+  // The ranks whose local statistics are summed: every param is counted once over them.
+  collectives::Communicator* stats_group = stats != nullptr ? stats : comm;
   bool split_experts = false;  // expert buffers over a smaller group than the dense ones
   for (const ParamAndGradBuffer* buffer : buffers) {
     if (buffer == nullptr) return absl::InvalidArgumentError("buffer is null");
@@ -174,21 +196,33 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
           ", the ", expert ? "expert " : "", "communicator has ", group->size(), " ranks"));
     }
     split_experts = split_experts || (expert && expert_comm->size() != comm->size());
-    // The statistics are summed over `comm` only: expert shards on ranks outside it would be left
-    // out, each rank seeing another norm (dense dp 1 with expert dp 2 counted half the experts).
-    if (expert && comm->size() % expert_comm->size() != 0) {
+    // The statistics are summed over `stats_group` only: expert shards on ranks outside it would
+    // be left out, each rank seeing another norm (dense dp 1 with expert dp 2 counted half the
+    // experts).
+    if (expert && stats_group->size() % expert_comm->size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "expert buffers are sharded over ", expert_comm->size(),
-          " ranks, which do not divide the ", comm->size(),
-          " ranks of the dense data-parallel group the gradient statistics are summed over: "
-          "expert shards held outside it would not be counted (expert dp must divide dense dp)"));
+          " ranks, which do not divide the ", stats_group->size(),
+          " ranks the gradient statistics are summed over: expert shards held outside them would "
+          "not be counted (expert dp must divide dense dp, or pass the tp x dp grid as stats)"));
     }
-    // Every rank checks every Muon param's split, so that all reject a bad one, owner or not.
     for (int i = 0; i < static_cast<int>(buffer->layout().params.size()); ++i) {
       const layout::ParamPlacement& p = buffer->layout().params[i];
+      if (p.tp.split() && (!tp_active || p.tp.size != tp->size() || p.tp.rank != tp->rank())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "' is split over tp as ", p.tp.ToString(), ", but this rank is ",
+            tp_active ? absl::StrCat("tp rank ", tp->rank(), " of ", tp->size())
+                      : std::string("not tensor-parallel (no tp communicator)")));
+      }
+      // Every rank checks every Muon param's split (of the global matrix), so that all reject a
+      // bad one, owner or not.
       auto split = splits.find(p.name);
       if (split == splits.end() || p.role != layout::ParamRole::kMuon) continue;
-      RETURN_IF_ERROR(ValidateSplit(p.name, split->second, buffer->Param(i).size(0)));
+      const std::vector<int64_t> global = TpGlobalShape(buffer->Param(i).sizes().vec(), p.tp);
+      RETURN_IF_ERROR(ValidateSplit(p.name, split->second, global[0]));
+      if (p.tp.split() && tensor_parallel.mode == MuonTpMode::kBlockwise) {
+        RETURN_IF_ERROR(TpLocalFusedSplit(split->second, p.tp, p.name).status());
+      }
     }
   }
   ASSIGN_OR_RETURN(std::vector<Slot> slots,
@@ -197,19 +231,30 @@ absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
   if (param_sync != nullptr) {
     ASSIGN_OR_RETURN(step_sync, MakeStepSync(param_sync, buffers, mode));
   }
-  std::unique_ptr<StatsReducer> reducer;
-  // Sharded: each rank's slots are its shards, so the sum over `comm` counts every element once
-  // (experts too: each ep rank holds other experts, each expt_dp rank other shards of them).
-  // Replicated with experts split over ep: every rank counts the elements it saves, summed the
-  // same way.
-  if (mode == DistributedMode::kReplicated && split_experts) {
-    config.stats_over_saved_elements = true;
+  std::unique_ptr<TpNewtonSchulz> tp_ns;
+  if (tp_active && tensor_parallel.mode != MuonTpMode::kBlockwise) {
+    ASSIGN_OR_RETURN(tp_ns, CollectiveTpNewtonSchulz::Create(tp, tensor_parallel.mode));
   }
-  if (mode == DistributedMode::kSharded || split_experts) {
-    reducer = std::make_unique<AllReduceStatsReducer>(comm);
+  // Params not split over tp are the same on every tp rank: tp rank 0 counts them for all.
+  if (tp_active) config.stats_skip_tp_replicated = tp->rank() != 0;
+  std::unique_ptr<StatsReducer> reducer;
+  // Sharded: each rank's slots are its shards, so the sum over the grid counts every element once
+  // (experts too: each ep rank holds other experts, each expt_dp rank other shards of them; split
+  // params: each tp rank other slices).
+  // Replicated: every dp rank holds every param of its tp rank. Summed over the whole grid (a
+  // stats communicator, or experts split over ep), each rank counts the elements it saves; over
+  // the tp group alone (tp without a stats communicator), each its whole slices.
+  if (mode == DistributedMode::kSharded) {
+    reducer = std::make_unique<AllReduceStatsReducer>(stats_group);
+  } else if (split_experts || (tp_active && stats != nullptr)) {
+    config.stats_over_saved_elements = true;
+    reducer = std::make_unique<AllReduceStatsReducer>(stats_group);
+  } else if (tp_active) {
+    reducer = std::make_unique<AllReduceStatsReducer>(tp);
   }
   return ChainedOptimizer::Create(std::move(config), LayoutRouting(buffers), std::move(slots),
-                                  splits, std::move(reducer), std::move(step_sync));
+                                  splits, std::move(reducer), std::move(step_sync),
+                                  std::move(tp_ns));
 }
 
 }  // namespace orthoshard::optimizers::distributed

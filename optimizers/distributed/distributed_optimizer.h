@@ -48,6 +48,7 @@
 #include "buffers/param_and_grad_buffer.h"
 #include "collectives/communicator.h"
 #include "optimizers/chained.h"
+#include "optimizers/kinds.h"
 #include "optimizers/routing.h"
 #include "optimizers/slot_optimizer.h"
 
@@ -101,15 +102,42 @@ absl::StatusOr<std::vector<Slot>> RankSlots(absl::Span<buffers::ParamAndGradBuff
 // (dp, ep) with expt_dp = dp / ep (no "dp size 1" shortcut). Replicated with experts split over
 // ep ranks sums each rank's saved elements (ChainedConfig::stats_over_saved_elements) over
 // `comm`: one all-reduce per step it otherwise does not need. Errors: also kInvalidArgument when
-// expert buffers are present and expert_comm's size does not divide comm's (dense dp 1 with
-// expert dp 2, as a tensor-parallel grid would have: statistics summed over the dense group would
-// miss the other ranks' expert shards).
+// expert buffers are present and expert_comm's size does not divide that of the group the
+// statistics are summed over (`comm`, or tensor_parallel.stats: dense dp 1 with expert dp 2 is
+// valid only with the tp x dp grid as stats). Errors (tensor parallelism): kInvalidArgument for a
+// split param whose TpSplit is not over `tp`, a stats communicator of another size, kSharded with
+// tp and no stats, a blockwise split whose slices hold no whole blocks, and
+// CollectiveTpNewtonSchulz's.
+// Tensor parallelism (issue 34). The buffers hold tp-local slices (layout ParamSpec::tp /
+// ParamPlacement::tp, each param's split over the tp group; the layout is computed from the local
+// shapes, the same on every tp rank, so the dp owner of a split matrix's slice is the same dp index
+// on every tp rank and the owners of all its slices form one tp group).
+//   tp     this rank's tp group (null, or 1 rank: no tensor parallelism); the TpSplit of every
+//          split param must be over it (size and rank). Muon slots split over it are
+//          orthogonalised as `mode` says (MuonTpMode: kOwner, the default, gives each split
+//          matrix one home in the tp group, optimizers/distributed/tp_newton_schulz.h; kDuplicated
+//          all-gathers it; kBlockwise orthogonalises each slice alone); `splits` then gives the
+//          GLOBAL matrix's blocks. Params not split (norms, router) are stepped as without TP.
+//   stats  the communicator the step's gradient statistics are summed over: the tp x dp grid (the
+//          world, when the grid is tp x dp); size tp x comm. Every element is counted once: split
+//          params' slices by their tp rank, params not split by tp rank 0 only
+//          (ChainedConfig::stats_skip_tp_replicated); kSharded: each rank's shards (one
+//          all-reduce); kReplicated: each rank's saved elements (one all-reduce). Required for
+//          kSharded with TP; kReplicated without it sums over `tp` alone (every dp rank holds the
+//          same).
+struct TensorParallelOptimizer {
+  collectives::Communicator* tp = nullptr;
+  collectives::Communicator* stats = nullptr;
+  MuonTpMode mode = MuonTpMode::kOwner;
+};
+
 absl::StatusOr<std::unique_ptr<ChainedOptimizer>> CreateDistributedOptimizer(
     std::vector<buffers::ParamAndGradBuffer*> buffers, collectives::Communicator* comm,
     ChainedConfig config, DistributedMode mode,
     const std::map<std::string, FusedSplit>& splits = {},
     buffers::BucketGroupSync* param_sync = nullptr,
-    collectives::Communicator* expert_comm = nullptr);
+    collectives::Communicator* expert_comm = nullptr,
+    const TensorParallelOptimizer& tensor_parallel = {});
 
 }  // namespace orthoshard::optimizers::distributed
 
