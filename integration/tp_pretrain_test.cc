@@ -41,9 +41,13 @@ using ::testing::StartsWith;
 const std::vector<std::string> kSameRun = {"steps", "initial_loss", "final_loss", "eval_loss",
                                            "param_checksum"};
 
-// TpTwoTracksTpOne's budgets after step 1, relative (see there).
+// TpTwoTracksTpOne's budgets after step 1, relative (see there). Measured with kShort: the losses
+// and grad norms of steps 2-4 agree in every printed digit (< 1e-6 relative); the final param
+// checksum (~329) moves by 8e-5 at tp 2 and 2.3e-4 at tp 4 (7e-7 relative): 2e-5 relative
+// (6.6e-3) is ~30x the tp 2 measurement and ~30x below what blockwise Newton-Schulz (the same
+// slices orthogonalised on their own, what a lost global split would give) moves it (0.18).
 constexpr double kStepBudget = 1e-5;
-constexpr double kChecksumBudget = 1e-6;
+constexpr double kChecksumBudget = 2e-5;
 
 const std::vector<std::string> kShort = {"--steps=4",        "--global_batch=16",
                                          "--eval_every=0",   "--check_every=2",

@@ -109,6 +109,13 @@ struct ChoiceTable<optimizers::MuonScaleRule> {
        {optimizers::MuonScaleRule::kSpectral, "spectral"}}};
 };
 template <>
+struct ChoiceTable<optimizers::MuonTpMode> {
+  static constexpr std::array<Choice<optimizers::MuonTpMode>, 3> kValues = {
+      {{optimizers::MuonTpMode::kOwner, "owner"},
+       {optimizers::MuonTpMode::kDuplicated, "duplicated"},
+       {optimizers::MuonTpMode::kBlockwise, "blockwise"}}};
+};
+template <>
 struct ChoiceTable<optimizers::NsDType> {
   static constexpr std::array<Choice<optimizers::NsDType>, 2> kValues = {
       {{optimizers::NsDType::kBFloat16, "bf16"}, {optimizers::NsDType::kFloat32, "fp32"}}};

@@ -91,6 +91,12 @@
     "Muon momentum mu, in [0, 1)") \
   X(bool, muon_nesterov, true, \
     "Muon: Nesterov momentum (the update is g + mu (B - g)); false uses the buffer B") \
+  X(optimizers::MuonTpMode, muon_tp_mode, optimizers::MuonTpMode::kOwner, \
+    "Muon on tensor-parallel matrices (--tp > 1): owner (each matrix gathered to one home in " \
+    "its tp group, orthogonalised once there, slices returned: 1/tp of duplicated's " \
+    "Newton-Schulz work, the same update bit for bit), duplicated (Megatron's default: every tp " \
+    "rank gathers and orthogonalises every matrix) or blockwise (each rank its own slice: no " \
+    "communication, but the update changes with tp)") \
   X(optimizers::MuonScaleRule, muon_scale_rule, optimizers::MuonScaleRule::kOriginal, \
     "Muon lr scale per matrix shape: original (sqrt(max(1, rows/cols)), torch.optim.Muon), " \
     "match_rms_adamw (0.2 sqrt(max(rows, cols)), Moonshot) or spectral (--muon_extra_scale x " \
