@@ -24,10 +24,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_shapes  # noqa: E402
 import moe_bench  # noqa: E402
 import report_lib as rl  # noqa: E402
+import tp_bench  # noqa: E402
 import tp_plan_bench  # noqa: E402
 
 SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint", "peer",
-            "precision", "moe", "tp_plan"]
+            "precision", "moe", "tp_plan", "tp"]
 
 
 def sh(cmd, cwd=None):
@@ -113,6 +114,7 @@ BIN = {
     "checkpoint": "checkpoint/checkpoint_benchmark",
     "pretrain": "integration/pretrain",
     "tp_plan": "layout/plan",
+    "tp_muon": "optimizers/distributed/tp_muon_benchmark",
 }
 
 
@@ -481,6 +483,13 @@ def main():
         except (RuntimeError, ValueError, KeyError, OSError, subprocess.TimeoutExpired) as e:
             errors["tp_plan"] = str(e)
             print(f"[bench] tp_plan failed: {e}", file=sys.stderr)
+    tp_md = None  # section 11: its own runs (bench/tp_bench.py)
+    if "tp" in only and os.path.exists(BIN["pretrain"]) and os.path.exists(BIN["tp_muon"]):
+        try:
+            tp_md = tp_bench.section(BIN["pretrain"], BIN["tp_muon"], a.quick, repeats)
+        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            errors["tp"] = str(e)
+            print(f"[bench] tp failed: {e}", file=sys.stderr)
     load_end = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 
@@ -803,6 +812,16 @@ def main():
                "--dp=8,64,1024` (a text table; `--format=json` for this section's input), or "
                "`tools/python3 bench/tp_plan_bench.py --plan=bazel-bin/layout/plan`.", ""]
         md += [tp_plan_md, ""] if tp_plan_md else [failed("tp_plan"), ""]
+
+    # 11. Tensor parallelism, measured.
+    if "tp" in only:
+        md += ["## 11. Tensor parallelism: owner-mode Muon, TP vs DP, memory per rank", "",
+               "Reproduce: `tools/python3 bench/tp_bench.py --pretrain=bazel-bin/integration/"
+               "pretrain --tp_muon=bazel-bin/optimizers/distributed/tp_muon_benchmark` (after "
+               "`bazel build //integration:pretrain //optimizers/distributed:tp_muon_benchmark`).",
+               ""]
+        md += [tp_md, ""] if tp_md else [failed("tp") if "tp" in errors else
+                                         "Not measured: a binary is not built.", ""]
 
     md += ["## Run log", "", rl.markdown_table(
         ["binary", "arguments", "wall s", "exit"],
