@@ -17,11 +17,12 @@ import statistics
 import subprocess
 import sys
 
-# The optimizer benchmark's lines: "owner      step median 5734.1 ms (min ..., max ...), rank 0
-# thread CPU median 5134.0 ms, ns_cost rank 0 3.26e+10 rank 1 3.26e+10  owner/duplicated ...".
-MODE_LINE = re.compile(r"^(owner|duplicated|blockwise)\s+step median\s+([0-9.]+) ms \(min\s+"
-                       r"([0-9.]+), max\s+([0-9.]+)\), rank 0 thread CPU median\s+([0-9.]+) ms, "
-                       r"ns_cost rank 0 ([0-9.e+]+) rank 1 ([0-9.e+]+)")
+# The optimizer benchmark's lines, as the launcher prefixes them: "[rank 0] owner      step median
+# 5734.1 ms (min ..., max ...), rank 0 thread CPU median 5134.0 ms, ns_cost rank 0 3.26e+10 rank 1
+# 3.26e+10  owner/duplicated ...".
+MODE_LINE = re.compile(r"^(?:\[rank \d+\] )?(owner|duplicated|blockwise)\s+step median\s+"
+                       r"([0-9.]+) ms \(min\s+([0-9.]+), max\s+([0-9.]+)\), rank 0 thread CPU "
+                       r"median\s+([0-9.]+) ms, ns_cost rank 0 ([0-9.e+]+) rank 1 ([0-9.e+]+)")
 
 # The pretrain comparisons: fp32 Newton–Schulz (a CPU without bf16 arithmetic would measure its
 # bf16 GEMMs instead), one thread per rank, the final eval on one batch, no checksum checks.
@@ -134,7 +135,8 @@ def render(tp_muon, reps, grid, repeats, model, batch, steps, whole_params):
            f"{cell(ratios['optimizer owner/duplicated'])} |", "",
            "Per-rank memory (the most any rank holds, padding included; whole: every param, "
            "grad and state tensor once):", "",
-           "| bytes per rank | tp 2 × dp 1 | tp 1 × dp 2 (layerwise) | whole | tp 2 / (whole / 2) |",
+           "| bytes per rank | tp 2 × dp 1 | tp 1 × dp 2 (layerwise) | whole | "
+           "tp 2 / (whole / 2) |",
            "|---|---|---|---|---|"]
     for name, tp, dp, whole in memory_rows(summaries, whole_params):
         md.append(f"| {name} | {tp:,} | {dp:,} | {whole:,} | {tp / (whole / 2):.3f} |")

@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tp_bench  # noqa: E402
 
 TP_MUON = """tp 2 x dp 1 (2 Gloo ranks, 1 thread each), gpt2-124m matrices x 12 layers, bf16 Newton-Schulz, 5 interleaved repetitions
-owner      step median    5734.1 ms (min    5600.0, max    6000.0), rank 0 thread CPU median    5134.0 ms, ns_cost rank 0 3.262e+10 rank 1 3.262e+10  owner/duplicated 0.535 (min 0.531, CPU 0.499)
+[rank 0] owner      step median    5734.1 ms (min    5600.0, max    6000.0), rank 0 thread CPU median    5134.0 ms, ns_cost rank 0 3.262e+10 rank 1 3.262e+10  owner/duplicated 0.535 (min 0.531, CPU 0.499)
 duplicated step median   10727.0 ms (min   10550.0, max   11000.0), rank 0 thread CPU median   10286.0 ms, ns_cost rank 0 6.524e+10 rank 1 6.524e+10
 blockwise  step median    4282.0 ms (min    4200.0, max    4400.0), rank 0 thread CPU median    4169.0 ms, ns_cost rank 0 2.72e+10 rank 1 2.72e+10
 """

@@ -229,11 +229,11 @@ absl::StatusOr<optimizers::FusedSplit> GlobalSplitOf(const ModelParam& p) {
 }
 
 // The distributed optimizer over the buffers. Each fused weight's split (QKV, SwiGLU fc1) is passed
-// on, whole-matrix for tensor-parallel slices: Muon orthogonalises it per block in every mode. Given
-// DDP's bucket groups, its Step() starts each group's param sync as soon as this rank's part of it
-// is updated (overlap_param_gather) and every remaining one at the end of the step. With tensor
-// parallelism the tp-split matrices are orthogonalised as --muon_tp_mode says and the statistics
-// are summed over the whole tp x dp grid (`world`), every element once.
+// on, the whole matrix's for tensor-parallel slices: Muon orthogonalises it per block in every
+// mode. Given DDP's bucket groups, its Step() starts each group's param sync as soon as this
+// rank's part of it is updated (overlap_param_gather) and every remaining one at the end of the
+// step. With tensor parallelism the tp-split matrices are orthogonalised as --muon_tp_mode says
+// and the statistics are summed over the whole tp x dp grid (`world`), every element once.
 absl::Status BuildOptimizer(const TrainerConfig& c, Communicator& world, Setup& s) {
   const std::vector<ModelParam>& params = s.model->params();
   std::map<std::string, optimizers::FusedSplit> splits;

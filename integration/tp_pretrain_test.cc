@@ -90,9 +90,9 @@ TEST(TpPretrain, TpTwoTracksTpOne) {
 // dense tests prove bitwise equal stays so at tp 2: Muon, clipping on: layerwise = fsdp; Muon,
 // clipping off: layerwise = fsdp = replicated; AdamW: layerwise = distopt = fsdp.
 TEST(TpPretrain, ModesAgreeBitwiseAtTpTwoByDpTwo) {
-  const std::vector<std::string> common = {"--nproc_per_node=4", "--tp=2",        "--steps=3",
-                                           "--global_batch=16",  "--eval_every=2", "--eval_batches=1",
-                                           "--check_every=1",    "--warmup_steps=1"};
+  const std::vector<std::string> common = {
+      "--nproc_per_node=4", "--tp=2",           "--steps=3",       "--global_batch=16",
+      "--eval_every=2",     "--eval_batches=1", "--check_every=1", "--warmup_steps=1"};
   const TrainingRun owner = Pretrain(With(common, {"--muon_tp_mode=owner"}));
   EXPECT_EQ(JsonField(owner.json, "checksum_checks"), "3");
   ExpectSameTraining(owner, Pretrain(With(common, {"--muon_tp_mode=duplicated"})), "duplicated",
@@ -180,7 +180,8 @@ TEST(TpPretrain, SavedAtTpTwoByDpTwoResumesAtOtherGrids) {
     EXPECT_EQ(JsonField(resumed.json, "initial_eval_loss"), JsonField(saving.json, "eval_loss"))
         << resumed.json;
     if (t.world == 4 && t.tp == 2) {
-      EXPECT_EQ(JsonField(resumed.json, "param_checksum"), JsonField(straight.json, "param_checksum"));
+      EXPECT_EQ(JsonField(resumed.json, "param_checksum"),
+                JsonField(straight.json, "param_checksum"));
       EXPECT_EQ(JsonField(resumed.json, "final_loss"), JsonField(straight.json, "final_loss"));
     } else {
       EXPECT_NEAR(JsonNumber(resumed.json, "final_loss"), JsonNumber(straight.json, "final_loss"),

@@ -106,6 +106,119 @@ at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   return at::cat(at::TensorList(parts), -1);
 }
 
+namespace {
+
+// How a param splits over the tp group along `dim` in `parts` (tensor_parallel.h); replicated
+// (TpSplit's default) at tp 1.
+TpSplit SplitOver(const TensorParallel& tp, int dim, int64_t parts) {
+  TpSplit s;
+  if (tp.size() == 1) return s;
+  s.size = tp.size();
+  s.rank = tp.rank();
+  s.dim = dim;
+  s.parts = parts;
+  return s;
+}
+
+}  // namespace
+
+// The params of config_ as this rank holds them (ep_'s experts, tp_'s slices), uninitialised, and
+// initial_, the whole model's list for ForEachInitialValue.
+void Gpt::AddParams(at::ScalarType dtype, at::Device device) {
+  const GptConfig& config = config_;
+  const ExpertParallel& ep = ep_;
+  const TensorParallel& tp = tp_;
+  const int64_t C = config.hidden, V = config.vocab_size, F = config.ffn_hidden;
+  const int64_t H = config.num_heads, KV = config.num_kv_heads, D = C / H;
+  const int L = static_cast<int>(config.num_layers);
+  const double residual_std = config.init_std / std::sqrt(2.0 * L);
+  const int64_t local_experts = config.is_moe() ? config.num_experts / ep.size() : 0;
+  const int64_t first_expert = ep.rank() * local_experts;
+
+  auto tp_split = [&tp](int dim, int64_t parts) { return SplitOver(tp, dim, parts); };
+  const TpSplit replicated = tp_split(-1, 1), rows = tp_split(0, 1), columns = tp_split(1, 1);
+  // Uninitialised memory: nothing is written (or, for large params, even committed) until the
+  // values arrive. An expert of another ep rank is only listed for the initial values.
+  // `shape` is the global shape; the tensor has this rank's slice of it.
+  auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
+                 double std, TpSplit split_tp, FusedSplit split = {}, int expert = -1) {
+    InitialParam initial{shape, kind == ParamKind::kNorm, std, -1, split_tp};
+    at::Tensor t;
+    if (expert < 0 || (expert >= first_expert && expert < first_expert + local_experts)) {
+      initial.local = static_cast<int>(params_.size());
+      t = at::empty(TpLocalShape(shape, split_tp),
+                    at::TensorOptions().dtype(dtype).device(device));
+      t.set_requires_grad(true);
+      if (split_tp.split() && !split.block_rows.empty()) {
+        // A fused weight's blocks as this rank holds them: its share of the groups (QKV, one
+        // part: whole KV groups) or of each block (fc1, 2 parts: the gate and up halves).
+        if (split_tp.parts == 1) {
+          split.num_groups /= tp.size();
+        } else {
+          for (int64_t& r : split.block_rows) r /= tp.size();
+        }
+      }
+      params_.push_back(
+          {std::move(name), t, kind, layer, std::move(split), {}, expert, split_tp});
+    }
+    initial_.push_back(std::move(initial));
+    return t;
+  };
+  auto add_mlp = [&](const std::string& p, int64_t width, int layer, int expert,
+                     at::Tensor* fc1, at::Tensor* fc2) {
+    // MoE models are tp 1 (ValidateTensorParallel): the splits are then replicated.
+    at::Tensor a = add(p + "fc1.weight", {2 * width, C}, ParamKind::kHidden, layer,
+                       config.init_std, tp_split(0, 2), FusedSplit{1, {width, width}}, expert);
+    at::Tensor b = add(p + "fc2.weight", {C, width}, ParamKind::kHidden, layer, residual_std,
+                       columns, {}, expert);
+    if (a.defined()) *fc1 = a, *fc2 = b;
+  };
+
+  embedding_ =
+      add("embedding.weight", {V, C}, ParamKind::kEmbedding, 0, config.init_std, rows);
+  for (int i = 0; i < L; ++i) {
+    const std::string p = absl::StrCat("layers.", i, ".");
+    Layer layer;
+    layer.attn_norm = add(p + "attn_norm.weight", {C}, ParamKind::kNorm, i + 1, 0, replicated);
+    layer.qkv = add(p + "attn.qkv.weight", {(H + 2 * KV) * D, C}, ParamKind::kHidden, i + 1,
+                    config.init_std, rows, FusedSplit{KV, {H / KV * D, D, D}});
+    layer.proj = add(p + "attn.proj.weight", {C, H * D}, ParamKind::kHidden, i + 1, residual_std,
+                     columns);
+    layer.mlp_norm = add(p + "mlp_norm.weight", {C}, ParamKind::kNorm, i + 1, 0, replicated);
+    if (!config.is_moe()) {
+      add_mlp(p + "mlp.", F, i + 1, -1, &layer.fc1, &layer.fc2);
+    } else {
+      MoeWeights& moe = layer.moe;
+      moe.router = add(p + "mlp.router.weight", {config.num_experts, C}, ParamKind::kRouter,
+                       i + 1, config.init_std, replicated);
+      moe.fc1.resize(local_experts);
+      moe.fc2.resize(local_experts);
+      for (int e = 0; e < config.num_experts; ++e) {
+        const int64_t j = e - first_expert;
+        at::Tensor fc1, fc2;
+        add_mlp(absl::StrCat(p, "mlp.experts.", e, "."), config.moe_ffn_hidden, i + 1, e, &fc1,
+                &fc2);
+        if (fc1.defined()) moe.fc1[j] = fc1, moe.fc2[j] = fc2;
+      }
+      if (config.moe_shared_ffn_hidden > 0) {
+        add_mlp(p + "mlp.shared_expert.", config.moe_shared_ffn_hidden, i + 1, -1,
+                &moe.shared_fc1, &moe.shared_fc2);
+        moe.shared_gate = add(p + "mlp.shared_expert_gate.weight", {1, C}, ParamKind::kRouter,
+                              i + 1, config.init_std, replicated);
+      }
+    }
+    layers_.push_back(std::move(layer));
+  }
+  final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0, replicated);
+  if (config.tie_embeddings) {
+    output_ = embedding_;
+    params_.front().also_read_by = {L + 1};
+  } else {
+    output_ =
+        add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1, config.init_std, rows);
+  }
+}
+
 absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::ScalarType dtype,
                                              at::Device device, ExpertParallel ep,
                                              TensorParallel tp) {
@@ -125,105 +238,8 @@ absl::StatusOr<Gpt> Gpt::CreateUninitialized(const GptConfig& config, at::Scalar
     model.config_ = config;
     model.ep_ = ep;
     model.tp_ = tp;
-    const int64_t C = config.hidden, V = config.vocab_size, F = config.ffn_hidden;
-    const int64_t H = config.num_heads, KV = config.num_kv_heads, D = C / H;
-    const int L = static_cast<int>(config.num_layers);
-    const double residual_std = config.init_std / std::sqrt(2.0 * L);
-    const int64_t local_experts = config.is_moe() ? config.num_experts / ep.size() : 0;
-    const int64_t first_expert = ep.rank() * local_experts;
-
-    // How a param of each kind splits over the tp group (tensor_parallel.h); replicated
-    // (TpSplit's default) at tp 1.
-    auto tp_split = [&](int dim, int64_t parts) {
-      TpSplit s;
-      if (tp.size() == 1) return s;
-      s.size = tp.size();
-      s.rank = tp.rank();
-      s.dim = dim;
-      s.parts = parts;
-      return s;
-    };
-    const TpSplit replicated = tp_split(-1, 1), rows = tp_split(0, 1), columns = tp_split(1, 1);
-    // Uninitialised memory: nothing is written (or, for large params, even committed) until the
-    // values arrive. An expert of another ep rank is only listed for the initial values.
-    // `shape` is the global shape; the tensor has this rank's slice of it.
-    auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
-                   double std, TpSplit split_tp, FusedSplit split = {}, int expert = -1) {
-      InitialParam initial{shape, kind == ParamKind::kNorm, std, -1, split_tp};
-      at::Tensor t;
-      if (expert < 0 || (expert >= first_expert && expert < first_expert + local_experts)) {
-        initial.local = static_cast<int>(model.params_.size());
-        t = at::empty(TpLocalShape(shape, split_tp),
-                      at::TensorOptions().dtype(dtype).device(device));
-        t.set_requires_grad(true);
-        if (split_tp.split() && !split.block_rows.empty()) {
-          // A fused weight's blocks as this rank holds them: its share of the groups (QKV, one
-          // part: whole KV groups) or of each block (fc1, 2 parts: the gate and up halves).
-          if (split_tp.parts == 1) {
-            split.num_groups /= tp.size();
-          } else {
-            for (int64_t& r : split.block_rows) r /= tp.size();
-          }
-        }
-        model.params_.push_back(
-            {std::move(name), t, kind, layer, std::move(split), {}, expert, split_tp});
-      }
-      model.initial_.push_back(std::move(initial));
-      return t;
-    };
-    auto add_mlp = [&](const std::string& p, int64_t width, int layer, int expert,
-                       at::Tensor* fc1, at::Tensor* fc2) {
-      // MoE models are tp 1 (ValidateTensorParallel): the splits are then replicated.
-      at::Tensor a = add(p + "fc1.weight", {2 * width, C}, ParamKind::kHidden, layer,
-                         config.init_std, tp_split(0, 2), FusedSplit{1, {width, width}}, expert);
-      at::Tensor b = add(p + "fc2.weight", {C, width}, ParamKind::kHidden, layer, residual_std,
-                         columns, {}, expert);
-      if (a.defined()) *fc1 = a, *fc2 = b;
-    };
-
-    model.embedding_ =
-        add("embedding.weight", {V, C}, ParamKind::kEmbedding, 0, config.init_std, rows);
-    for (int i = 0; i < L; ++i) {
-      const std::string p = absl::StrCat("layers.", i, ".");
-      Layer layer;
-      layer.attn_norm = add(p + "attn_norm.weight", {C}, ParamKind::kNorm, i + 1, 0, replicated);
-      layer.qkv = add(p + "attn.qkv.weight", {(H + 2 * KV) * D, C}, ParamKind::kHidden, i + 1,
-                      config.init_std, rows, FusedSplit{KV, {H / KV * D, D, D}});
-      layer.proj = add(p + "attn.proj.weight", {C, H * D}, ParamKind::kHidden, i + 1, residual_std,
-                       columns);
-      layer.mlp_norm = add(p + "mlp_norm.weight", {C}, ParamKind::kNorm, i + 1, 0, replicated);
-      if (!config.is_moe()) {
-        add_mlp(p + "mlp.", F, i + 1, -1, &layer.fc1, &layer.fc2);
-      } else {
-        MoeWeights& moe = layer.moe;
-        moe.router = add(p + "mlp.router.weight", {config.num_experts, C}, ParamKind::kRouter,
-                         i + 1, config.init_std, replicated);
-        moe.fc1.resize(local_experts);
-        moe.fc2.resize(local_experts);
-        for (int e = 0; e < config.num_experts; ++e) {
-          const int64_t j = e - first_expert;
-          at::Tensor fc1, fc2;
-          add_mlp(absl::StrCat(p, "mlp.experts.", e, "."), config.moe_ffn_hidden, i + 1, e, &fc1,
-                  &fc2);
-          if (fc1.defined()) moe.fc1[j] = fc1, moe.fc2[j] = fc2;
-        }
-        if (config.moe_shared_ffn_hidden > 0) {
-          add_mlp(p + "mlp.shared_expert.", config.moe_shared_ffn_hidden, i + 1, -1,
-                  &moe.shared_fc1, &moe.shared_fc2);
-          moe.shared_gate = add(p + "mlp.shared_expert_gate.weight", {1, C}, ParamKind::kRouter,
-                                i + 1, config.init_std, replicated);
-        }
-      }
-      model.layers_.push_back(std::move(layer));
-    }
-    model.final_norm_ = add("final_norm.weight", {C}, ParamKind::kNorm, L + 1, 0, replicated);
-    if (config.tie_embeddings) {
-      model.output_ = model.embedding_;
-      model.params_.front().also_read_by = {L + 1};
-    } else {
-      model.output_ =
-          add("output_layer.weight", {V, C}, ParamKind::kOutput, L + 1, config.init_std, rows);
-    }
+    model.AddParams(dtype, device);
+    const int64_t D = config.hidden / config.num_heads;
     RotaryTables(config.max_seq_len, D, config.rope_theta, dtype, &model.rope_cos_,
                  &model.rope_sin_);
     model.rope_cos_ = model.rope_cos_.to(device);

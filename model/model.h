@@ -248,6 +248,8 @@ class Gpt {
     at::Tensor mask;      // [B, 1, T, T] bool (true: may attend), or undefined: causal
   };
 
+  // CreateUninitialized's params (allocated, not written) and initial_, from config_, ep_, tp_.
+  void AddParams(at::ScalarType dtype, at::Device device);
   absl::Status CheckDocuments(const at::Tensor& tokens, const Documents& documents) const;
   // The first global vocabulary id of this rank's embedding and output rows.
   int64_t VocabBegin() const { return tp_.rank() * (config_.vocab_size / tp_.size()); }
