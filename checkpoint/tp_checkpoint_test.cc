@@ -193,10 +193,17 @@ absl::StatusOr<std::unique_ptr<Rank>> BuildRank(Communicator& world, const Grid&
     r->buffers.push_back(buffer.get());
     r->owned.push_back(std::move(buffer));
   }
+  // Blockwise Muon at tp > 1: each slice's update is its own (no tp exchange), which is all the
+  // resharding needs; the statistics over the whole grid.
+  od::TensorParallelOptimizer tensor_parallel;
+  if (grid.tp > 1) {
+    tensor_parallel = {&r->mesh->tp(), &world, optimizers::MuonTpMode::kBlockwise};
+  }
   ASSIGN_OR_RETURN(r->optimizer,
                    od::CreateDistributedOptimizer(r->buffers, &r->mesh->dp(),
                                                   optimizers::distributed::testing::TestConfig(0.0),
-                                                  od::DistributedMode::kSharded));
+                                                  od::DistributedMode::kSharded, {}, nullptr,
+                                                  nullptr, tensor_parallel));
   return r;
 }
 
@@ -502,8 +509,8 @@ TEST(TpCheckpointTest, RefusesOtherShapesAndMissingSlices) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rank> r, BuildRank(world, {1, 1}, Model(12)));
     EXPECT_THAT(LoadDistributedCheckpoint(root, r->buffers, *r->optimizer, world, nullptr, r->tp),
                 StatusIs(absl::StatusCode::kFailedPrecondition,
-                         HasSubstr("param 'layers.0.mlp.fc1.weight' is F32 [16,8] whole, the "
-                                   "model's is F32 [16,12]")));
+                         HasSubstr("param 'layers.0.mlp.fc1.weight' is F32 [16,8], the model "
+                                   "expects F32 [16,12]")));
     ASSERT_OK_AND_ASSIGN(r, BuildRank(world, {1, 1}, Model()));
     EXPECT_THAT(
         LoadDistributedCheckpoint(no_param_slice, r->buffers, *r->optimizer, world, nullptr,

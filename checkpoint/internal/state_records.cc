@@ -175,11 +175,15 @@ absl::Status ReadParamSlice(const CheckpointReader& reader, const std::string& n
   const std::vector<int64_t> local = out.sizes().vec();
   const std::vector<int64_t> whole = split.split() ? TpGlobalShape(local, split) : local;
   if (saved->dtype != dtype || saved->shape != whole) {
+    // The wording of CheckpointReader's own mismatch ("is X, the model expects Y"), plus this
+    // rank's slice when the model splits the param over tp.
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", reader.dir(), ": param '", name, "' is ", saved->dtype, " [",
-        absl::StrJoin(saved->shape, ","), "] whole, the model's is ", dtype, " [",
-        absl::StrJoin(whole, ","), "] (local [", absl::StrJoin(local, ","), "], tp ",
-        split.ToString(), ")"));
+        absl::StrJoin(saved->shape, ","), "], the model expects ", dtype, " [",
+        absl::StrJoin(whole, ","), "]",
+        split.split() ? absl::StrCat(" whole (this rank's slice [", absl::StrJoin(local, ","),
+                                     "], tp ", split.ToString(), ")")
+                      : ""));
   }
   int64_t covered = 0;
   std::vector<uint8_t> bytes;

@@ -46,8 +46,8 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& s);
 // Reads into `out` (this run's local tensor of param `name`, held as `split`, of dtype `dtype`)
 // the elements it holds, from the saved records (the whole param, or its tp slices) that overlap
 // it. Errors: kNotFound "checkpoint <dir>: no record '<name>' (param)"; kFailedPrecondition
-// "checkpoint <dir>: param '<name>' is F32 [16,8] whole, the model's is F32 [16,12] (local ...)"
-// for another dtype or whole shape; those of CheckpointReader::Read.
+// "checkpoint <dir>: param '<name>' is F32 [16,8], the model expects F32 [16,12] whole (this
+// rank's slice ...)" for another dtype or whole shape; those of CheckpointReader::Read.
 absl::Status ReadParamSlice(const CheckpointReader& reader, const std::string& name,
                             const std::string& dtype, const TpSplit& split, at::Tensor& out);
 
