@@ -13,9 +13,7 @@
 // replicated with Muon and clipping off, and with AdamW layerwise = distopt = fsdp; and 1 rank
 // with 2 micro-batches = 2 ranks (micro-batch m is rank m's slice; the aux losses are scaled by
 // 1/2 either way, exactly).
-#include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
@@ -30,17 +28,14 @@
 namespace orthoshard::integration {
 namespace {
 
+using testing::ExpectRefusedBeforeLaunch;
 using testing::ExpectSameTraining;
 using testing::JsonField;
 using testing::JsonNumber;
 using testing::Pretrain;
-using testing::RunPretrain;
-using testing::RunResult;
 using testing::Scalars;
-using testing::TempDir;
 using testing::With;
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 
 using MoeRun = testing::TrainingRun;
 
@@ -220,7 +215,6 @@ TEST(MoePretrain, FourRanksAsEpTwoByExpertDpTwo) {
 // Bad MoE input: exit 2 with one message on stderr, before any rank starts (nothing on stdout,
 // nothing written).
 TEST(MoePretrain, BadInputExitsWithTwoAndOneMessage) {
-  const std::string log_dir = TempDir() + "/must_not_exist";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--model=moe-tiny --ep=3", "--ep 3 must be >= 1 and divide the world size 2"},
       {"--model=moe-tiny --ep=0", "--ep 0 must be >= 1 and divide the world size 2"},
@@ -233,15 +227,7 @@ TEST(MoePretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--model=small --moe_top_k=2", "'small' is dense"},
       {"--moe_z_loss_coeff=0.1", "'tiny' is dense"},
   };
-  for (const auto& [args, message] : cases) {
-    const RunResult run = RunPretrain({args, "--log_dir=" + log_dir});
-    EXPECT_EQ(run.exit_code, 2) << args << ": " << run.err;
-    EXPECT_EQ(run.out, "") << args;
-    EXPECT_THAT(run.err, StartsWith("pretrain: ")) << args;
-    EXPECT_THAT(run.err, HasSubstr(message)) << args;
-    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << args << ": " << run.err;
-  }
-  EXPECT_FALSE(std::filesystem::exists(log_dir));
+  ExpectRefusedBeforeLaunch(cases);
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 // gathered matrix, once on its home or on every tp rank). Between tp 1 and tp 2 the row-parallel
 // layers (attention output, fc2) and the vocab-parallel cross entropy add partial sums in another
 // order, so the runs agree within rounding only (budgets at TpTwoTracksTpOne).
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -24,18 +23,16 @@
 namespace orthoshard::integration {
 namespace {
 
+using testing::ExpectRefusedBeforeLaunch;
 using testing::ExpectSameTraining;
 using testing::JsonField;
 using testing::JsonNumber;
 using testing::Pretrain;
-using testing::RunPretrain;
-using testing::RunResult;
 using testing::Scalars;
 using testing::TempDir;
 using testing::TrainingRun;
 using testing::With;
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 
 // The fields two runs of the same steps must agree on to be the same training, bitwise.
 const std::vector<std::string> kSameRun = {"steps", "initial_loss", "final_loss", "eval_loss",
@@ -192,7 +189,6 @@ TEST(TpPretrain, SavedAtTpTwoByDpTwoResumesAtOtherGrids) {
 
 // Bad tensor-parallel input: exit 2 with one message on stderr, before any rank starts.
 TEST(TpPretrain, BadInputExitsWithTwoAndOneMessage) {
-  const std::string log_dir = TempDir() + "/must_not_exist";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--tp=3", "--tp 3 must be >= 1 and divide the world size 2"},
       {"--tp=0", "--tp 0 must be >= 1"},
@@ -204,15 +200,7 @@ TEST(TpPretrain, BadInputExitsWithTwoAndOneMessage) {
       {"--model=moe-tiny --tp=2", "not supported with mixture-of-experts model 'moe-tiny' yet"},
       {"--tp=2 --muon_tp_mode=rowwise", "--muon_tp_mode 'rowwise'"},
   };
-  for (const auto& [args, message] : cases) {
-    const RunResult run = RunPretrain({args, "--log_dir=" + log_dir});
-    EXPECT_EQ(run.exit_code, 2) << args << ": " << run.err;
-    EXPECT_EQ(run.out, "") << args;
-    EXPECT_THAT(run.err, StartsWith("pretrain: ")) << args;
-    EXPECT_THAT(run.err, HasSubstr(message)) << args;
-    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << args << ": " << run.err;
-  }
-  EXPECT_FALSE(std::filesystem::exists(log_dir));
+  ExpectRefusedBeforeLaunch(cases);
 }
 
 }  // namespace

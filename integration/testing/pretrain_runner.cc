@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -104,6 +105,19 @@ void ExpectSameTraining(const TrainingRun& a, const TrainingRun& b, const std::s
     EXPECT_EQ(JsonField(a.json, field), JsonField(b.json, field)) << what << ": " << field;
   }
   EXPECT_FALSE(JsonField(a.json, "param_checksum").empty()) << a.json;
+}
+
+void ExpectRefusedBeforeLaunch(const std::vector<std::pair<std::string, std::string>>& cases) {
+  const std::string log_dir = TempDir() + "/must_not_exist";
+  for (const auto& [args, message] : cases) {
+    const RunResult run = RunPretrain({args, "--log_dir=" + log_dir});
+    EXPECT_EQ(run.exit_code, 2) << args << ": " << run.err;
+    EXPECT_EQ(run.out, "") << args;
+    EXPECT_EQ(run.err.rfind("pretrain: ", 0), 0u) << args << ": " << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << args << ": " << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << args << ": " << run.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(log_dir));
 }
 
 std::vector<std::string> With(std::vector<std::string> args,

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orthoshard::integration::testing {
@@ -56,6 +57,11 @@ TrainingRun Pretrain(std::vector<std::string> args, const std::string& tb = "");
 // text (the param checksum is printed with 17 digits, so equal text is bitwise-equal params).
 void ExpectSameTraining(const TrainingRun& a, const TrainingRun& b, const std::string& what,
                         const std::vector<std::string>& fields);
+
+// Each case's arguments (one string, several flags) make pretrain exit 2 before any rank starts:
+// nothing on stdout, exactly one line on stderr, starting "pretrain: " and containing the case's
+// message, and no --log_dir written.
+void ExpectRefusedBeforeLaunch(const std::vector<std::pair<std::string, std::string>>& cases);
 
 // `args` followed by `extra`.
 std::vector<std::string> With(std::vector<std::string> args,
