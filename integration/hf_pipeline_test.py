@@ -137,6 +137,21 @@ print(f"PASS: pipeline: prepare -> pretrain 2 ranks ({summary['initial_eval_loss
       f"{summary['eval_loss']:.6f} eval) -> export -> transformers eval loss {hf_loss:.6f} "
       f"on {counted} held-out targets (|diff| {abs(hf_loss - summary['eval_loss']):.1e})")
 
+# A prepared dataset's vocabulary is the model's, so --tp must divide it too: checked before any
+# rank starts (exit 2, one line, nothing on stdout). 301 requested (the corpus gives at most 334):
+# an odd vocabulary (asserted).
+odd = os.path.join(work, "data_odd")
+run(python, prepare, "--input", corpus, "--output_dir", odd, "--vocab_size", "301",
+    "--val_fraction", "0.1")
+odd_vocab = json.load(open(os.path.join(odd, "dataset.json")))["vocab_size"]
+assert odd_vocab % 2 == 1, odd_vocab
+refused = subprocess.run([pretrain, "--nproc_per_node=2", "--tp=2", "--model=tiny",
+                          f"--data=prepared:{odd}", "--steps=1"], capture_output=True, text=True)
+assert refused.returncode == 2 and refused.stdout == "", (refused.returncode, refused.stdout)
+assert refused.stderr.count("\n") == 1 and f"does not divide vocab_size {odd_vocab}" in refused.stderr \
+    and "give a --vocab_size tp divides" in refused.stderr, refused.stderr
+print(f"PASS: --tp=2 with a prepared vocabulary of {odd_vocab}: refused before launch")
+
 # ---- 2. What an export checks and says ------------------------------------------------------------
 pipeline_ckpt = f"{root}/ckpt"
 

@@ -123,6 +123,19 @@ std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c,
 
 }  // namespace
 
+absl::Status CheckResolvedModel(const TrainerConfig& c) {
+  if (c.tp <= 1) return absl::OkStatus();
+  const absl::StatusOr<ResolvedModel> resolved = ResolveModel(c);
+  if (!resolved.ok()) return absl::OkStatus();
+  if (absl::Status s = model::ValidateTensorParallel(resolved->config, static_cast<int>(c.tp));
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp ", c.tp, " for model '", c.model, "' with the vocabulary of ",
+        resolved->vocab_source, ": ", s.message(), "; give a --vocab_size tp divides"));
+  }
+  return absl::OkStatus();
+}
+
 int64_t MinBytesPerRank(const TrainerConfig& c, int world_size) {
   int64_t total = 0;
   for (const auto& [bytes, what] : MemoryTerms(c, world_size)) total += bytes;

@@ -24,8 +24,8 @@ MachineResources ProbeMachine();
 
 // The memory a run certainly needs on each rank, in bytes: the model's fp32 params and grads and
 // its optimizer state (AdamW 8 bytes per param, Muon 4 per hidden-matrix element), as the --dist
-// mode keeps them (replicated: all of it; layerwise and distopt: whole params and grads, 1/world of
-// the state; fsdp: 1/world of all three), the logits of one
+// mode keeps them (replicated: all of it; layerwise and distopt: whole params and grads, 1/dp of
+// the state; fsdp: 1/dp of all three; with --tp each rank 1/tp of the params), the logits of one
 // micro-batch with their log-softmax (2 x micro-batch x seq_len x vocab x 4), the eval batches'
 // token ids (eval_batches x micro-batch x seq_len x 16), and the tokens a rank holds in its own
 // memory (data::DatasetSpecResidentBytes: the synthetic corpus; files are mapped). The vocabulary is the
@@ -39,6 +39,13 @@ int64_t MinBytesPerRank(const TrainerConfig& config, int world_size);
 // largest term and the flag that sets it. Precondition: ValidateTrainerConfig(config, world_size).
 absl::Status CheckMachine(const TrainerConfig& config, int local_ranks, int world_size,
                           const MachineResources& machine);
+
+// The model as the run resolves it (ResolveModel: a prepared dataset brings its tokenizer's
+// vocabulary) splits over --tp (model::ValidateTensorParallel), checked before any rank starts.
+// OK at tp 1, and when the data cannot be described (the run reports that itself). Errors:
+// kInvalidArgument "--tp 2 for model 'tiny' with the vocabulary of --data=prepared:D: tensor
+// parallelism: tp 2 does not divide vocab_size 50257 (...); give a --vocab_size tp divides".
+absl::Status CheckResolvedModel(const TrainerConfig& config);
 
 // config.log_dir can take TensorBoard's files (and config.profile_dir the profile traces, when
 // profiling): each exists as a directory this process can write, or can be created (its nearest

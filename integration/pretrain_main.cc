@@ -432,6 +432,7 @@ int Main(int argc, char** argv) {
       return Fail(NprocPerNodeIgnored(absl::GetFlag(FLAGS_nproc_per_node), *info));
     }
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
+    if (absl::Status s = CheckResolvedModel(*config); !s.ok()) return Fail(s);
     if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);
     if (absl::Status s = CheckMachine(*config, info->local_world_size, info->world_size, machine);
         !s.ok()) {
@@ -449,6 +450,7 @@ int Main(int argc, char** argv) {
         absl::StrCat("--nproc_per_node must be >= 1, got ", nprocs)));
   }
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckResolvedModel(*config); !s.ok()) return Fail(s);
   if (absl::Status s = CheckDevice(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckMachine(*config, nprocs, nprocs, machine); !s.ok()) return Fail(s);
   if (absl::Status s = CheckLogDir(*config); !s.ok()) return Fail(s);
