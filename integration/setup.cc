@@ -25,7 +25,6 @@
 #include "optimizers/distributed/distributed_optimizer.h"
 #include "optimizers/ns_schedule.h"
 #include "optimizers/schedule.h"
-#include "optimizers/tp_muon.h"
 
 namespace orthoshard::integration {
 namespace {
@@ -199,38 +198,9 @@ absl::Status BuildDataParallel(const TrainerConfig& c, Setup& s) {
   return absl::OkStatus();
 }
 
-// The FusedSplit of the whole matrix a param is a slice of (Muon's owner and duplicated modes
-// orthogonalise the global blocks; blockwise derives the slice's own from it). The model lists each
-// slice's split: a slice of whole KV groups (QKV, one part) holds 1/tp of the groups, a slice of
-// each part (fc1's gate and up halves, one part per block) 1/tp of each block's rows. Checked
-// against the optimizer's own global-to-local rule, so the two cannot drift apart.
-absl::StatusOr<optimizers::FusedSplit> GlobalSplitOf(const ModelParam& p) {
-  optimizers::FusedSplit local{p.split.num_groups, p.split.block_rows};
-  if (!p.tp.split()) return local;
-  optimizers::FusedSplit global = local;
-  if (p.tp.dim == 0 && p.tp.parts == 1) {
-    global.num_groups *= p.tp.size;
-  } else if (p.tp.dim == 0 && local.num_groups == 1 &&
-             p.tp.parts == static_cast<int64_t>(local.block_rows.size())) {
-    for (int64_t& rows : global.block_rows) rows *= p.tp.size;
-  } else {
-    return absl::InternalError(absl::StrCat("param '", p.name, "': no global split for blocks of ",
-                                            local.num_groups, " groups split as ",
-                                            p.tp.ToString()));
-  }
-  ASSIGN_OR_RETURN(const optimizers::FusedSplit back,
-                   optimizers::TpLocalFusedSplit(global, p.tp, p.name));
-  if (back.num_groups != local.num_groups || back.block_rows != local.block_rows) {
-    return absl::InternalError(absl::StrCat("param '", p.name,
-                                            "': the model's slice split disagrees with the "
-                                            "optimizer's slice of the global split"));
-  }
-  return global;
-}
-
-// The distributed optimizer over the buffers. Each fused weight's split (QKV, SwiGLU fc1) is passed
-// on, the whole matrix's for tensor-parallel slices: Muon orthogonalises it per block in every
-// mode. Given DDP's bucket groups, its Step() starts each group's param sync as soon as this
+// The distributed optimizer over the buffers. Each fused weight's split (QKV, SwiGLU fc1; the whole
+// matrix's, also for tensor-parallel slices) is passed on: Muon orthogonalises it per block in
+// every mode (blockwise derives each slice's own). Given DDP's bucket groups, its Step() starts each group's param sync as soon as this
 // rank's part of it is updated (overlap_param_gather) and every remaining one at the end of the
 // step. With tensor parallelism the tp-split matrices are orthogonalised as --muon_tp_mode says
 // and the statistics are summed over the whole tp x dp grid (`world`), every element once.
@@ -239,7 +209,7 @@ absl::Status BuildOptimizer(const TrainerConfig& c, Communicator& world, Setup& 
   std::map<std::string, optimizers::FusedSplit> splits;
   for (const ModelParam& p : params) {
     if (p.split.block_rows.empty()) continue;
-    ASSIGN_OR_RETURN(splits[p.name], GlobalSplitOf(p));
+    splits[p.name] = {p.split.num_groups, p.split.block_rows};
   }
   ASSIGN_OR_RETURN(const optimizers::ChainedConfig config, OptimizerConfigOf(c));
   optimizers::distributed::TensorParallelOptimizer tensor_parallel;

@@ -149,15 +149,6 @@ void Gpt::AddParams(at::ScalarType dtype, at::Device device) {
       t = at::empty(TpLocalShape(shape, split_tp),
                     at::TensorOptions().dtype(dtype).device(device));
       t.set_requires_grad(true);
-      if (split_tp.split() && !split.block_rows.empty()) {
-        // A fused weight's blocks as this rank holds them: its share of the groups (QKV, one
-        // part: whole KV groups) or of each block (fc1, 2 parts: the gate and up halves).
-        if (split_tp.parts == 1) {
-          split.num_groups /= tp.size();
-        } else {
-          for (int64_t& r : split.block_rows) r /= tp.size();
-        }
-      }
       params_.push_back(
           {std::move(name), t, kind, layer, std::move(split), {}, expert, split_tp});
     }

@@ -106,6 +106,8 @@ struct ModelParam {
   at::Tensor tensor;  // the leaf (requires_grad); shape as in the file comment
   ParamKind kind;
   int layer = 0;      // owning forward layer (0 = embedding, 1..L = blocks, L + 1 = head)
+  // The logical blocks of the whole matrix, also when `tensor` is a tp slice of it (Muon
+  // orthogonalises the whole matrix's blocks; a slice's own follow from `tp`).
   FusedSplit split;
   std::vector<int>
       also_read_by;  // other forward layers reading it (the head, for a tied embedding)

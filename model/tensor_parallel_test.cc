@@ -254,16 +254,20 @@ void CheckParamsAreSlices(int world) {
                 << p.name;
             EXPECT_TRUE(at::equal(p.tensor, TpSlice(w.tensor.detach(), p.tp)))
                 << p.name << " on tp rank " << comm.rank();
+            // The split is the whole matrix's at any tp: KV groups of {R D, D, D} for QKV, the
+            // gate and up halves for fc1.
+            EXPECT_EQ(p.split.num_groups, w.split.num_groups) << p.name;
+            EXPECT_EQ(p.split.block_rows, w.split.block_rows) << p.name;
             if (p.name.find("qkv") != std::string::npos) {
-              EXPECT_EQ(p.split.num_groups, G) << p.name;
+              EXPECT_EQ(p.split.num_groups, c.num_kv_heads) << p.name;
               EXPECT_EQ(p.split.block_rows, (std::vector<int64_t>{R * D, D, D})) << p.name;
+              // This rank's slice holds whole groups: G of them.
+              EXPECT_EQ(p.tensor.size(0), G * (R + 2) * D) << p.name;
             } else if (p.name.find("fc1") != std::string::npos) {
               EXPECT_EQ(p.split.num_groups, 1) << p.name;
               EXPECT_EQ(p.split.block_rows,
-                        (std::vector<int64_t>{c.ffn_hidden / tp, c.ffn_hidden / tp}))
+                        (std::vector<int64_t>{c.ffn_hidden, c.ffn_hidden}))
                   << p.name;
-            } else {
-              EXPECT_EQ(p.split.block_rows, w.split.block_rows) << p.name;
             }
             global_elements += p.tp.split() ? p.tensor.numel() * tp : p.tensor.numel();
           }
