@@ -55,6 +55,7 @@
 #include "collectives/nccl_communicator.h"
 #include "collectives/rendezvous.h"
 #include "data/dataset.h"
+#include "integration/metrics/allocator_stats.h"
 #include "integration/metrics/progress.h"
 #include "integration/preflight.h"
 #include "integration/trainer.h"
@@ -403,6 +404,8 @@ absl::Status NprocPerNodeIgnored(int nproc, const collectives::RendezvousInfo& i
 }
 
 int Main(int argc, char** argv) {
+  // First, so that every tensor of the run is counted (the summary's allocator_peak_bytes).
+  InstallCountingCpuAllocator();
   absl::SetProgramUsageMessage(
       "trains a GPT on local ranks or under torchrun/SLURM.\n"
       "  pretrain [--flags]   (no flags: tiny model, synthetic corpus, 2 local CPU ranks)\n"

@@ -132,6 +132,13 @@ TEST(Pretrain, TwoRanksLearnAgreeAndLogScalars) {
       ASSERT_NE(json.find(entry), std::string::npos) << json;
       EXPECT_EQ(scalars[tag][0].second, JsonNumber(json.substr(json.find(entry)), field)) << tag;
     }
+    // The allocator's count holds the buffers and the optimizer state (tensors all), at once at
+    // the peak of a step, and activations on top.
+    const std::string rank_json = json.substr(json.find(absl::StrCat("{\"rank\":", rank, ",")));
+    EXPECT_GT(JsonNumber(rank_json, "allocator_peak_bytes"),
+              JsonNumber(rank_json, "params_bytes") + JsonNumber(rank_json, "grads_bytes") +
+                  JsonNumber(rank_json, "optimizer_state_bytes"))
+        << rank_json;
   }
 }
 

@@ -44,6 +44,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "integration/checkpointer.h"
 #include "integration/experts.h"
+#include "integration/metrics/allocator_stats.h"
 #include "integration/metrics/progress.h"
 #include "integration/metrics/run_metrics.h"
 #include "integration/metrics/step_profiler.h"
@@ -286,10 +287,11 @@ absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator&
   }
   const int64_t expert_state = s.optimizer->state_bytes(
       [&](absl::string_view name) { return expert_names.count(std::string(name)) > 0; });
-  const std::array<int64_t, 9> mine = {
+  const std::array<int64_t, 10> mine = {
       m.param_bytes,        s.optimizer->state_bytes(), m.peak_transient_bytes, MaxRssBytes(),
       expert_params,        expert_grads,               expert_state,
-      static_cast<int64_t>(s.optimizer->ns_cost()),     m.grad_bytes};
+      static_cast<int64_t>(s.optimizer->ns_cost()),     m.grad_bytes,
+      CpuAllocatorStats().peak_bytes};
   at::Tensor rows = at::zeros({comm.size(), static_cast<int64_t>(mine.size())}, at::kLong);
   for (size_t i = 0; i < mine.size(); ++i) rows[comm.rank()][i].fill_(mine[i]);
   rows = rows.to(comm.device());
@@ -298,7 +300,7 @@ absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator&
   std::vector<RankMemory> out(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* row = rows[r].data_ptr<int64_t>();
-    out[r] = {row[0], row[8], row[1], row[2], row[3], row[4], row[5], row[6], row[7]};
+    out[r] = {row[0], row[8], row[1], row[2], row[3], row[9], row[4], row[5], row[6], row[7]};
   }
   return out;
 }

@@ -443,9 +443,9 @@ std::string MemoryJson(const std::vector<RankMemory>& memory) {
             : "";
     ranks.push_back(absl::StrFormat(
         "{\"rank\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,\"optimizer_state_bytes\":%d,"
-        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d%s}",
+        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d,\"allocator_peak_bytes\":%d%s}",
         r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes,
-        m.max_rss_bytes, experts));
+        m.max_rss_bytes, m.allocator_peak_bytes, experts));
   }
   return absl::StrFormat(
       "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]", max_persistent,

@@ -82,6 +82,9 @@ struct RankMemory {
   int64_t optimizer_state_bytes = 0;
   int64_t peak_transient_bytes = 0;
   int64_t max_rss_bytes = 0;  // the process's peak resident memory (all of it, LibTorch included)
+  // The most CPU tensor memory LibTorch's allocator had handed out at once (the allocator's own
+  // count: integration/metrics/allocator_stats.h; 0 where the counter is not installed).
+  int64_t allocator_peak_bytes = 0;
   // MoE: the part of the three above that is experts' (0 for a dense model, and then not in the
   // JSON), and the Newton–Schulz cost this rank's Muon slots take per step (Muon::ns_cost).
   int64_t expert_params_bytes = 0;

@@ -19,7 +19,9 @@ namespace orthoshard::integration {
 
 // Makes LibTorch's CPU allocations go through the counter (c10::SetCPUAllocator over the allocator
 // in place now). Storage allocated before the call is not counted, neither when allocated nor when
-// freed. Idempotent and thread-safe; the counter lives until the process ends.
+// freed. Idempotent and thread-safe; the counter lives until the process ends. Where the allocator
+// in place has no raw deleter (not LibTorch's own CPU allocator) nothing is installed and
+// CpuAllocatorStats says so.
 void InstallCountingCpuAllocator();
 
 struct AllocatorStats {
