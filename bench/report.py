@@ -22,13 +22,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_shapes  # noqa: E402
+import memory_bench  # noqa: E402
 import moe_bench  # noqa: E402
 import report_lib as rl  # noqa: E402
 import tp_bench  # noqa: E402
 import tp_plan_bench  # noqa: E402
 
 SECTIONS = ["layout", "optimizers", "distributed", "pretrain", "fsdp", "checkpoint", "peer",
-            "precision", "moe", "tp_plan", "tp"]
+            "precision", "moe", "tp_plan", "tp", "memory"]
 
 
 def sh(cmd, cwd=None):
@@ -490,6 +491,14 @@ def main():
         except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
             errors["tp"] = str(e)
             print(f"[bench] tp failed: {e}", file=sys.stderr)
+    memory_md = None  # section 12: its own runs (bench/memory_bench.py)
+    if "memory" in only and os.path.exists(BIN["pretrain"]):
+        try:
+            memory_md, memory_log = memory_bench.section(BIN["pretrain"], a.quick, repeats)
+            runner.log += [("integration/pretrain", x, t, rc) for _, x, t, rc in memory_log]
+        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            errors["memory"] = str(e)
+            print(f"[bench] memory failed: {e}", file=sys.stderr)
     load_end = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 
@@ -822,6 +831,18 @@ def main():
                ""]
         md += [tp_md, ""] if tp_md else [failed("tp") if "tp" in errors else
                                          "Not measured: a binary is not built.", ""]
+
+    # 12. Memory: activation recompute, fsdp's bounded peak, the longest run.
+    if "memory" in only:
+        md += ["## 12. Memory: activation recompute, fsdp's peak, long sequences", "",
+               "Reproduce: `tools/python3 bench/memory_bench.py --pretrain=bazel-bin/integration/"
+               "pretrain` (after `bazel build //integration:pretrain`); every run's command is in "
+               "the run log below. Per-rank figures from each run's summary JSON: "
+               "`allocator_peak_bytes` is LibTorch's CPU allocator's own count of tensor memory at "
+               "its peak, `max_rss_bytes` the process's peak resident memory (the same plus about "
+               "160 MB of LibTorch, Gloo and the C heap).", ""]
+        md += [memory_md, ""] if memory_md else [failed("memory") if "memory" in errors else
+                                                 "Not measured: a binary is not built.", ""]
 
     md += ["## Run log", "", rl.markdown_table(
         ["binary", "arguments", "wall s", "exit"],
