@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "data/loader.h"
 #include "layout/layout.h"
 #include "optimizers/kinds.h"
 #include "optimizers/schedule.h"
@@ -114,6 +115,11 @@ struct ChoiceTable<optimizers::MuonTpMode> {
       {{optimizers::MuonTpMode::kOwner, "owner"},
        {optimizers::MuonTpMode::kDuplicated, "duplicated"},
        {optimizers::MuonTpMode::kBlockwise, "blockwise"}}};
+};
+template <>
+struct ChoiceTable<data::SampleOrder> {
+  static constexpr std::array<Choice<data::SampleOrder>, 2> kValues = {
+      {{data::SampleOrder::kWindows, "windows"}, {data::SampleOrder::kDocuments, "documents"}}};
 };
 template <>
 struct ChoiceTable<optimizers::NsDType> {
