@@ -219,7 +219,7 @@ class Gpt {
 
   // QK-clip's measurement (model/qk_clip.h): with a record set, every Forward (and Loss) also
   // computes, under no-grad, each block's per-head largest attention logit (MaxAttentionLogits of
-  // its q and k after rotary, with the forward's causal or document mask) and folds it into
+  // its q and k after rotary, causal or per document as the forward attends) and folds it into
   // record[block][head] by max, in place. `record`: fp32 [L, H] on the params' device (fill it
   // with -inf to start); an undefined tensor (the default) turns it off, at no cost. Each block
   // then costs one more q k^T product. With tensor parallelism the record still has every
