@@ -239,7 +239,8 @@ absl::Status BuildLoaders(const TrainerConfig& c, const TrainingData& data, Setu
   lo.eod_token = data.eod_token;
   lo.reset_at_documents = s.documents;
   lo.mask_eod_loss = c.eod_mask_loss;
-  lo.sample_order = c.sample_order;
+  lo.sample_order = c.sample_order == SampleOrder::kDocuments ? data::SampleOrder::kDocuments
+                                                               : data::SampleOrder::kWindows;
   ASSIGN_OR_RETURN(data::DataLoader train, data::DataLoader::Create(data.train, lo));
   lo.micro_batches = c.eval_batches;
   lo.shuffle = false;  // eval: the file's order

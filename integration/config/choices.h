@@ -20,7 +20,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "data/loader.h"
 #include "layout/layout.h"
 #include "optimizers/kinds.h"
 #include "optimizers/schedule.h"
@@ -41,6 +40,8 @@ enum class NsForm { kAuto, kDirect, kGram };
 enum class ResumeMode { kFalse, kTrue, kAuto };
 // --on_save_failure: what a failed checkpoint save does to the run.
 enum class SaveFailurePolicy { kStop, kContinue };
+// --sample_order: which samples an epoch trains on (data::SampleOrder, which setup passes on).
+enum class SampleOrder { kWindows, kDocuments };
 
 // One accepted value of a fixed-choice field and its name on the command line.
 template <typename E>
@@ -117,9 +118,9 @@ struct ChoiceTable<optimizers::MuonTpMode> {
        {optimizers::MuonTpMode::kBlockwise, "blockwise"}}};
 };
 template <>
-struct ChoiceTable<data::SampleOrder> {
-  static constexpr std::array<Choice<data::SampleOrder>, 2> kValues = {
-      {{data::SampleOrder::kWindows, "windows"}, {data::SampleOrder::kDocuments, "documents"}}};
+struct ChoiceTable<SampleOrder> {
+  static constexpr std::array<Choice<SampleOrder>, 2> kValues = {
+      {{SampleOrder::kWindows, "windows"}, {SampleOrder::kDocuments, "documents"}}};
 };
 template <>
 struct ChoiceTable<optimizers::NsDType> {
