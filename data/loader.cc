@@ -1,6 +1,7 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 #include <numeric>
 #include <random>
@@ -53,7 +54,59 @@ std::optional<uint32_t> ContentCrc(const TokenDataset& data) {
   return Crc32c(crcs, sizeof(crcs));
 }
 
+// A seeded permutation of [0, n): Fisher–Yates with the raw engine output (exact across standard
+// libraries), or the identity without shuffling.
+void Permute(int64_t n, bool shuffle, uint64_t seed, std::vector<int64_t>* permutation) {
+  permutation->resize(n);
+  std::iota(permutation->begin(), permutation->end(), 0);
+  if (!shuffle) return;
+  std::mt19937_64 rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) {
+    std::swap((*permutation)[i], (*permutation)[rng() % static_cast<uint64_t>(i + 1)]);
+  }
+}
+
+// SampleOrder::kDocuments's documents of `data` (DataLoader::document_ends_): after every `eod`
+// token (when eod >= 0) and at every document_ends entry, the last at the end of the data.
+// Errors: kInvalidArgument for fewer than two documents.
+absl::StatusOr<std::vector<int64_t>> FindDocuments(const TokenDataset& data, int64_t eod) {
+  const int64_t n = data.tokens.size();
+  std::vector<int64_t> ends;
+  for (const int64_t end : data.document_ends) {
+    if (end > 0 && end <= n) ends.push_back(end);
+  }
+  if (eod >= 0) {
+    constexpr int64_t kBlock = int64_t{1} << 16;
+    std::vector<int64_t> block(kBlock);
+    std::vector<int64_t> eod_ends;
+    for (int64_t start = 0; start < n; start += kBlock) {
+      const int64_t count = std::min(kBlock, n - start);
+      data.tokens.CopyTo(start, count, block.data());
+      for (int64_t i = 0; i < count; ++i) {
+        if (block[i] == eod) eod_ends.push_back(start + i + 1);
+      }
+    }
+    std::vector<int64_t> merged;
+    std::merge(ends.begin(), ends.end(), eod_ends.begin(), eod_ends.end(),
+               std::back_inserter(merged));
+    ends = std::move(merged);
+  }
+  ends.push_back(n);
+  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+  if (ends.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data loader: sample_order documents needs documents (EOD tokens or a document index); "
+        "dataset '", data.name, "' is one document of ", n, " tokens",
+        eod >= 0 ? absl::StrCat(" (no EOD token ", eod, " in it)") : std::string()));
+  }
+  return ends;
+}
+
 }  // namespace
+
+absl::string_view SampleOrderName(SampleOrder order) {
+  return order == SampleOrder::kDocuments ? "documents" : "windows";
+}
 
 std::string LoaderState::Serialize() const {
   return absl::StrCat("loader v2 step=", step, " seed=", seed, " seq_len=", seq_len,
@@ -62,14 +115,15 @@ std::string LoaderState::Serialize() const {
                       " data=", absl::Hex(data_fingerprint, absl::kZeroPad8),
                       content_crc32c.has_value()
                           ? absl::StrCat(" content=", absl::Hex(*content_crc32c, absl::kZeroPad8))
-                          : "");
+                          : "",
+                      sample_order == SampleOrder::kDocuments ? " order=documents" : "");
 }
 
 absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ' ', absl::SkipEmpty());
-  if ((parts.size() != 9 && parts.size() != 10) || parts[0] != "loader" || parts[1] != "v2") {
+  if (parts.size() < 9 || parts.size() > 11 || parts[0] != "loader" || parts[1] != "v2") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "loader state: expected \"loader v2\" and 7 or 8 fields, got \"", text, "\""));
+        "loader state: expected \"loader v2\" and 7 to 9 fields, got \"", text, "\""));
   }
   LoaderState state;
   int64_t shuffle = 1;
@@ -83,6 +137,10 @@ absl::StatusOr<LoaderState> LoaderState::Parse(absl::string_view text) {
       ok = absl::SimpleAtoi(kv.second, &state.seed);
     } else if (kv.first == "data") {
       ok = kv.second.size() == 8 && absl::SimpleHexAtoi(kv.second, &state.data_fingerprint);
+    } else if (kv.first == "order" && i >= 9) {
+      ok = kv.second == "windows" || kv.second == "documents";
+      state.sample_order =
+          kv.second == "documents" ? SampleOrder::kDocuments : SampleOrder::kWindows;
     } else if (kv.first == "content" && i == 9) {
       uint32_t crc = 0;
       ok = kv.second.size() == 8 && absl::SimpleHexAtoi(kv.second, &crc);
@@ -138,24 +196,64 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
   loader.num_windows_ = (n - 1) / options.seq_len;
   loader.data_fingerprint_ = DataFingerprint(loader.data_->tokens);
   loader.content_crc32c_ = ContentCrc(*loader.data_);
+  if (options.sample_order == SampleOrder::kDocuments) {
+    ASSIGN_OR_RETURN(loader.document_ends_, FindDocuments(*loader.data_, options.eod_token));
+  }
   return loader;
 }
 
+void DataLoader::CacheEpoch(int64_t epoch) const {
+  if (epoch == cached_epoch_) return;
+  const uint64_t epoch_seed = Mix(options_.seed ^ Mix(static_cast<uint64_t>(epoch)));
+  Permute(num_windows_, options_.shuffle, epoch_seed, &permutation_);
+  if (shuffled_documents()) {
+    // Another stream of the same (seed, epoch) for the documents.
+    const int64_t documents = static_cast<int64_t>(document_ends_.size());
+    Permute(documents, /*shuffle=*/true, Mix(epoch_seed ^ 0x646f63756d656e74ull),
+            &document_order_);
+    stream_ends_.resize(documents);
+    int64_t end = 0;
+    for (int64_t i = 0; i < documents; ++i) {
+      const int64_t d = document_order_[i];
+      end += document_ends_[d] - (d > 0 ? document_ends_[d - 1] : 0);
+      stream_ends_[i] = end;
+    }
+  }
+  cached_epoch_ = epoch;
+}
+
 int64_t DataLoader::WindowOf(int64_t global_sample) const {
-  const int64_t epoch = global_sample / num_windows_;
   const int64_t index = global_sample % num_windows_;
   if (!options_.shuffle) return index;
-  if (epoch != cached_epoch_) {
-    permutation_.resize(num_windows_);
-    std::iota(permutation_.begin(), permutation_.end(), 0);
-    // Fisher–Yates with the raw engine output (exact across standard libraries).
-    std::mt19937_64 rng(Mix(options_.seed ^ Mix(static_cast<uint64_t>(epoch))));
-    for (int64_t i = num_windows_ - 1; i > 0; --i) {
-      std::swap(permutation_[i], permutation_[rng() % static_cast<uint64_t>(i + 1)]);
-    }
-    cached_epoch_ = epoch;
-  }
+  CacheEpoch(global_sample / num_windows_);
   return permutation_[index];
+}
+
+void DataLoader::CopySample(int64_t global_sample, int64_t count, int64_t* out,
+                            std::vector<int64_t>* ends) const {
+  const int64_t start = WindowOf(global_sample) * options_.seq_len;
+  ends->clear();
+  if (!shuffled_documents()) {
+    data_->tokens.CopyTo(start, count, out);
+    const std::vector<int64_t>& index = data_->document_ends;
+    for (auto it = std::upper_bound(index.begin(), index.end(), start);
+         it != index.end() && *it <= start + count; ++it) {
+      ends->push_back(*it - start);
+    }
+    return;
+  }
+  // The documents of the epoch's stream that [start, start + count) overlaps, piece by piece.
+  int64_t i = std::upper_bound(stream_ends_.begin(), stream_ends_.end(), start) -
+              stream_ends_.begin();
+  for (int64_t done = 0; done < count; ++i) {
+    const int64_t d = document_order_[i];
+    const int64_t document_start = d > 0 ? document_ends_[d - 1] : 0;
+    const int64_t offset = start + done - (i > 0 ? stream_ends_[i - 1] : 0);
+    const int64_t piece = std::min(count - done, document_ends_[d] - document_start - offset);
+    data_->tokens.CopyTo(document_start + offset, piece, out + done);
+    done += piece;
+    if (stream_ends_[i] <= start + count) ends->push_back(stream_ends_[i] - start);
+  }
 }
 
 std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
@@ -163,8 +261,8 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
   const int64_t per_rank = options_.micro_batches * rows;
   const int64_t first = step * global_batch_ + options_.rank * per_rank;
   const int64_t eod = options_.eod_token;
-  const std::vector<int64_t>& ends = data_->document_ends;
   std::vector<int64_t> window_tokens(S + 1);
+  std::vector<int64_t> ends;  // CopySample's: offsets past a document's last token in the sample
   std::vector<MicroBatch> batches(options_.micro_batches);
   for (int64_t m = 0; m < options_.micro_batches; ++m) {
     MicroBatch& b = batches[m];
@@ -178,17 +276,15 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t sample = first + m * rows + r;
-      const int64_t window = WindowOf(sample);
-      data_->tokens.CopyTo(window * S, S + 1, window_tokens.data());
-      // The first document end (token offset past a document's last token) after the window start.
-      auto index_end = std::upper_bound(ends.begin(), ends.end(), window * S);
+      CopySample(sample, S + 1, window_tokens.data(), &ends);
+      auto next_end = ends.begin();
       int64_t segment = 0, position = 0;
       for (int64_t t = 0; t < S; ++t) {
         const int64_t i = r * S + t;
         const bool at_eod = window_tokens[t] == eod && eod >= 0;
-        bool at_index_end = false;  // (an empty document repeats the end before it)
-        for (; index_end != ends.end() && *index_end <= window * S + t + 1; ++index_end) {
-          at_index_end = at_index_end || *index_end == window * S + t + 1;
+        bool at_end = false;  // (an empty document repeats the end before it)
+        for (; next_end != ends.end() && *next_end <= t + 1; ++next_end) {
+          at_end = at_end || *next_end == t + 1;
         }
         b.inputs[i] = window_tokens[t];
         b.targets[i] = at_eod && options_.mask_eod_loss ? kIgnoreTarget : window_tokens[t + 1];
@@ -196,7 +292,7 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
         if (options_.reset_at_documents) {
           b.segments[i] = segment;
           b.positions[i] = position++;
-          if (at_eod || at_index_end) {  // the token ends its document; the next starts one
+          if (at_eod || at_end) {  // the token ends its document; the next starts one
             ++segment;
             position = 0;
             if (t + 1 < S) b.has_boundaries = true;
@@ -204,7 +300,7 @@ std::vector<MicroBatch> DataLoader::BatchAt(int64_t step) const {
         }
       }
       b.sample_ids.push_back(sample);
-      b.windows.push_back(window);
+      b.windows.push_back(WindowOf(sample));
     }
   }
   return batches;
@@ -214,9 +310,10 @@ int64_t DataLoader::CountedTargets(int64_t step) const {
   const int64_t S = options_.seq_len;
   if (!options_.mask_eod_loss) return global_batch_ * S;
   std::vector<int64_t> window_tokens(S);
+  std::vector<int64_t> ends;
   int64_t counted = 0;
   for (int64_t j = 0; j < global_batch_; ++j) {
-    data_->tokens.CopyTo(WindowOf(step * global_batch_ + j) * S, S, window_tokens.data());
+    CopySample(step * global_batch_ + j, S, window_tokens.data(), &ends);
     for (int64_t t = 0; t < S; ++t) counted += window_tokens[t] != options_.eod_token;
   }
   return counted;
@@ -226,7 +323,8 @@ std::vector<MicroBatch> DataLoader::Next() { return BatchAt(step_++); }
 
 LoaderState DataLoader::state() const {
   return {step_,        options_.seed,    options_.seq_len,  global_batch_,
-          num_windows_, options_.shuffle, data_fingerprint_, content_crc32c_};
+          num_windows_, options_.shuffle, data_fingerprint_, content_crc32c_,
+          options_.sample_order};
 }
 
 absl::Status DataLoader::Restore(const LoaderState& state) {
@@ -248,6 +346,10 @@ absl::Status DataLoader::Restore(const LoaderState& state) {
   }
   if (state.shuffle != now.shuffle) {
     return Mismatch("shuffle", state.shuffle ? "on" : "off", now.shuffle ? "on" : "off");
+  }
+  if (state.sample_order != now.sample_order) {
+    return Mismatch("sample_order", std::string(SampleOrderName(state.sample_order)),
+                    std::string(SampleOrderName(now.sample_order)));
   }
   if (state.data_fingerprint != now.data_fingerprint) {
     return Mismatch("data fingerprint (another dataset of the same size?)",

@@ -239,9 +239,12 @@ absl::Status BuildLoaders(const TrainerConfig& c, const TrainingData& data, Setu
   lo.eod_token = data.eod_token;
   lo.reset_at_documents = s.documents;
   lo.mask_eod_loss = c.eod_mask_loss;
+  lo.sample_order = c.sample_order == SampleOrder::kDocuments ? data::SampleOrder::kDocuments
+                                                               : data::SampleOrder::kWindows;
   ASSIGN_OR_RETURN(data::DataLoader train, data::DataLoader::Create(data.train, lo));
   lo.micro_batches = c.eval_batches;
-  lo.shuffle = false;
+  lo.shuffle = false;  // eval: the file's order
+  lo.sample_order = data::SampleOrder::kWindows;
   // An eval set without an EOD token may record no documents of its own (one stream).
   lo.reset_at_documents =
       s.documents && (data.eod_token >= 0 || data.eval->document_ends.size() > 1);

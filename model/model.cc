@@ -310,15 +310,19 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
   q = ApplyRotary(q, attention.cos, attention.sin);
   k = ApplyRotary(k, attention.cos, attention.sin);
   if (max_logit_record_.defined()) RecordMaxLogits(layer, q, k, attention);
-  // A document mask replaces the causal flag (it is causal itself); ATen's CPU flash kernel takes
-  // either at about the same speed (8 x 8 heads x 256 x 32, forward + backward: 49 vs 51 ms).
+  // Documents: SDPA per document segment (DocumentSdpa), or a dense mask in place of the causal
+  // flag (it is causal itself; ATen's CPU flash kernel takes either at about the same speed).
   // Grouped-query attention by the kernel (enable_gqa: query head h reads KV head h / R, as
   // repeating each KV head R times would give) rather than materialising the repeated K and V:
   // that was a copy of each in forward and a sum over the R copies of their gradients in backward.
   const bool masked = attention.mask.defined();
-  const at::Tensor y = at::scaled_dot_product_attention(
-      q, k, v, masked ? std::optional<at::Tensor>(attention.mask) : std::nullopt,
-      /*dropout_p=*/0.0, /*is_causal=*/!masked, /*scale=*/std::nullopt, /*enable_gqa=*/R > 1);
+  const at::Tensor y =
+      attention.runs.has_value()
+          ? DocumentSdpa(*attention.runs, q, k, v)
+          : at::scaled_dot_product_attention(
+                q, k, v, masked ? std::optional<at::Tensor>(attention.mask) : std::nullopt,
+                /*dropout_p=*/0.0, /*is_causal=*/!masked, /*scale=*/std::nullopt,
+                /*enable_gqa=*/R > 1);
   // Row-parallel proj: this rank's heads' columns, summed over the group.
   const at::Tensor x1 =
       x + ReduceFromTpRegion(at::linear(y.transpose(1, 2).reshape({B, T, H * D}), layer.proj), tp_,
@@ -340,22 +344,25 @@ void Gpt::RecordMaxLogits(const Layer& layer, const at::Tensor& q, const at::Ten
   // This rank's heads of the block's row (q has them in order).
   const int64_t heads = q.size(1);
   at::Tensor row = max_logit_record_.select(0, block).narrow(0, tp_.rank() * heads, heads);
-  row.copy_(at::maximum(row, MaxAttentionLogits(q, k, attention.mask)));
+  const at::Tensor logits = attention.runs.has_value()
+                               ? DocumentMaxAttentionLogits(*attention.runs, q, k)
+                               : MaxAttentionLogits(q, k, attention.mask);
+  row.copy_(at::maximum(row, logits));
 }
 
 at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const {
-  AttentionInputs attention{rope_cos_, rope_sin_, at::Tensor()};
+  AttentionInputs attention{rope_cos_, rope_sin_, at::Tensor(), std::nullopt};
   if (documents != nullptr) {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     const int64_t half = rope_cos_.size(1);
     const at::Tensor flat = documents->positions.reshape({-1});
     attention.cos = rope_cos_.index_select(0, flat).view({B, 1, T, half});
     attention.sin = rope_sin_.index_select(0, flat).view({B, 1, T, half});
-    // May attend: same document and not later. [B, 1, T, T]
-    const at::Tensor& seg = documents->segments;
-    attention.mask = seg.unsqueeze(2).eq(seg.unsqueeze(1))
-                         .logical_and_(at::ones({T, T}, seg.options().dtype(at::kBool)).tril_())
-                         .unsqueeze(1);
+    if (documents->attention == DocumentAttention::kMask) {
+      attention.mask = DocumentMask(documents->segments);
+    } else {
+      attention.runs = PlanDocumentRuns(documents->segments);  // the one host read
+    }
   }
   moe_aux_.clear();
   Enter(0);
@@ -395,6 +402,12 @@ absl::Status Gpt::CheckDocuments(const at::Tensor& tokens, const Documents& docu
   if (lo < 0 || hi >= T) {
     return absl::InvalidArgumentError(absl::StrCat("Gpt: documents' positions must be in [0, ", T,
                                                    "), got range [", lo, ", ", hi, "]"));
+  }
+  // A document is a run of equal ids (the segments path cuts rows there): ids never decrease.
+  const at::Tensor& seg = documents.segments;
+  if (T > 1 && seg.narrow(1, 1, T - 1).lt(seg.narrow(1, 0, T - 1)).any().item<bool>()) {
+    return absl::InvalidArgumentError(
+        "Gpt: documents' segments must be non-decreasing along each row");
   }
   return absl::OkStatus();
 }

@@ -75,6 +75,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/tp_split.h"
+#include "model/document_attention.h"
 #include "model/gpt_config.h"
 #include "model/moe.h"
 #include "model/tensor_parallel.h"
@@ -130,12 +132,24 @@ struct LayerHooks {
 // Differentiable in x.
 at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// How Forward restricts attention to a token's own document (the same values up to rounding).
+enum class DocumentAttention {
+  // SDPA with is_causal over each document's segment of q, k and v, rows of equal document
+  // lengths batched (model/document_attention.h): no T x T tensor; one host read of the segments
+  // per forward.
+  kSegments,
+  // One SDPA over the whole row with a dense [B, 1, T, T] bool mask: memory grows with T^2. For
+  // comparison and tests.
+  kMask,
+};
+
 // The documents inside each row of a batch (DataLoader's MicroBatch::segments/positions): a token
 // attends only to earlier tokens of its own document, and its rotary position counts from its
 // document's start, so each document is computed as if it were alone in its row.
 struct Documents {
   at::Tensor segments;   // [B, T] int64 on the params' device: document of each token, non-decreasing
   at::Tensor positions;  // [B, T] int64: position inside the document, in [0, T)
+  DocumentAttention attention = DocumentAttention::kSegments;
 };
 
 enum class LossReduction { kMean, kSum };
@@ -205,7 +219,7 @@ class Gpt {
 
   // QK-clip's measurement (model/qk_clip.h): with a record set, every Forward (and Loss) also
   // computes, under no-grad, each block's per-head largest attention logit (MaxAttentionLogits of
-  // its q and k after rotary, with the forward's causal or document mask) and folds it into
+  // its q and k after rotary, causal or per document as the forward attends) and folds it into
   // record[block][head] by max, in place. `record`: fp32 [L, H] on the params' device (fill it
   // with -inf to start); an undefined tensor (the default) turns it off, at no cost. Each block
   // then costs one more q k^T product. With tensor parallelism the record still has every
@@ -244,10 +258,13 @@ class Gpt {
     TpSplit tp;         // this rank's slice of the value drawn in `shape`
   };
 
-  // What every block's attention shares in one forward: the rotary rows and the document mask.
+  // What every block's attention shares in one forward: the rotary rows and the documents.
   struct AttentionInputs {
     at::Tensor cos, sin;  // RotaryTables, or [B, 1, T, D/2] rows of each token's position
-    at::Tensor mask;      // [B, 1, T, T] bool (true: may attend), or undefined: causal
+    // Documents::attention kMask: [B, 1, T, T] bool (true: may attend); else undefined.
+    at::Tensor mask;
+    // The documents of each row (kSegments), or undefined (nullopt) for causal over whole rows.
+    std::optional<DocumentRuns> runs;
   };
 
   // CreateUninitialized's params (allocated, not written) and initial_, from config_, ep_, tp_.

@@ -3,12 +3,15 @@
 // the model's small ops, attention and autograd overhead keep it from the machine's GEMM speed.
 //   bazel run -c opt //model:model_benchmark
 // Single-threaded ATen (at::set_num_threads(1)) throughout.
+#include <malloc.h>
 #include <time.h>
 
 #include <chrono>
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <fstream>
+#include <string>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -17,10 +20,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/minimum.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/arange.h>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -138,6 +144,82 @@ void BM_LoaderStep(benchmark::State& state) {
       static_cast<double>(options.seq_len * options.micro_batch_size * options.micro_batches),
       benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// kB of one "Vm...:" line of /proc/self/status (0 when absent).
+int64_t StatusKb(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size()));
+  }
+  return 0;
+}
+
+// Document attention (Documents::attention) segments vs mask: forward + backward of one batch
+// whose rows hold documents of `doc_len` tokens (each row's cut shifted, so rows differ), in thread
+// CPU time, and the step's peak RSS above the RSS before it (VmHWM after resetting it through
+// /proc/self/clear_refs). Large blocks are mmapped and returned at free (fixed malloc thresholds),
+// so the peak is the step's live tensors. A 2-layer model of the preset's width, heads and MLP,
+// vocabulary 256: the attention under test is per layer, and the head would dominate otherwise.
+void BM_DocumentAttention(benchmark::State& state, const char* preset, int64_t T, int64_t batch,
+                          int64_t doc_len, DocumentAttention how) {
+  at::set_num_threads(1);
+  mallopt(M_MMAP_THRESHOLD, 1 << 17);
+  mallopt(M_TRIM_THRESHOLD, 1 << 17);
+  GptConfig config = GptPreset(preset).value();
+  config.num_layers = 2;
+  config.vocab_size = 256;
+  config.max_seq_len = T;
+  Gpt model = Gpt::Create(config, 1).value();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(2);
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor tokens = at::randint(config.vocab_size, {batch, T}, gen, longs);
+  // Row b's documents start at (b * 7) mod doc_len and every doc_len tokens after.
+  const at::Tensor t = at::arange(T, longs).unsqueeze(0), shift = (at::arange(batch, longs) * 7)
+                                                                     .remainder(doc_len)
+                                                                     .unsqueeze(1);
+  const at::Tensor since = t + (doc_len - shift);  // tokens since a virtual start before the row
+  Documents documents{since.div(doc_len, "floor") - (doc_len - shift).div(doc_len, "floor"),
+                      at::Tensor(), how};
+  documents.segments = documents.segments - documents.segments.select(1, 0).unsqueeze(1);
+  documents.positions = at::minimum(since.remainder(doc_len), t);
+  double seconds = 0;
+  int64_t peak_kb = 0;
+  for (auto _ : state) {
+    std::ofstream("/proc/self/clear_refs") << "5";
+    const int64_t before = StatusKb("VmRSS:");
+    const double start = ThreadCpuSeconds();
+    at::Tensor loss = model.Loss(tokens, tokens, &documents).value();
+    loss.backward();
+    seconds += ThreadCpuSeconds() - start;
+    peak_kb = std::max(peak_kb, StatusKb("VmHWM:") - before);
+    for (const ModelParam& p : model.params()) p.tensor.mutable_grad().reset();
+  }
+  state.counters["step_ms"] = 1e3 * seconds / static_cast<double>(state.iterations());
+  state.counters["peak_mb"] = static_cast<double>(peak_kb) / 1024.0;
+}
+
+[[maybe_unused]] const bool kDocumentAttentionRegistered = [] {
+  struct Shape {
+    const char* preset;
+    int64_t batch;
+  };
+  for (const Shape shape : {Shape{"small", 4}, Shape{"gpt2-124m", 1}}) {
+    for (const int64_t T : {512, 2048}) {
+      for (const int64_t parts : {4, 32}) {
+        for (const DocumentAttention how : {DocumentAttention::kSegments, DocumentAttention::kMask}) {
+          const std::string name =
+              absl::StrCat("BM_DocumentAttention/", shape.preset, "/T", T, "/doc", T / parts, "/",
+                           how == DocumentAttention::kMask ? "mask" : "segments");
+          benchmark::RegisterBenchmark(name.c_str(), BM_DocumentAttention, shape.preset, T,
+                                       shape.batch, T / parts, how)
+              ->Iterations(3)
+              ->Unit(benchmark::kMillisecond);
+        }
+      }
+    }
+  }
+  return true;
+}();
 
 BENCHMARK_CAPTURE(BM_TrainStep, tiny, "tiny", 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_TrainStep, small, "small", 4)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -40,6 +40,8 @@ enum class NsForm { kAuto, kDirect, kGram };
 enum class ResumeMode { kFalse, kTrue, kAuto };
 // --on_save_failure: what a failed checkpoint save does to the run.
 enum class SaveFailurePolicy { kStop, kContinue };
+// --sample_order: which samples an epoch trains on (data::SampleOrder, which setup passes on).
+enum class SampleOrder { kWindows, kDocuments };
 
 // One accepted value of a fixed-choice field and its name on the command line.
 template <typename E>
@@ -114,6 +116,11 @@ struct ChoiceTable<optimizers::MuonTpMode> {
       {{optimizers::MuonTpMode::kOwner, "owner"},
        {optimizers::MuonTpMode::kDuplicated, "duplicated"},
        {optimizers::MuonTpMode::kBlockwise, "blockwise"}}};
+};
+template <>
+struct ChoiceTable<SampleOrder> {
+  static constexpr std::array<Choice<SampleOrder>, 2> kValues = {
+      {{SampleOrder::kWindows, "windows"}, {SampleOrder::kDocuments, "documents"}}};
 };
 template <>
 struct ChoiceTable<optimizers::NsDType> {

@@ -47,6 +47,11 @@
     "drop the loss of the token predicted from an EOD (the next document's first token) " \
     "(Megatron-LM's --eod-mask-loss); the loss is then the mean over the counted tokens of " \
     "the whole step") \
+  X(::orthoshard::integration::SampleOrder, sample_order, \
+    ::orthoshard::integration::SampleOrder::kWindows, \
+    "which samples each epoch trains on: windows (the data's stream cut into seq_len windows, " \
+    "permuted per epoch) | documents (Megatron's sample index: the documents shuffled per " \
+    "epoch, samples cut from that stream, then permuted; needs EOD tokens or a document index)") \
   X(OptimizerChoice, optimizer, OptimizerChoice::kMuon, \
     "muon (Muon for hidden matrices, AdamW for the rest) or adamw (AdamW for all)") \
   X(DistMode, dist, DistMode::kLayerwise, \
