@@ -66,10 +66,10 @@ void Permute(int64_t n, bool shuffle, uint64_t seed, std::vector<int64_t>* permu
   }
 }
 
-// SampleOrder::kDocuments's documents of `data` (DataLoader::document_ends_): after every `eod`
-// token (when eod >= 0) and at every document_ends entry, the last at the end of the data.
-// Errors: kInvalidArgument for fewer than two documents.
-absl::StatusOr<std::vector<int64_t>> FindDocuments(const TokenDataset& data, int64_t eod) {
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> DocumentEnds(const TokenDataset& data, int64_t eod) {
   const int64_t n = data.tokens.size();
   std::vector<int64_t> ends;
   for (const int64_t end : data.document_ends) {
@@ -101,8 +101,6 @@ absl::StatusOr<std::vector<int64_t>> FindDocuments(const TokenDataset& data, int
   }
   return ends;
 }
-
-}  // namespace
 
 absl::string_view SampleOrderName(SampleOrder order) {
   return order == SampleOrder::kDocuments ? "documents" : "windows";
@@ -197,7 +195,7 @@ absl::StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenDataset
   loader.data_fingerprint_ = DataFingerprint(loader.data_->tokens);
   loader.content_crc32c_ = ContentCrc(*loader.data_);
   if (options.sample_order == SampleOrder::kDocuments) {
-    ASSIGN_OR_RETURN(loader.document_ends_, FindDocuments(*loader.data_, options.eod_token));
+    ASSIGN_OR_RETURN(loader.document_ends_, DocumentEnds(*loader.data_, options.eod_token));
   }
   return loader;
 }

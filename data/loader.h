@@ -56,6 +56,12 @@ enum class SampleOrder {
 // "windows" / "documents".
 absl::string_view SampleOrderName(SampleOrder order);
 
+// The ends of `data`'s documents as SampleOrder::kDocuments cuts them (exclusive token offsets,
+// increasing, the last = the token count): after every `eod` token (when eod >= 0; one scan of the
+// tokens) and at every TokenDataset::document_ends entry. Errors: kInvalidArgument naming the
+// dataset for fewer than two documents ("sample_order documents needs documents ...").
+absl::StatusOr<std::vector<int64_t>> DocumentEnds(const TokenDataset& data, int64_t eod);
+
 struct LoaderOptions {
   int64_t seq_len = 64;           // S: tokens per sample
   int64_t micro_batch_size = 8;   // samples per micro-batch on each rank

@@ -55,6 +55,7 @@
 #include "collectives/nccl_communicator.h"
 #include "collectives/rendezvous.h"
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "integration/metrics/allocator_stats.h"
 #include "integration/metrics/progress.h"
 #include "integration/preflight.h"
@@ -472,7 +473,14 @@ int Main(int argc, char** argv) {
     }
   }
   // The data as the ranks will load it (mapped, so this costs a read of each file, not a copy).
-  if (absl::Status s = LoadTrainingData(*config).status(); !s.ok()) return Fail(s);
+  absl::StatusOr<TrainingData> data = LoadTrainingData(*config);
+  if (!data.ok()) return Fail(data.status());
+  if (config->sample_order == SampleOrder::kDocuments) {
+    // The documents a shuffled-documents order needs, before any rank starts (one scan for EOD).
+    if (absl::Status s = data::DocumentEnds(*data->train, data->eod_token).status(); !s.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--sample_order=documents: ", s.message())));
+    }
+  }
   if (!config->save_dir.empty()) {
     // Last, as it creates --save_dir: fail before launching when another run holds it (rank 0
     // takes the lock for the run).

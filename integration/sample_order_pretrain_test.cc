@@ -11,6 +11,7 @@
 namespace orthoshard::integration {
 namespace {
 
+using testing::ExpectRefusedBeforeLaunch;
 using testing::ExpectSameTraining;
 using testing::JsonField;
 using testing::Pretrain;
@@ -43,9 +44,10 @@ TEST(SampleOrderPretrain, DocumentsTrainAndResumeBitwise) {
 }
 
 TEST(SampleOrderPretrain, DataWithoutDocumentsIsRefused) {
-  const RunResult run = RunPretrain({"--steps=1", "--eval_every=0", "--sample_order=documents"});
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_THAT(run.err, HasSubstr("sample_order documents needs documents"));
+  // The synthetic corpus without --eod_token is one document.
+  ExpectRefusedBeforeLaunch({{"--steps=1 --eval_every=0 --sample_order=documents",
+                              "--sample_order=documents: data loader: sample_order documents "
+                              "needs documents (EOD tokens or a document index)"}});
 }
 
 }  // namespace
