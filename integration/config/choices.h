@@ -38,6 +38,9 @@ enum class OptimizerChoice { kMuon, kAdamW };
 enum class NsForm { kAuto, kDirect, kGram };
 // --resume: continue from --save_dir's checkpoint, start afresh, or whichever applies.
 enum class ResumeMode { kFalse, kTrue, kAuto };
+// --fsdp_grad_accum: how --dist=fsdp accumulates gradients over micro-batches (full grads reduced
+// once, or each micro-batch reduce-scattered into the shards: ddp::GradAccumulation).
+enum class FsdpGradAccum { kFull, kSharded };
 // --on_save_failure: what a failed checkpoint save does to the run.
 enum class SaveFailurePolicy { kStop, kContinue };
 
@@ -114,6 +117,11 @@ struct ChoiceTable<optimizers::MuonTpMode> {
       {{optimizers::MuonTpMode::kOwner, "owner"},
        {optimizers::MuonTpMode::kDuplicated, "duplicated"},
        {optimizers::MuonTpMode::kBlockwise, "blockwise"}}};
+};
+template <>
+struct ChoiceTable<FsdpGradAccum> {
+  static constexpr std::array<Choice<FsdpGradAccum>, 2> kValues = {
+      {{FsdpGradAccum::kFull, "full"}, {FsdpGradAccum::kSharded, "sharded"}}};
 };
 template <>
 struct ChoiceTable<optimizers::NsDType> {
