@@ -150,11 +150,12 @@ const char* SyncEventKindName(SyncEvent::Kind kind);  // "grad_reduce_launched",
 //   kSharded  every micro-batch's gradient is reduce-scattered (pre-scaled by 1/dp) and added into
 //             this rank's grad shard: shard = sum_m fl(sum_r g_mr / dp). The same terms summed in
 //             another order: not bitwise equal to kFull when M > 1. Per element, with t_mr =
-//             g_mr * fl(1/dp) exactly (the scale both apply) and u = 2^-24, kFull puts each term through at most M - 1 + 1 +
-//             dp - 1 = M + dp - 1 roundings (accumulate, scale, the cross-rank sum) and kSharded
-//             through at most 1 + M * dp (scale; in its own and each later micro-batch the add of
-//             the old shard and dp - 1 cross-rank additions), so (Higham 3.1, gamma_k = k u /
-//             (1 - k u)) |kFull - kSharded| <= (gamma_{M+dp-1} + gamma_{M*dp+1}) sum_mr |t_mr|.
+//             g_mr * fl(1/dp) exactly (the scale both apply) and u = 2^-24, kFull puts each term
+//             through at most M - 1 + 1 + dp - 1 = M + dp - 1 roundings (accumulate, scale, the
+//             cross-rank sum) and kSharded through at most 1 + M * dp (scale; in its own and each
+//             later micro-batch the add of the old shard and dp - 1 cross-rank additions), so
+//             (Higham 3.1, gamma_k = k u / (1 - k u)) each is within gamma_k sum_mr |t_mr| of the
+//             exact sum and |kFull - kSharded| <= (gamma_{M+dp-1} + gamma_{M*dp+1}) sum_mr |t_mr|.
 //             At M = 1 the ops are kFull's: bitwise equal. Needs kSharded residency.
 enum class GradAccumulation { kFull, kSharded };
 
@@ -348,9 +349,10 @@ class DistributedDataParallel {
   // lookup_layers (kSharded): layers whose backward reads none of the params (an embedding lookup:
   // its backward adds the output gradient into the weight's rows by index, never reading the
   // weight); nothing is gathered for their backward. Out of range: kInvalidArgument.
-  absl::StatusOr<LayerHooks> MakeLayerHooks(const std::vector<int>& param_layers,
-                                            const std::vector<std::pair<int, int>>& extra_reads = {},
-                                            const std::vector<int>& lookup_layers = {});
+  absl::StatusOr<LayerHooks> MakeLayerHooks(
+      const std::vector<int>& param_layers,
+      const std::vector<std::pair<int, int>>& extra_reads = {},
+      const std::vector<int>& lookup_layers = {});
 
   // The transient bound of the file comment for the layers of the last MakeLayerHooks.
   // Errors: kFailedPrecondition before MakeLayerHooks or with kFull residency.

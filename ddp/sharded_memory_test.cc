@@ -40,9 +40,9 @@ using collectives::Communicator;
 using layout::ParamRole;
 using layout::ParamSpec;
 
-constexpr int64_t kBatch = 4;    // tokens per micro-batch
-constexpr int64_t kWidth = 16;   // C
-constexpr int64_t kVocab = 48;   // V
+constexpr int64_t kBatch = 4;   // tokens per micro-batch
+constexpr int64_t kWidth = 16;  // C
+constexpr int64_t kVocab = 48;  // V
 
 // params: emb [V, C] (layer 0, read by the head too), per block l = 1..depth: w [C, C] (Muon) and
 // g [C] (Adam), head.g [C] (layer depth + 1).
@@ -103,8 +103,10 @@ at::Tensor RunLayer(const LayerHooks* hooks, int layer, const std::function<at::
 // Sum of (logits - 0.1)^2 over this rank's micro-batch `micro`, divided by `norm`.
 at::Tensor Loss(const Stack& s, const std::vector<at::Tensor>& p, int rank, int micro, double norm,
                 const LayerHooks* hooks) {
-  const at::Tensor tokens =
-      at::arange(kBatch, at::kLong).mul(5 + 2 * rank + 3 * micro).add(rank + micro).remainder(kVocab);
+  const at::Tensor tokens = at::arange(kBatch, at::kLong)
+                                .mul(5 + 2 * rank + 3 * micro)
+                                .add(rank + micro)
+                                .remainder(kVocab);
   at::Tensor h = RunLayer(hooks, 0, [&] { return at::index_select(p[0], 0, tokens); });  // [B, C]
   for (int l = 1; l <= s.depth; ++l) {
     h = RunLayer(hooks, l, [&] { return h.mm(p[2 * l - 1].t()).tanh().mul(p[2 * l]).add(h); });
@@ -139,9 +141,9 @@ absl::StatusOr<std::unique_ptr<Run>> MakeRun(const Stack& s, Communicator& comm,
   config.on_event = [raw](const SyncEvent& e) { raw->events.push_back(e); };
   ASSIGN_OR_RETURN(run->ddp, DistributedDataParallel::Create(Plan(s, comm.size()), run->params,
                                                              &comm, nullptr, config));
-  ASSIGN_OR_RETURN(run->hooks, run->ddp->MakeLayerHooks(s.layers, {{0, s.head()}},
-                                                        lookup ? std::vector<int>{0}
-                                                               : std::vector<int>{}));
+  ASSIGN_OR_RETURN(run->hooks,
+                   run->ddp->MakeLayerHooks(s.layers, {{0, s.head()}},
+                                            lookup ? std::vector<int>{0} : std::vector<int>{}));
   return run;
 }
 
@@ -243,13 +245,13 @@ absl::StatusOr<TransientBound> CheckBoundedStep(const Stack& s, Communicator& co
     RETURN_IF_ERROR(CompareShards(*run->ddp, *full->ddp, rank, 0, {}, "sharded vs full"));
   }
   const int64_t peak = run->ddp->memory().peak_transient_bytes;
-  std::printf("depth %d in flight %d lookup %d rank %d: transient peak %lld, bound %lld (params "
-              "%lld, grads %lld, grad syncs %lld), whole buffers %lld\n",
-              s.depth, in_flight, lookup, rank, static_cast<long long>(peak),
-              static_cast<long long>(bound.total()),
-              static_cast<long long>(bound.params), static_cast<long long>(bound.grads),
-              static_cast<long long>(bound.grad_syncs),
-              static_cast<long long>(WholeBytes(*run->ddp)));
+  std::printf(
+      "depth %d in flight %d lookup %d rank %d: transient peak %lld, bound %lld (params "
+      "%lld, grads %lld, grad syncs %lld), whole buffers %lld\n",
+      s.depth, in_flight, lookup, rank, static_cast<long long>(peak),
+      static_cast<long long>(bound.total()), static_cast<long long>(bound.params),
+      static_cast<long long>(bound.grads), static_cast<long long>(bound.grad_syncs),
+      static_cast<long long>(WholeBytes(*run->ddp)));
   if (peak <= 0 || peak > bound.total()) {
     return absl::InternalError(absl::StrCat("depth ", s.depth, ": transient peak ", peak,
                                             " bytes, expected in (0, ", bound.total(), "]"));
@@ -271,8 +273,8 @@ absl::StatusOr<TransientBound> CheckBoundedStep(const Stack& s, Communicator& co
         "depth ", s.depth, ": the embedding's group was ",
         released_at_head < 0
             ? "not released after the head's backward"
-            : absl::StrCat("gathered ", gathers_after, " times after the head's backward, expected ",
-                           lookup ? 0 : 1)));
+            : absl::StrCat("gathered ", gathers_after,
+                           " times after the head's backward, expected ", lookup ? 0 : 1)));
   }
   return bound;
 }
@@ -284,15 +286,16 @@ absl::Status CheckShardedAccumulation(const Stack& s, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   for (const int micro : {1, 3}) {
     ASSIGN_OR_RETURN(std::unique_ptr<Run> full, MakeRun(s, comm, Sharded()));
-    ASSIGN_OR_RETURN(std::unique_ptr<Run> acc, MakeRun(s, comm, Sharded(GradAccumulation::kSharded)));
+    ASSIGN_OR_RETURN(std::unique_ptr<Run> acc,
+                     MakeRun(s, comm, Sharded(GradAccumulation::kSharded)));
     RETURN_IF_ERROR(Step(s, *full, rank, micro));
     RETURN_IF_ERROR(Step(s, *acc, rank, micro));
     const double u = std::ldexp(1.0, -24);
     auto gamma = [u](int k) { return k * u / (1 - k * u); };
     const double factor = micro == 1 ? 0 : gamma(micro + world - 1) + gamma(micro * world + 1);
-    RETURN_IF_ERROR(CompareShards(*acc->ddp, *full->ddp, rank, factor, AbsTermSums(s, world, micro),
-                                  absl::StrCat("sharded vs full accumulation, ", micro,
-                                               " micro-batches")));
+    RETURN_IF_ERROR(
+        CompareShards(*acc->ddp, *full->ddp, rank, factor, AbsTermSums(s, world, micro),
+                      absl::StrCat("sharded vs full accumulation, ", micro, " micro-batches")));
     ASSIGN_OR_RETURN(const TransientBound bound, acc->ddp->TransientBoundOf());
     const int64_t peak = acc->ddp->memory().peak_transient_bytes;
     const int64_t full_peak = full->ddp->memory().peak_transient_bytes;
@@ -309,15 +312,15 @@ absl::Status CheckShardedAccumulation(const Stack& s, Communicator& comm) {
       grad_bytes += full->ddp->buffer(b).layout().numel() * 4;
     if (micro > 1 && full_peak < grad_bytes) {
       return absl::InternalError(absl::StrCat("full accumulation peaked at ", full_peak,
-                                              ", expected at least the grad buffers' ", grad_bytes));
+                                              ", expected at least the grad buffers' ",
+                                              grad_bytes));
     }
   }
   // Full residency has no shards to accumulate into.
   std::vector<at::Tensor> params = MakeParams(s);
   DdpConfig config;
   config.grad_accumulation = GradAccumulation::kSharded;
-  auto refused =
-      DistributedDataParallel::Create(Plan(s, world), params, &comm, nullptr, config);
+  auto refused = DistributedDataParallel::Create(Plan(s, world), params, &comm, nullptr, config);
   if (refused.ok() || refused.status().code() != absl::StatusCode::kInvalidArgument ||
       !absl::StrContains(refused.status().message(), "needs sharded residency")) {
     return absl::InternalError(absl::StrCat("sharded accumulation with full residency gave ",
@@ -345,9 +348,9 @@ TEST_P(ShardedMemoryTest, PeakWithinTheStatedBoundAtEveryDepth) {
     ASSERT_OK_AND_ASSIGN(const TransientBound deep,
                          CheckBoundedStep(deep_stack, comm, defaults.grad_syncs_in_flight, true));
     std::vector<at::Tensor> params = MakeParams(deep_stack);
-    ASSERT_OK_AND_ASSIGN(auto ddp, DistributedDataParallel::Create(Plan(deep_stack, comm.size()),
-                                                                   params, &comm, nullptr,
-                                                                   Sharded()));
+    ASSERT_OK_AND_ASSIGN(
+        auto ddp, DistributedDataParallel::Create(Plan(deep_stack, comm.size()), params, &comm,
+                                                  nullptr, Sharded()));
     EXPECT_LT(2 * deep.total(), WholeBytes(*ddp));
     ASSERT_OK(CheckShardedAccumulation(MakeStack(3), comm));
   });

@@ -111,8 +111,8 @@ INSTANTIATE_TEST_SUITE_P(RanksOptimizers, FsdpMatchesLayerwise,
                          });
 
 // --fsdp_grad_accum=sharded: at one micro-batch the same ops as full accumulation (bitwise
-// layerwise's training); at two, each micro-batch's reduce-scatter is added into the grad shards, so
-// the peak stays within the stated bound and below full accumulation's, which holds every full
+// layerwise's training); at two, each micro-batch's reduce-scatter is added into the grad shards,
+// so the peak stays within the stated bound and below full accumulation's, which holds every full
 // grad from the first micro-batch (its numerics against full accumulation: ddp's
 // sharded_memory_test). Refused outside fsdp.
 TEST(Fsdp, ShardedGradAccumulation) {

@@ -94,7 +94,8 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   config = TrainerConfig();
   config.bucket_elems = -1;  // 0 is auto
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--bucket_elems must be >= 0")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--bucket_elems must be >= 0")));
   config = TrainerConfig();
   config.fsdp_grad_accum = FsdpGradAccum::kSharded;  // only fsdp has grad shards to add into
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
