@@ -37,13 +37,12 @@
 // buckets are transient:
 //   forward   before layer L runs, the bucket groups holding a param that L reads are gathered
 //             (materialized, all-gathered and waited on), and those of layer L + 1 are launched
-//             (prefetch); after L's forward, a group whose last reader is L is released, except
-//             in grad mode for the last layer (its backward comes next) or with
-//             reshard_after_forward off (kept until backward).
-//             The forward holds at most the groups of two layers: after L's forward, every group
-//             of L that layer L + 1 does not read is released, even if a later layer reads it
-//             again (a tied embedding, read by layer 0 and the head, is released after layer 0
-//             and gathered again for the head).
+//             (prefetch); after L's forward, every group of L that layer L + 1 does not read is
+//             released, even if a later layer reads it again (a tied embedding, read by layer 0
+//             and the head, is released after layer 0 and gathered again for the head), so the
+//             forward holds the groups of at most two layers. Except in grad mode for the last
+//             layer (its backward comes next) or with reshard_after_forward off (kept until
+//             backward).
 //   backward  LayerHooks::post_forward puts a hook on layer L's output, so that before L's backward
 //             its groups are gathered again (normally launched by the prefetch of layer L + 1's
 //             backward) and those of layer L - 1 are launched. That hook runs once the gradient of
@@ -218,7 +217,10 @@ struct DdpConfig {
 //   post_forward(L, output) after layer L issued every read of its params, with the tensor its
 //                           backward starts from (the layer's output: all of L's backward runs
 //                           after the gradient of `output` is computed). May be undefined, e.g.
-//                           under no-grad. kFull residency ignores it.
+//                           under no-grad. kFull residency ignores it. kSharded also relies on
+//                           the layers being a chain: every node of L + 1's backward that reads
+//                           a param lies on a path from L's output, so the gradient of L's output
+//                           is complete only once they all ran (then L + 1's groups are released).
 // Failures are recorded and returned by the next FinishGradSync / FinishParamSync (the forward
 // then ran on stale params and must be discarded). The functions
 // refer to the DistributedDataParallel that made them: never call them after it is destroyed.

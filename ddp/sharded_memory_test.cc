@@ -326,6 +326,23 @@ absl::Status CheckShardedAccumulation(const Stack& s, Communicator& comm) {
     return absl::InternalError(absl::StrCat("sharded accumulation with full residency gave ",
                                             refused.status().ToString()));
   }
+  config = Sharded();
+  config.grad_syncs_in_flight = -1;
+  auto negative = DistributedDataParallel::Create(Plan(s, world), params, &comm, nullptr, config);
+  if (negative.ok() || !absl::StrContains(negative.status().message(),
+                                          "grad_syncs_in_flight must be >= 0, got -1")) {
+    return absl::InternalError(
+        absl::StrCat("grad_syncs_in_flight -1 gave ", negative.status().ToString()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(s, comm, Sharded()));
+  const absl::StatusOr<LayerHooks> bad_lookup =
+      run->ddp->MakeLayerHooks(s.layers, {}, {s.head() + 1});
+  if (bad_lookup.ok() || bad_lookup.status().code() != absl::StatusCode::kInvalidArgument ||
+      !absl::StrContains(bad_lookup.status().message(),
+                         "lookup layer 5, expected a layer in [0, 5)")) {
+    return absl::InternalError(
+        absl::StrCat("lookup layer out of range gave ", bad_lookup.status().ToString()));
+  }
   return absl::OkStatus();
 }
 
