@@ -57,7 +57,7 @@ bool ParamAndGradBucketGroup::RegisterGradReady() {
   return grads_ready();
 }
 
-absl::Status ParamAndGradBucketGroup::StartGradSync() {
+absl::Status ParamAndGradBucketGroup::StartGradSync(bool accumulate) {
   assert(grad_state_ == GradState::kNotStarted);
   const int size = comm_->size();
   try {
@@ -68,6 +68,15 @@ absl::Status ParamAndGradBucketGroup::StartGradSync() {
     const int over = options_->average_over > 0 ? options_->average_over : size;
     if (options_->average_gradients && over > 1) {
       for (int bucket : buckets()) buffer_->GradBucket(bucket).mul_(1.0 / over);
+    }
+    if (accumulate && buffer_->residency() == Residency::kSharded &&
+        options_->grad_sync == GradSync::kReduceScatter) {
+      const int rank = comm_->rank();
+      for (int bucket : buckets()) {
+        const int64_t shard = buffer_->layout().buckets[bucket].shard_size;
+        buffer_->GradBucket(bucket).narrow(0, rank * shard, shard).add_(
+            buffer_->GradShard(bucket, rank));
+      }
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("scaling the gradients of ", Name(),
@@ -198,6 +207,11 @@ absl::StatusOr<std::unique_ptr<BucketGroupSync>> BucketGroupSync::Create(
           "sync, not the all-reduce"));
     }
   }
+  if (options.grad_syncs_in_flight < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket groups: grad_syncs_in_flight is ",
+                                                   options.grad_syncs_in_flight,
+                                                   ", expected >= 0"));
+  }
   std::unique_ptr<BucketGroupSync> sync(new BucketGroupSync(std::move(options)));
   sync->buffers_ = std::move(buffers);
   int flat = 0;
@@ -272,12 +286,36 @@ absl::Status BucketGroupSync::StartGradSyncAt(Chain& chain, int pos) {
   // how far the forward got.
   if (param_sync_in_flight()) RETURN_IF_ERROR(FinishParamSync());
   ParamAndGradBucketGroup& group = *chain.order[pos];
-  // kSharded: at most two grad syncs in flight, so that full grads are released as backward goes
-  // (their input must live until they finish).
-  if (group.buffer().residency() == Residency::kSharded && pos >= 2) {
-    RETURN_IF_ERROR(chain.order[pos - 2]->FinishGradSync());
+  // kSharded: at most kMaxShardedGradSyncsInFlight grad syncs in flight, so that full grads are
+  // released as backward goes (their input must live until they finish).
+  constexpr int kMax = kMaxShardedGradSyncsInFlight;
+  if (group.buffer().residency() == Residency::kSharded) {
+    if (pos >= kMax) RETURN_IF_ERROR(chain.order[pos - kMax]->FinishGradSync());
+    bool materialized = true;  // StartGradSync materializes (zero-fills) the rest
+    for (int bucket : group.buckets()) {
+      materialized = materialized && group.buffer().grads_materialized(bucket);
+    }
+    if (!materialized) RETURN_IF_ERROR(LimitGradSyncsInFlight());
   }
-  return group.StartGradSync();
+  return group.StartGradSync(accumulate_grad_shards_);
+}
+
+absl::Status BucketGroupSync::LimitGradSyncsInFlight() {
+  int in_flight = 0;
+  for (const Chain& chain : chains_) {
+    for (const ParamAndGradBucketGroup* group : chain.order) {
+      in_flight += group->grad_sync_in_flight();
+    }
+  }
+  for (Chain& chain : chains_) {
+    for (ParamAndGradBucketGroup* group : chain.order) {
+      if (in_flight <= options_.grad_syncs_in_flight) return absl::OkStatus();
+      if (!group->grad_sync_in_flight()) continue;
+      RETURN_IF_ERROR(group->FinishGradSync());
+      --in_flight;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status BucketGroupSync::RegisterGradReady(int b, int g) {

@@ -85,6 +85,9 @@ struct BucketGroupOptions {
   // layer (FinishParamSyncFor); the step may be staged (num_param_sync_stages() > 0). false:
   // StartParamSync launches and waits on everything.
   bool overlap_param_gather = false;
+  // kSharded: the most grad syncs left in flight when a group's full grads are materialized
+  // (LimitGradSyncsInFlight); >= 0. Fewer: less transient memory, less overlap.
+  int grad_syncs_in_flight = 1;
   // Bound on every wait; std::nullopt: the communicator's timeout().
   std::optional<absl::Duration> timeout;
   // Called after every event on the calling thread; may be empty.
@@ -124,9 +127,13 @@ class ParamAndGradBucketGroup {
   bool grads_ready() const { return ready_ == num_params_; }
 
   // Launches the grad sync: (kSharded) materializes grads not materialized (zeros), pre-scales
-  // (average_gradients), launches GradSyncOps as one group. Precondition (DCHECKed): kNotStarted.
+  // (average_gradients), launches GradSyncOps as one group. With `accumulate` (kSharded and
+  // kReduceScatter only: sharded grad accumulation), this rank's region of each full bucket first
+  // adds what its grad shard holds, so that the reduce-scatter leaves in the shard its old value
+  // plus the new mean (every rank adds only its own shard, to its own region: the SUM over ranks
+  // counts it once). Precondition (DCHECKed): kNotStarted.
   // Errors: those of the launch, kInternal for a failed scale, each naming the group.
-  absl::Status StartGradSync();
+  absl::Status StartGradSync(bool accumulate = false);
   // Waits on the grad sync in flight, if any (then kFinished); kSharded: frees the full grads.
   // Errors: kDeadlineExceeded / kUnavailable from Wait, naming the group and the collective.
   absl::Status FinishGradSync();
@@ -210,6 +217,18 @@ class BucketGroupSync {
   absl::Status FinishGradSync();
   // Forgets which gradients were ready (ZeroGradBuffers). Precondition: no grad sync in flight.
   void ResetGradSync();
+  // kSharded: whether the grad syncs started from now on add into this rank's grad shards instead
+  // of overwriting them (StartGradSync's `accumulate`): set for the second and later micro-batches
+  // of a step whose every micro-batch is reduce-scattered (sharded grad accumulation).
+  void set_accumulate_grad_shards(bool accumulate) { accumulate_grad_shards_ = accumulate; }
+  // kSharded: the most grad syncs in flight at once on a chain when one more starts (it first
+  // waits on the oldest, releasing its full grads).
+  static constexpr int kMaxShardedGradSyncsInFlight = 2;
+  // kSharded: waits on grad syncs in flight (chain by chain, oldest first) until at most
+  // options().grad_syncs_in_flight remain, releasing their full grads. Call before materializing a
+  // group's full grads (StartGradSyncAt does, for a group none of whose gradients came). Waits
+  // launch nothing, so ranks may call it at different points. Errors: FinishGradSync's.
+  absl::Status LimitGradSyncsInFlight();
 
   // ---- Param sync (all no-ops with kAllReduce).
   // Stages of a staged step: one per kFull group in forward order of its chain (chains one after
@@ -266,6 +285,7 @@ class BucketGroupSync {
   std::vector<std::pair<int, int>> chain_position_;  // [flattened group]: (chain, grad position)
   std::vector<int> group_offset_;                    // [buffer]: its first flattened group
   bool param_sync_begun_ = false;  // BeginParamSync ran; StartParamSync has not yet
+  bool accumulate_grad_shards_ = false;
 };
 
 }  // namespace orthoshard::buffers

@@ -191,22 +191,23 @@ absl::StatusOr<std::unique_ptr<ParamAndGradBuffer>> ParamAndGradBuffer::Create(
   try {
     c10::NoGradGuard no_grad;
     buf.params_.resize(layout.params.size());
-    // Bucket by bucket, so that a sharded buffer never holds more than one full bucket here.
+    // Bucket by bucket, params then grads, so that a sharded buffer never holds more than one
+    // full bucket of either here (views of a bucket need its storage while they are made).
     for (int b = 0; b < buf.num_buckets(); ++b) {
       buf.MaterializeParams(b);
-      buf.MaterializeGrads(b);
       for (int i : buf.BucketParams(b)) {
         at::Tensor param = model_params[layout.params[i].param_index];
-        const at::Tensor param_flat = param.detach().reshape({-1});
-        const at::Tensor grad_flat =
-            param.grad().defined() ? param.grad().reshape({-1}) : at::Tensor();
-        buf.WriteKept(i, param_flat, /*grads=*/false);
-        if (grad_flat.defined()) buf.WriteKept(i, grad_flat, /*grads=*/true);
+        buf.WriteKept(i, param.detach().reshape({-1}), /*grads=*/false);
         param.set_data(buf.ParamView(i).view(param.sizes()));
-        param.mutable_grad() = buf.GradView(i).view(param.sizes());
         buf.params_[i] = param;
       }
       buf.ReleaseParams(b);
+      buf.MaterializeGrads(b);
+      for (int i : buf.BucketParams(b)) {
+        at::Tensor& param = buf.params_[i];
+        if (param.grad().defined()) buf.WriteKept(i, param.grad().reshape({-1}), /*grads=*/true);
+        param.mutable_grad() = buf.GradView(i).view(param.sizes());
+      }
       buf.ReleaseGrads(b);
     }
   } catch (const c10::Error& e) {

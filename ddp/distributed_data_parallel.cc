@@ -77,6 +77,10 @@ absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel
     return absl::InvalidArgumentError(
         absl::StrCat("ddp: buckets_per_group must be at least 1, got ", config.buckets_per_group));
   }
+  if (config.grad_syncs_in_flight < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ddp: grad_syncs_in_flight must be >= 0, got ",
+                                                   config.grad_syncs_in_flight));
+  }
   std::unique_ptr<DistributedDataParallel> ddp(new DistributedDataParallel(config));
   RETURN_IF_ERROR(ddp->ValidateAndBuild(layout, params, dense_comm, expert_comm));
   return ddp;
@@ -87,6 +91,11 @@ absl::Status DistributedDataParallel::ValidateAndBuild(const layout::FullParamLa
                                                        Communicator* dense_comm,
                                                        Communicator* expert_comm) {
   if (dense_comm == nullptr) return absl::InvalidArgumentError("ddp: dense_comm is null");
+  if (sharded_accumulation() && !sharded()) {
+    return absl::InvalidArgumentError(
+        "ddp: sharded grad accumulation adds each micro-batch's reduce-scatter into this rank's "
+        "grad shards: it needs sharded residency (with full residency the grads are whole)");
+  }
   if (sharded() && config_.grad_sync != buffers::GradSync::kReduceScatter) {
     return absl::InvalidArgumentError(
         "ddp: sharded residency keeps only this rank's shard of each gradient: it needs the "
@@ -167,6 +176,7 @@ absl::Status DistributedDataParallel::BuildSync(const std::vector<Communicator*>
   options.average_over = dense_ranks;  // experts too (BucketGroupOptions::average_over)
   options.overlap_grad_reduce = config_.overlap_grad_reduce;
   options.overlap_param_gather = config_.overlap_param_gather;
+  options.grad_syncs_in_flight = config_.grad_syncs_in_flight;
   options.timeout = config_.timeout;
   options.on_event = [this](const buffers::BucketGroupEvent& e) { OnSyncEvent(e); };
   std::vector<buffers::ParamAndGradBuffer*> raw;
@@ -182,8 +192,8 @@ absl::Status DistributedDataParallel::BuildSync(const std::vector<Communicator*>
       param_placement_[placed[i].param_index] = {b, i};
       param_group_[placed[i].param_index] = {b, sync_->GroupOfBucket(b, placed[i].bucket)};
     }
-    last_reader_.emplace_back(sync_->num_groups(b), -1);
     accumulated_.emplace_back(sync_->num_groups(b), 0);
+    own_layers_.emplace_back(sync_->num_groups(b), std::make_pair(-1, -1));
   }
   return absl::OkStatus();
 }
@@ -272,7 +282,13 @@ void DistributedDataParallel::QueueBackwardCallback() {
 void DistributedDataParallel::OnGradAboutToAccumulate(int param_index) {
   QueueBackwardCallback();
   const auto [b, g] = param_group_[param_index];
-  for (int bucket : buffers_[b]->bucket_groups()[g].buckets) buffers_[b]->MaterializeGrads(bucket);
+  const std::vector<int>& buckets = buffers_[b]->bucket_groups()[g].buckets;
+  if (!std::all_of(buckets.begin(), buckets.end(),
+                   [&](int bucket) { return buffers_[b]->grads_materialized(bucket); })) {
+    absl::Status status = Ddp(sync_->LimitGradSyncsInFlight());
+    if (!status.ok()) RecordError(std::move(status));
+  }
+  for (int bucket : buckets) buffers_[b]->MaterializeGrads(bucket);
 }
 
 void DistributedDataParallel::OnGradReady(int param_index) {
@@ -284,7 +300,7 @@ void DistributedDataParallel::OnGradReady(int param_index) {
       if (!status.ok()) RecordError(std::move(status));
     }
   }
-  if (!is_last_microbatch_) return;
+  if (!communicates()) return;
   QueueBackwardCallback();
   if (param_ready_[param_index]) {
     RecordError(absl::FailedPreconditionError(absl::StrCat(
@@ -305,12 +321,21 @@ void DistributedDataParallel::OnBackwardEnded() {
     if (!status.ok()) RecordError(std::move(status));
     for (std::vector<int>& counts : accumulated_) std::fill(counts.begin(), counts.end(), 0);
   }
+  if (sharded_accumulation() && !is_last_microbatch_) {
+    // Reduce this micro-batch now, so that no full grads outlive its backward; the next one adds
+    // into the shards.
+    absl::Status status = Ddp(sync_->FinishGradSync());
+    if (!status.ok()) RecordError(std::move(status));
+    std::fill(param_ready_.begin(), param_ready_.end(), false);
+    sync_->set_accumulate_grad_shards(true);
+  }
   if (is_last_microbatch_) Emit(SyncEvent::Kind::kBackwardEnded, -1, -1, -1);
 }
 
 void DistributedDataParallel::ResetGradSyncState() {
   std::fill(param_ready_.begin(), param_ready_.end(), false);
   sync_->ResetGradSync();
+  sync_->set_accumulate_grad_shards(false);
 }
 
 absl::Status DistributedDataParallel::FinishGradSync() {
@@ -376,7 +401,8 @@ absl::Status DistributedDataParallel::PreForward(int layer) {
 }
 
 absl::StatusOr<LayerHooks> DistributedDataParallel::MakeLayerHooks(
-    const std::vector<int>& param_layers, const std::vector<std::pair<int, int>>& extra_reads) {
+    const std::vector<int>& param_layers, const std::vector<std::pair<int, int>>& extra_reads,
+    const std::vector<int>& lookup_layers) {
   if (param_layers.size() != param_group_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("ddp: layer hooks got layers for ",
                                                    param_layers.size(), " params, expected ",
@@ -405,15 +431,28 @@ absl::StatusOr<LayerHooks> DistributedDataParallel::MakeLayerHooks(
     }
     reads.push_back({param, layer});
   }
+  lookup_layer_.assign(num_layers, false);
+  for (int layer : lookup_layers) {
+    if (layer < 0 || layer >= num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("ddp: layer hooks: lookup layer ", layer,
+                                                     ", expected a layer in [0, ", num_layers,
+                                                     ")"));
+    }
+    lookup_layer_[layer] = true;
+  }
   layer_groups_.assign(num_layers, {});
-  for (std::vector<int>& readers : last_reader_) std::fill(readers.begin(), readers.end(), -1);
+  for (auto& ranges : own_layers_) std::fill(ranges.begin(), ranges.end(), std::make_pair(-1, -1));
   for (const auto& [param, layer] : reads) {
     std::vector<std::pair<int, int>>& groups = layer_groups_[layer];
-    const auto [b, g] = param_group_[param];
     if (std::find(groups.begin(), groups.end(), param_group_[param]) == groups.end()) {
       groups.push_back(param_group_[param]);
     }
-    last_reader_[b][g] = std::max(last_reader_[b][g], layer);
+  }
+  for (size_t i = 0; i < param_layers.size(); ++i) {
+    const auto [b, g] = param_group_[i];
+    std::pair<int, int>& range = own_layers_[b][g];
+    range.first = range.first < 0 ? param_layers[i] : std::min(range.first, param_layers[i]);
+    range.second = std::max(range.second, param_layers[i]);
   }
   // Each layer's groups in forward order (chain by chain), so that every rank launches them alike.
   for (std::vector<std::pair<int, int>>& groups : layer_groups_) {

@@ -37,24 +37,57 @@
 // buckets are transient:
 //   forward   before layer L runs, the bucket groups holding a param that L reads are gathered
 //             (materialized, all-gathered and waited on), and those of layer L + 1 are launched
-//             (prefetch); after L's forward, a group whose last reader is L is released, except
-//             in grad mode for the last layer (its backward comes next) or with
-//             reshard_after_forward off (kept until backward).
+//             (prefetch); after L's forward, every group of L that layer L + 1 does not read is
+//             released, even if a later layer reads it again (a tied embedding, read by layer 0
+//             and the head, is released after layer 0 and gathered again for the head), so the
+//             forward holds the groups of at most two layers. Except in grad mode for the last
+//             layer (its backward comes next) or with reshard_after_forward off (kept until
+//             backward).
 //   backward  LayerHooks::post_forward puts a hook on layer L's output, so that before L's backward
 //             its groups are gathered again (normally launched by the prefetch of layer L + 1's
-//             backward) and those of layer L - 1 are launched. Gradients accumulate into the full
-//             grad buckets, materialized (zeroed) right before the first gradient of a step
-//             reaches them. Once every gradient of a group is accumulated in a backward, nothing
-//             reads its params any more (autograd accumulates a leaf's gradient after every node
-//             that uses it) and they are released. In the last micro-batch a complete group is
-//             reduce-scattered into this rank's grad shards as above, and its full grads are
-//             released once the reduce-scatter finished (at the latest in FinishGradSync). With
-//             micro-batches the full grads of a step stay until that reduce-scatter, so the
-//             mean gradient is computed exactly as with kFull (accumulated, then reduced once).
+//             backward) and those of layer L - 1 are launched. That hook runs once the gradient of
+//             L's output is complete, i.e. after every node of layer L + 1's backward (each lies
+//             on a path from L's output to L + 1's); so it first releases every group of layer
+//             L + 1 that layer L does not read: a group is released as soon as the backward of
+//             the next layer (in backward order) that reads it is done, and gathered again when a
+//             later one needs it (the tied embedding: released after the head's backward,
+//             gathered for layer 0's). Gradients accumulate into the full grad buckets,
+//             materialized (zeroed) right before the first gradient of a step reaches them,
+//             separately from the params (a released param group does not touch its grads). Once
+//             every gradient of a group is accumulated in a backward, nothing reads its params any
+//             more (autograd accumulates a leaf's gradient after every node that uses it) and they
+//             are released. In the last micro-batch a complete group is reduce-scattered into this
+//             rank's grad shards as above, and its full grads are released once the
+//             reduce-scatter finished (at the latest in FinishGradSync). Before a group's full
+//             grads are materialized, the oldest reduce-scatters are waited on until at most
+//             DdpConfig::grad_syncs_in_flight remain in flight. A layer named in MakeLayerHooks'
+//             lookup_layers (an embedding) gathers nothing for its backward.
+//   micro-batches  GradAccumulation::kFull (default): the full grads of a step stay until the last
+//             micro-batch's reduce-scatter, so the mean gradient is computed exactly as with kFull
+//             residency (accumulated, then reduced once). GradAccumulation::kSharded: every
+//             micro-batch is reduce-scattered as the last one is, and the second and later ones
+//             add into this rank's grad shards (BucketGroupSync::set_accumulate_grad_shards), so
+//             no full grads outlive a micro-batch's backward (its grad syncs are finished when its
+//             backward ends).
 //   step      the optimizer updates this rank's shards; the param sync at its end gathers nothing
 //             and releases whatever is still gathered (the next forward gathers what it needs).
 // The gathers and reduce-scatters are the same collectives as kFull's, on the same buckets, so a
-// sharded run computes the same values in the same order as a full one: bitwise the same params.
+// sharded run computes the same values in the same order as a full one: bitwise the same params
+// (with GradAccumulation::kSharded only at one micro-batch; see GradAccumulation for M > 1).
+//
+// The transient bound (kSharded, TransientBoundOf). With R(L) the groups holding a param that layer
+// L reads (its own and extra reads), O(L) the groups whose params' own layers span L (lowest own
+// layer <= L <= highest), F = DdpConfig::grad_syncs_in_flight, and P(S), G(S) the full param and
+// grad bytes of the groups S:
+//   peak_transient_bytes <= max_L P(R(L) u R(L+1)) + max_L G(O(L) u O(L+1)) + F * max_g G({g})
+// for steps of one micro-batch or with GradAccumulation::kSharded, over any number of layers: the
+// params of the current and the prefetched layer; the grads of the groups being accumulated
+// (those of the layer whose backward runs and of the one before it in backward order, whose last
+// gradients may still land) and of those whose reduce-scatter is in flight. Layers of the same
+// size give the same bound at any depth. It assumes a param's gradient is complete once the
+// backward of its own layer is (extra reads come from later layers, as a tied head). With
+// GradAccumulation::kFull and M > 1 micro-batches the whole grad buffer is held from the first
+// micro-batch to the last one's reduce-scatter.
 // Cross-rank: in kSharded, backward launches collectives from autograd hooks in the order the
 // engine runs them, which is the same on every rank for the same graph (as with
 // overlap_grad_reduce). Whatever drives the model must call LayerHooks around every layer of every
@@ -108,6 +141,23 @@ struct SyncEvent {
 };
 const char* SyncEventKindName(SyncEvent::Kind kind);  // "grad_reduce_launched", ...
 
+// How kSharded residency accumulates gradients over the micro-batches of a step.
+//   kFull     each rank accumulates its full local gradient over every micro-batch in the full grad
+//             buckets and reduce-scatters once, in the last one: mean = sum_r fl(sum_m g_mr) / dp,
+//             bitwise what kFull residency computes. The whole grad buffer is held while it
+//             accumulates.
+//   kSharded  every micro-batch's gradient is reduce-scattered (pre-scaled by 1/dp) and added into
+//             this rank's grad shard: shard = sum_m fl(sum_r g_mr / dp). The same terms summed in
+//             another order: not bitwise equal to kFull when M > 1. Per element, with t_mr =
+//             g_mr * fl(1/dp) exactly (the scale both apply) and u = 2^-24, kFull puts each term
+//             through at most M - 1 + 1 + dp - 1 = M + dp - 1 roundings (accumulate, scale, the
+//             cross-rank sum) and kSharded through at most 1 + M * dp (scale; in its own and each
+//             later micro-batch the add of the old shard and dp - 1 cross-rank additions), so
+//             (Higham 3.1, gamma_k = k u / (1 - k u)) each is within gamma_k sum_mr |t_mr| of the
+//             exact sum and |kFull - kSharded| <= (gamma_{M+dp-1} + gamma_{M*dp+1}) sum_mr |t_mr|.
+//             At M = 1 the ops are kFull's: bitwise equal. Needs kSharded residency.
+enum class GradAccumulation { kFull, kSharded };
+
 // Configuration (Megatron's DistributedDataParallelConfig).
 struct DdpConfig {
   // Launch each bucket group's reduce-scatter during backward, as soon as the last gradient of the
@@ -151,6 +201,13 @@ struct DdpConfig {
   // the current layer computes. false: each gather is launched when its layer starts and waited
   // on at once (nothing hidden; for measuring what prefetching hides).
   bool prefetch = true;
+  // kSharded: how gradients are accumulated over micro-batches (see GradAccumulation).
+  GradAccumulation grad_accumulation = GradAccumulation::kFull;
+  // kSharded: the most reduce-scatters left in flight when a group's full grads are materialized
+  // (the term F of the transient bound); >= 0. 0 waits for every earlier one (least memory: the
+  // reduce-scatter of a layer overlaps only the next layer's backward up to its first weight
+  // gradient); higher hides more communication and holds more full grads.
+  int grad_syncs_in_flight = 1;
 };
 
 // The functions a model calls around each of its layers (torch::nn::Module has no forward hooks),
@@ -160,7 +217,10 @@ struct DdpConfig {
 //   post_forward(L, output) after layer L issued every read of its params, with the tensor its
 //                           backward starts from (the layer's output: all of L's backward runs
 //                           after the gradient of `output` is computed). May be undefined, e.g.
-//                           under no-grad. kFull residency ignores it.
+//                           under no-grad. kFull residency ignores it. kSharded also relies on
+//                           the layers being a chain: every node of L + 1's backward that reads
+//                           a param lies on a path from L's output, so the gradient of L's output
+//                           is complete only once they all ran (then L + 1's groups are released).
 // Failures are recorded and returned by the next FinishGradSync / FinishParamSync (the forward
 // then ran on stale params and must be discarded). The functions
 // refer to the DistributedDataParallel that made them: never call them after it is destroyed.
@@ -176,6 +236,14 @@ struct DdpMemory {
   int64_t grad_bytes = 0;
   int64_t transient_bytes = 0;
   int64_t peak_transient_bytes = 0;
+};
+
+// The terms of the transient bound of the file comment, in bytes (kSharded).
+struct TransientBound {
+  int64_t params = 0;      // max_L P(R(L) u R(L+1))
+  int64_t grads = 0;       // max_L G(O(L) u O(L+1))
+  int64_t grad_syncs = 0;  // F * max_g G({g})
+  int64_t total() const { return params + grads + grad_syncs; }
 };
 
 // Time this rank spent blocked on collectives DDP launched, since Create: the communication that
@@ -200,7 +268,8 @@ class DistributedDataParallel {
   // Errors: kInvalidArgument naming the param or buffer for a param placed in no buffer or in two,
   // a param without requires_grad or not a leaf, a communicator whose size differs from the
   // buffer's dp, communicators on different devices, a non-fp32 grad buffer with
-  // grad_reduce_in_fp32, buckets_per_group < 1, kSharded residency with the all-reduce grad sync;
+  // grad_reduce_in_fp32, buckets_per_group < 1, grad_syncs_in_flight < 0, kSharded residency with
+  // the all-reduce grad sync, GradAccumulation::kSharded with kFull residency;
   // and every error of ParamAndGradBuffer::Create.
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
       const layout::FullParamLayout& layout, const std::vector<at::Tensor>& params,
@@ -279,9 +348,17 @@ class DistributedDataParallel {
   // param sync in flight it does nothing. kSharded: see the file comment. Errors:
   // kInvalidArgument if param_layers has the wrong size, a layer out of range or a decreasing
   // layer index, or an extra read names a param or layer out of range.
+  // lookup_layers (kSharded): layers whose backward reads none of the params (an embedding lookup:
+  // its backward adds the output gradient into the weight's rows by index, never reading the
+  // weight); nothing is gathered for their backward. Out of range: kInvalidArgument.
   absl::StatusOr<LayerHooks> MakeLayerHooks(
       const std::vector<int>& param_layers,
-      const std::vector<std::pair<int, int>>& extra_reads = {});
+      const std::vector<std::pair<int, int>>& extra_reads = {},
+      const std::vector<int>& lookup_layers = {});
+
+  // The transient bound of the file comment for the layers of the last MakeLayerHooks.
+  // Errors: kFailedPrecondition before MakeLayerHooks or with kFull residency.
+  absl::StatusOr<TransientBound> TransientBoundOf() const;
 
   // MakeLayerHooks(param_layers).pre_forward, for kFull models that read only their own params.
   absl::StatusOr<std::function<void(int layer)>> PreForwardHook(
@@ -334,10 +411,20 @@ class DistributedDataParallel {
   }
   bool sharded() const { return config_.residency == buffers::Residency::kSharded; }
   // kSharded (distributed_data_parallel_sharded.cc).
-  absl::Status PrefetchLayer(int layer);
+  absl::Status PrefetchLayer(int layer, bool backward);
   absl::Status ShardedPreForward(int layer);
   absl::Status ShardedPostForward(int layer, const at::Tensor& output);
   absl::Status ShardedPreBackward(int layer);
+  // Releases the groups of layer `layer` that layer `next` does not read (next out of range:
+  // none is read).
+  absl::Status ReleaseUnlessRead(int layer, int next);
+  // Whether layer `layer` (any int) reads group bg.
+  bool Reads(int layer, std::pair<int, int> bg) const;
+  bool sharded_accumulation() const {
+    return config_.grad_accumulation == GradAccumulation::kSharded;
+  }
+  // Every micro-batch communicates (the last one, or each with sharded accumulation).
+  bool communicates() const { return is_last_microbatch_ || sharded_accumulation(); }
   void RecordError(absl::Status status);
   absl::Status TakeError();
   // The bucket groups' errors name the buffer, group, buckets and collective; DDP's say "ddp: ".
@@ -354,10 +441,11 @@ class DistributedDataParallel {
   std::vector<std::shared_ptr<void>> grad_accumulators_;  // torch::autograd::Node
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<std::vector<std::pair<int, int>>> layer_groups_;  // [layer] -> (buffer, group)
-  // kSharded, per [buffer][group]: the last forward layer that reads it (MakeLayerHooks), and the
-  // params whose gradient was accumulated in the current backward.
-  std::vector<std::vector<int>> last_reader_;
+  std::vector<bool> lookup_layer_;  // [layer]: its backward reads no params (MakeLayerHooks)
+  // kSharded, per [buffer][group]: the params whose gradient was accumulated in the current
+  // backward, and the lowest and highest own layer of its params (MakeLayerHooks).
   std::vector<std::vector<int>> accumulated_;
+  std::vector<std::vector<std::pair<int, int>>> own_layers_;
   // kSharded: each param's tensor hook (runs before its gradient is accumulated) and the param.
   std::vector<unsigned> pre_hook_keys_;
   std::vector<at::Tensor> hooked_params_;
@@ -368,6 +456,7 @@ class DistributedDataParallel {
   std::shared_ptr<buffers::TransientMemory> transient_;
   bool is_last_microbatch_ = true;
   bool backward_callback_queued_ = false;
+  int microbatches_synced_ = 0;  // GradAccumulation::kSharded: micro-batches reduced this step
   absl::Status pending_error_;
 };
 

@@ -22,6 +22,8 @@ using testing::LastLine;
 using testing::RunPretrain;
 using testing::RunResult;
 using testing::TempDir;
+using testing::ExpectRefusedBeforeLaunch;
+using testing::With;
 
 // Every field that fsdp and layerwise runs of the same steps must agree on, as printed (17 digits
 // for the checksum).
@@ -88,9 +90,11 @@ TEST_P(FsdpMatchesLayerwise, BitwiseWithAShardOfTheMemory) {
     EXPECT_EQ(RankBytes(layerwise, r, "peak_transient_bytes"), 0);
     const int64_t peak = RankBytes(fsdp, r, "peak_transient_bytes");
     EXPECT_GT(peak, 0);
-    // At most the whole buffers, params and grads.
+    // At most the whole buffers, params and grads; with one micro-batch (or sharded grad
+    // accumulation) within DDP's stated bound, which the summary reports per rank.
     EXPECT_LE(peak,
               RankBytes(layerwise, r, "params_bytes") + RankBytes(layerwise, r, "grads_bytes"));
+    if (c.micro_batches == 1) EXPECT_LE(peak, RankBytes(fsdp, r, "transient_bound_bytes"));
   }
   EXPECT_EQ(params, RankBytes(layerwise, 0, "params_bytes"));
   EXPECT_EQ(grads, RankBytes(layerwise, 0, "grads_bytes"));
@@ -105,6 +109,36 @@ INSTANTIATE_TEST_SUITE_P(RanksOptimizers, FsdpMatchesLayerwise,
                            return absl::StrCat(info.param.ranks, "Ranks_", info.param.optimizer,
                                                "_micro", info.param.micro_batches);
                          });
+
+// --fsdp_grad_accum=sharded: at one micro-batch the same ops as full accumulation (bitwise
+// layerwise's training); at two, each micro-batch's reduce-scatter is added into the grad shards,
+// so the peak stays within the stated bound and below full accumulation's, which holds every full
+// grad from the first micro-batch (its numerics against full accumulation: ddp's
+// sharded_memory_test). Refused outside fsdp.
+TEST(Fsdp, ShardedGradAccumulation) {
+  const std::vector<std::string> common = {
+      "--steps=2",        "--eval_every=0",   "--check_every=0",    "--global_batch=16",
+      "--warmup_steps=1", "--nproc_per_node=2", "--bucket_elems=8192"};
+  auto run = [&](std::vector<std::string> extra) {
+    RunResult result = RunPretrain(With(common, extra));
+    EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+    return LastLine(result.out);
+  };
+  ExpectSameTraining(run({"--dist=layerwise"}),
+                     run({"--dist=fsdp", "--fsdp_grad_accum=sharded"}), "one micro-batch");
+  const std::string full = run({"--dist=fsdp", "--micro_batches=2"});
+  const std::string sharded =
+      run({"--dist=fsdp", "--micro_batches=2", "--fsdp_grad_accum=sharded"});
+  for (int r = 0; r < 2; ++r) {
+    const int64_t peak = RankBytes(sharded, r, "peak_transient_bytes");
+    EXPECT_LE(peak, RankBytes(sharded, r, "transient_bound_bytes"));
+    EXPECT_LT(peak, RankBytes(full, r, "peak_transient_bytes"));
+  }
+  ExpectRefusedBeforeLaunch(
+      {{"--dist=layerwise --fsdp_grad_accum=sharded",
+        "--fsdp_grad_accum=sharded adds each micro-batch's reduce-scatter into this rank's grad "
+        "shards: it needs --dist=fsdp, got --dist=layerwise"}});
+}
 
 // A checkpoint is the same per-parameter records whatever the mode: one saved by a 2-rank fsdp run
 // resumes with layerwise on 1 rank (2 micro-batches: the same mean gradient bits as 2 ranks), and

@@ -72,6 +72,7 @@ const orthoshard::integration::TrainerConfig kDefaults;
 namespace optimizers = ::orthoshard::optimizers;
 using ::orthoshard::integration::Device;
 using ::orthoshard::integration::DistMode;
+using ::orthoshard::integration::FsdpGradAccum;
 using ::orthoshard::integration::NsForm;
 using ::orthoshard::integration::OptimizerChoice;
 using ::orthoshard::integration::Precision;

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -112,7 +113,21 @@ layout::LayoutOptions LayoutOptionsOf(const TrainerConfig& c, int dp) {
   // each bf16 gradient (buffers/param_and_grad_buffer.h). grad_reduce_in_fp32=false: bf16 grads.
   out.grad_dtype = c.grad_reduce_in_fp32 ? DType::kFloat32 : std::optional<DType>{};
   out.muon_strategy = SpecOf(c.dist).muon_strategy;
+  // 0 = auto: 64 Ki elements (fsdp's size from the model replaces it in Build: FsdpBucketElems).
+  if (c.bucket_elems == 0) out.bucket_size = kDefaultBucketElems;
   return out;
+}
+
+int64_t FsdpBucketElems(const std::vector<ModelParam>& params) {
+  std::map<int, int64_t> block_elems;  // forward layer -> elements of its params
+  std::set<int> blocks;                // layers holding a hidden matrix
+  for (const ModelParam& p : params) {
+    block_elems[p.layer] += p.tensor.numel();
+    if (p.kind == model::ParamKind::kHidden) blocks.insert(p.layer);
+  }
+  int64_t largest = 0;
+  for (int layer : blocks) largest = std::max(largest, block_elems[layer]);
+  return std::max<int64_t>(1, (largest + 1) / 2);
 }
 
 ddp::DdpConfig DdpConfigOf(const TrainerConfig& c) {
@@ -123,6 +138,10 @@ ddp::DdpConfig DdpConfigOf(const TrainerConfig& c) {
   out.grad_sync =
       mode.sharded_step ? buffers::GradSync::kReduceScatter : buffers::GradSync::kAllReduce;
   out.residency = mode.sharded_params ? buffers::Residency::kSharded : buffers::Residency::kFull;
+  CopyField(c.fsdp_grad_syncs_in_flight, &out.grad_syncs_in_flight);
+  out.grad_accumulation = c.fsdp_grad_accum == FsdpGradAccum::kSharded
+                              ? ddp::GradAccumulation::kSharded
+                              : ddp::GradAccumulation::kFull;
   return out;
 }
 
@@ -170,6 +189,10 @@ absl::Status RouteAndLayOut(const TrainerConfig& c, const model::GptConfig& gpt,
   }
   layout::LayoutOptions options = LayoutOptionsOf(c, dp);
   options.expert_dp = s.mesh->expt_dp().size();
+  if (c.dist == DistMode::kFsdp && c.bucket_elems == 0) {
+    options.bucket_size = FsdpBucketElems(params);
+    options.target_buckets = 0;  // growing buckets to elements / target would merge layers again
+  }
   ASSIGN_OR_RETURN(s.layout, layout::ComputeFullParamLayout(specs, options));
   return absl::OkStatus();
 }
@@ -182,15 +205,25 @@ absl::Status BuildDataParallel(const TrainerConfig& c, Setup& s) {
   std::vector<at::Tensor> tensors;
   std::vector<int> param_layers;
   std::vector<std::pair<int, int>> extra_reads;  // a tied embedding is read by the head too
+  // Layers holding only embeddings: their backward (an index lookup's) never reads the weight, so
+  // fsdp gathers nothing for it (a tied embedding is released after the head's backward for good).
+  std::map<int, bool> only_embeddings;
   for (size_t i = 0; i < params.size(); ++i) {
     tensors.push_back(params[i].tensor);
     param_layers.push_back(params[i].layer);
     for (int layer : params[i].also_read_by) extra_reads.push_back({static_cast<int>(i), layer});
+    auto [it, inserted] = only_embeddings.insert({params[i].layer, true});
+    it->second = it->second && params[i].kind == model::ParamKind::kEmbedding;
+  }
+  std::vector<int> lookup_layers;
+  for (const auto& [layer, embeddings] : only_embeddings) {
+    if (embeddings) lookup_layers.push_back(layer);
   }
   ASSIGN_OR_RETURN(s.ddp,
                    ddp::DistributedDataParallel::Create(s.layout, tensors, &s.mesh->dp(),
                                                         &s.mesh->expt_dp(), DdpConfigOf(c)));
-  ASSIGN_OR_RETURN(ddp::LayerHooks hooks, s.ddp->MakeLayerHooks(param_layers, extra_reads));
+  ASSIGN_OR_RETURN(ddp::LayerHooks hooks,
+                   s.ddp->MakeLayerHooks(param_layers, extra_reads, lookup_layers));
   s.model->set_layer_hooks({std::move(hooks.pre_forward), std::move(hooks.post_forward)});
   RETURN_IF_ERROR(s.model->ForEachInitialValue(
       c.seed, [&s](int i, const at::Tensor& value) { return s.ddp->SetParam(i, value); }));

@@ -66,6 +66,22 @@ absl::StatusOr<Setup> Build(const TrainerConfig& config, collectives::Communicat
 // kInvalidArgument for --muon_ns_coefficients that do not parse.
 absl::StatusOr<optimizers::ChainedConfig> OptimizerConfigOf(const TrainerConfig& config);
 layout::LayoutOptions LayoutOptionsOf(const TrainerConfig& config, int dp);
+
+// --bucket_elems=0 (auto) outside fsdp: Megatron's 64 Ki-element soft minimum (grown by
+// --target_buckets).
+inline constexpr int64_t kDefaultBucketElems = int64_t{1} << 16;
+
+// --bucket_elems=0 (auto) with --dist=fsdp: the soft minimum bucket size from the model, half the
+// elements of its largest block (a forward layer holding a hidden matrix; tp-local), at least 1;
+// Build then turns --target_buckets off. fsdp gathers whole bucket groups, so its transient memory
+// is a number of groups (ddp/distributed_data_parallel.h, the transient bound): a bucket larger
+// than a layer gathers a multiple of a layer at once, and a shallow model would hold most of its
+// params. Half a block lets a layer span two groups; the layer-wise layout keeps every Muon matrix
+// whole in one shard (a bucket is dp shards of at least the largest matrix, and it closes only
+// where the matrices pack within --bucket_padding), so where dp x the largest matrix exceeds half a
+// block (gpt2-124m or `small` at dp 2) the buckets are about one layer: the fewest the matrices
+// allow, never several layers merged by --target_buckets.
+int64_t FsdpBucketElems(const std::vector<model::ModelParam>& params);
 ddp::DdpConfig DdpConfigOf(const TrainerConfig& config);
 
 // One line per buffer of `full`: key, strategy, params, elements, padding and bucket sizes.

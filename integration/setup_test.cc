@@ -5,10 +5,16 @@
 // Nesterov, scale rules, Newton-Schulz steps and coefficients, betas, eps, weight decay).
 #include "integration/setup.h"
 
+#include <ATen/ops/empty.h>
+
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/dtype.h"
 #include "common/testing/status_matchers.h"
@@ -22,6 +28,7 @@ namespace {
 using ::orthoshard::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using model::ModelParam;
 
 // A config whose every field the mappings read differs from TrainerConfig's default.
 TrainerConfig Distinctive() {
@@ -48,6 +55,8 @@ TrainerConfig Distinctive() {
   c.log_params_norm = true;
   c.log_num_zeros_in_grad = true;
   c.no_weight_decay = " embedding* , ,output_layer*";
+  c.fsdp_grad_accum = FsdpGradAccum::kSharded;
+  c.fsdp_grad_syncs_in_flight = 3;
   c.schedule = optimizers::ScheduleKind::kWsd;
   c.steps = 50;
   c.warmup_steps = 7;
@@ -118,6 +127,7 @@ TEST(Setup, DerivedOptimizerFields) {
 
 TEST(Setup, EveryLayoutAndDdpFieldReachesItsOptions) {
   const TrainerConfig c = Distinctive();
+  EXPECT_EQ(LayoutOptionsOf(TrainerConfig(), 2).bucket_size, kDefaultBucketElems);  // 0 = auto
   const layout::LayoutOptions l = LayoutOptionsOf(c, 3);
   EXPECT_EQ(l.dp, 3);
   EXPECT_EQ(l.bucket_size, c.bucket_elems);
@@ -132,6 +142,8 @@ TEST(Setup, EveryLayoutAndDdpFieldReachesItsOptions) {
   EXPECT_EQ(d.overlap_grad_reduce, c.overlap_grad_reduce);
   EXPECT_EQ(d.reshard_after_forward, c.reshard_after_forward);
   EXPECT_EQ(d.prefetch, c.prefetch_params);
+  EXPECT_EQ(d.grad_accumulation, ddp::GradAccumulation::kSharded);
+  EXPECT_EQ(d.grad_syncs_in_flight, c.fsdp_grad_syncs_in_flight);
   // Counts beyond an int are "as many as there can be".
   TrainerConfig big;
   big.min_buckets = int64_t{1} << 40;
@@ -161,6 +173,63 @@ TEST(Setup, EveryDistModeSetsWhatItsRowSays) {
   EXPECT_EQ(distopt.muon_strategy, layout::Strategy::kDistOpt);
   EXPECT_TRUE(SpecOf(DistMode::kFsdp).sharded_params);
   EXPECT_FALSE(SpecOf(DistMode::kReplicated).sharded_step);
+}
+
+// A GPT block whose fc1 holds as much as qkv + proj (4h^2 = 3h^2 + h^2, the classic 4h MLP): with
+// fsdp's automatic bucket size (half a block) the layer-wise layout at dp 2 puts every block in
+// two or more bucket groups, each Muon matrix whole in one shard; 64 Ki buckets grown by
+// --target_buckets would hold whole blocks (the shallow model's transient would then be layers).
+TEST(Setup, FsdpBucketsSplitEveryBlock) {
+  constexpr int64_t h = 64, kBlocks = 3;
+  std::vector<ModelParam> params;
+  auto add = [&](std::string name, std::vector<int64_t> shape, model::ParamKind kind, int layer) {
+    ModelParam p;
+    p.name = std::move(name);
+    p.tensor = at::empty(shape);
+    p.kind = kind;
+    p.layer = layer;
+    params.push_back(std::move(p));
+  };
+  add("embedding", {256, h}, model::ParamKind::kEmbedding, 0);
+  for (int l = 1; l <= kBlocks; ++l) {
+    const std::string b = absl::StrCat("layers.", l, ".");
+    add(b + "norm1", {h}, model::ParamKind::kNorm, l);
+    add(b + "qkv", {3 * h, h}, model::ParamKind::kHidden, l);
+    add(b + "proj", {h, h}, model::ParamKind::kHidden, l);
+    add(b + "norm2", {h}, model::ParamKind::kNorm, l);
+    add(b + "fc1", {4 * h, h}, model::ParamKind::kHidden, l);
+    add(b + "fc2", {h, 4 * h}, model::ParamKind::kHidden, l);
+  }
+  add("final_norm", {h}, model::ParamKind::kNorm, kBlocks + 1);
+  add("output", {256, h}, model::ParamKind::kOutput, kBlocks + 1);  // not a block: not counted
+  EXPECT_EQ(FsdpBucketElems(params), (12 * h * h + 2 * h) / 2);
+
+  std::vector<layout::ParamSpec> specs;
+  for (const ModelParam& p : params) {
+    layout::ParamSpec spec;
+    spec.name = p.name;
+    spec.shape = std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end());
+    spec.role = p.kind == model::ParamKind::kHidden ? layout::ParamRole::kMuon
+                                                     : layout::ParamRole::kAdam;
+    specs.push_back(std::move(spec));
+  }
+  TrainerConfig c;
+  c.dist = DistMode::kFsdp;
+  layout::LayoutOptions options = LayoutOptionsOf(c, 2);
+  options.bucket_size = FsdpBucketElems(params);
+  options.target_buckets = 0;
+  ASSERT_OK_AND_ASSIGN(const layout::FullParamLayout plan,
+                       layout::ComputeFullParamLayout(specs, options));
+  for (int l = 1; l <= kBlocks; ++l) {
+    std::set<std::pair<int, int>> buckets;  // (buffer, bucket) of the block's matrices
+    for (const char* m : {"qkv", "proj", "fc1", "fc2"}) {
+      const auto [b, p] = plan.Find(absl::StrCat("layers.", l, ".", m));
+      ASSERT_NE(p, nullptr);
+      EXPECT_GE(plan.buffers[b].OwnerOf(*p), 0) << p->name << " crosses a shard boundary";
+      buckets.insert({b, p->bucket});
+    }
+    EXPECT_GE(buckets.size(), 2u) << "block " << l;
+  }
 }
 
 }  // namespace

@@ -267,14 +267,17 @@ absl::StatusOr<double> ParamChecksum(Setup& s, int64_t step, bool* compared) {
   return total.ToDouble();
 }
 
-// What every rank holds (params, grads, optimizer state, transient peak), one row per rank.
+// What every rank holds (params, grads, optimizer state, transient peak, and against it the whole
+// param buffers and fsdp's stated bound), one row per rank.
 absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator& comm) {
   const ddp::DdpMemory m = s.ddp->memory();
+  const absl::StatusOr<ddp::TransientBound> bound = s.ddp->TransientBoundOf();  // fsdp only
   // The experts' params and grads as their buffers keep them (whole, or this rank's shards).
-  int64_t expert_params = 0, expert_grads = 0;
+  int64_t expert_params = 0, expert_grads = 0, param_buffer = 0;
   std::set<std::string> expert_names;
   for (const buffers::ParamAndGradBuffer* buffer : s.buffers) {
     const layout::PerBufferParamLayout& l = buffer->layout();
+    param_buffer += l.numel() * DTypeSize(l.key.param_dtype);
     if (!l.key.expert) continue;
     for (const layout::ParamPlacement& p : l.params) expert_names.insert(p.name);
     int64_t held = l.numel();
@@ -287,10 +290,11 @@ absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator&
   }
   const int64_t expert_state = s.optimizer->state_bytes(
       [&](absl::string_view name) { return expert_names.count(std::string(name)) > 0; });
-  const std::array<int64_t, 10> mine = {
+  const std::array<int64_t, 12> mine = {
       m.param_bytes,        s.optimizer->state_bytes(), m.peak_transient_bytes, MaxRssBytes(),
       expert_params,        expert_grads,               expert_state,
       static_cast<int64_t>(s.optimizer->ns_cost()),     m.grad_bytes,
+      param_buffer,         bound.ok() ? bound->total() : 0,
       CpuAllocatorStats().peak_bytes};
   at::Tensor rows = at::zeros({comm.size(), static_cast<int64_t>(mine.size())}, at::kLong);
   for (size_t i = 0; i < mine.size(); ++i) rows[comm.rank()][i].fill_(mine[i]);
@@ -300,7 +304,8 @@ absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator&
   std::vector<RankMemory> out(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* row = rows[r].data_ptr<int64_t>();
-    out[r] = {row[0], row[8], row[1], row[2], row[3], row[9], row[4], row[5], row[6], row[7]};
+    out[r] = {row[0], row[8], row[1], row[2], row[3], row[11], row[4], row[5], row[6], row[7],
+              row[9], row[10]};
   }
   return out;
 }

@@ -38,6 +38,9 @@ enum class OptimizerChoice { kMuon, kAdamW };
 enum class NsForm { kAuto, kDirect, kGram };
 // --resume: continue from --save_dir's checkpoint, start afresh, or whichever applies.
 enum class ResumeMode { kFalse, kTrue, kAuto };
+// --fsdp_grad_accum: how --dist=fsdp accumulates gradients over micro-batches (full grads reduced
+// once, or each micro-batch reduce-scattered into the shards: ddp::GradAccumulation).
+enum class FsdpGradAccum { kFull, kSharded };
 // --on_save_failure: what a failed checkpoint save does to the run.
 enum class SaveFailurePolicy { kStop, kContinue };
 // --sample_order: which samples an epoch trains on (data::SampleOrder, which setup passes on).
@@ -121,6 +124,11 @@ template <>
 struct ChoiceTable<SampleOrder> {
   static constexpr std::array<Choice<SampleOrder>, 2> kValues = {
       {{SampleOrder::kWindows, "windows"}, {SampleOrder::kDocuments, "documents"}}};
+};
+template <>
+struct ChoiceTable<FsdpGradAccum> {
+  static constexpr std::array<Choice<FsdpGradAccum>, 2> kValues = {
+      {{FsdpGradAccum::kFull, "full"}, {FsdpGradAccum::kSharded, "sharded"}}};
 };
 template <>
 struct ChoiceTable<optimizers::NsDType> {

@@ -119,10 +119,11 @@ void CheckAccepted(const TrainerConfig& c, int world_size) {
   const absl::StatusOr<GptConfig> preset = GptPreset(c.model);
   Check(preset.ok());
   Check(c.steps >= 1 && c.global_batch >= 1 && c.micro_batches >= 1 && c.eval_batches >= 1 &&
-        c.bucket_elems >= 1 && c.log_every >= 1 && c.distributed_timeout_s >= 1);
+        c.bucket_elems >= 0 && c.log_every >= 1 && c.distributed_timeout_s >= 1);
   Check(c.seq_len >= 0 && c.seq_len <= preset->max_seq_len);
   Check(c.warmup_steps >= 0 && c.decay_steps >= 0 && c.eval_every >= 0 && c.check_every >= 0 &&
-        c.num_threads >= 0 && c.min_buckets >= 0);
+        c.num_threads >= 0 && c.min_buckets >= 0 && c.fsdp_grad_syncs_in_flight >= 0);
+  Check(c.fsdp_grad_accum == FsdpGradAccum::kFull || c.dist == DistMode::kFsdp);
   Check(c.bucket_padding >= 0 && c.bucket_padding <= 1 && c.max_bucket_padding >= 0 &&
         c.max_bucket_padding <= 1);
   Check(c.save_every >= 0 && c.stop_after >= 0 && c.stop_after <= c.steps &&

@@ -254,7 +254,6 @@ absl::Status ValidateCounts(const TrainerConfig& c) {
                               {"global_batch", c.global_batch},
                               {"micro_batches", c.micro_batches},
                               {"eval_batches", c.eval_batches},
-                              {"bucket_elems", c.bucket_elems},
                               {"max_bucket_elems", c.max_bucket_elems},
                               {"log_every", c.log_every},
                               {"distributed_timeout_s", c.distributed_timeout_s}}) {
@@ -267,6 +266,8 @@ absl::Status ValidateCounts(const TrainerConfig& c) {
                               {"check_every", c.check_every},
                               {"num_threads", c.num_threads},
                               {"min_buckets", c.min_buckets},
+                              {"bucket_elems", c.bucket_elems},
+                              {"fsdp_grad_syncs_in_flight", c.fsdp_grad_syncs_in_flight},
                               {"target_buckets", c.target_buckets}}) {
     RETURN_IF_ERROR(NonNegative(field, value));
   }
@@ -418,6 +419,11 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   RETURN_IF_ERROR(ValidateStepScalars(c));
   RETURN_IF_ERROR(ValidateCounts(c));
   RETURN_IF_ERROR(ValidateProfiling(c));
+  if (c.fsdp_grad_accum == FsdpGradAccum::kSharded && c.dist != DistMode::kFsdp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fsdp_grad_accum=sharded adds each micro-batch's reduce-scatter into this rank's grad "
+        "shards: it needs --dist=fsdp, got --dist=", SpecOf(c.dist).name));
+  }
   RETURN_IF_ERROR(ValidateTensorParallel(c, world_size));
   const int dp = world_size / static_cast<int>(c.tp);
   RETURN_IF_ERROR(ValidateModelAndBatch(c, dp));
@@ -443,9 +449,12 @@ std::string MemoryJson(const std::vector<RankMemory>& memory) {
             : "";
     ranks.push_back(absl::StrFormat(
         "{\"rank\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,\"optimizer_state_bytes\":%d,"
-        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d,\"allocator_peak_bytes\":%d%s}",
+        "\"peak_transient_bytes\":%d,\"max_rss_bytes\":%d,\"allocator_peak_bytes\":%d,"
+        "\"param_buffer_bytes\":%d,\"peak_transient_over_param_buffer\":%.4f,"
+        "\"transient_bound_bytes\":%d%s}",
         r, m.params_bytes, m.grads_bytes, m.optimizer_state_bytes, m.peak_transient_bytes,
-        m.max_rss_bytes, m.allocator_peak_bytes, experts));
+        m.max_rss_bytes, m.allocator_peak_bytes, m.param_buffer_bytes,
+        m.peak_transient_over_param_buffer(), m.transient_bound_bytes, experts));
   }
   return absl::StrFormat(
       "\"max_persistent_bytes\":%d,\"max_peak_transient_bytes\":%d,\"memory\":[%s]", max_persistent,

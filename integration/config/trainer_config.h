@@ -91,7 +91,19 @@ struct RankMemory {
   int64_t expert_grads_bytes = 0;
   int64_t expert_state_bytes = 0;
   int64_t ns_cost = 0;
+  // The whole param buffers (what a rank of a non-sharded mode keeps of the params), and fsdp's
+  // stated bound on peak_transient_bytes (ddp::DistributedDataParallel::TransientBoundOf; 0 in
+  // the other modes).
+  int64_t param_buffer_bytes = 0;
+  int64_t transient_bound_bytes = 0;
   int64_t persistent_bytes() const { return params_bytes + grads_bytes + optimizer_state_bytes; }
+  // peak_transient_bytes / param_buffer_bytes (0 without params): under 1, the gathered params
+  // and full grads a sharded rank holds at once are less than one whole copy of the params.
+  double peak_transient_over_param_buffer() const {
+    return param_buffer_bytes > 0
+               ? static_cast<double>(peak_transient_bytes) / static_cast<double>(param_buffer_bytes)
+               : 0.0;
+  }
 };
 
 // What a finished run reports (every rank gets the same numbers except the per-rank timings).

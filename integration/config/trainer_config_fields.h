@@ -161,8 +161,11 @@
     "eval micro-batches per rank") \
   X(double, eval_fraction, 0.05, \
     "tail of the data held out for eval") \
-  X(int64_t, bucket_elems, 1 << 16, \
-    "soft minimum grad bucket size (elements)") \
+  X(int64_t, bucket_elems, 0, \
+    "soft minimum grad bucket size (elements); 0 = auto: 65536 (grown by --target_buckets) " \
+    "for replicated, layerwise and distopt; for fsdp half the model's largest block, so that " \
+    "each layer spans >= 2 bucket groups where whole Muon matrices allow it " \
+    "(--target_buckets unused)") \
   X(int64_t, target_buckets, 4, \
     "grow each buffer's soft minimum bucket size to its elements / target_buckets, up to " \
     "--max_bucket_elems: about this many buckets for a small model, fewer and larger " \
@@ -203,6 +206,17 @@
   X(bool, prefetch_params, true, \
     "fsdp: gather the next layer's params while the current one computes (forward and " \
     "backward); false gathers each when its layer starts (to measure what prefetching hides)") \
+  X(int64_t, fsdp_grad_syncs_in_flight, 1, \
+    "fsdp: the most gradient reduce-scatters left in flight when another bucket group's full " \
+    "grads are created (older ones are waited on first); 0 = least memory (a layer's " \
+    "reduce-scatter overlaps only the next layer's backward up to its first weight gradient), " \
+    "higher = more overlap and more full grads held; >= 0") \
+  X(FsdpGradAccum, fsdp_grad_accum, FsdpGradAccum::kFull, \
+    "fsdp with --micro_batches > 1: full (accumulate each rank's full gradients over the " \
+    "micro-batches, reduce-scatter once: the whole grad buffer held meanwhile; bitwise the " \
+    "other modes' sum) or sharded (reduce-scatter every micro-batch and add it into this " \
+    "rank's grad shard: no full grads across micro-batches, the same terms summed in another " \
+    "order, so equal to full within a few fp32 roundings, bitwise at one micro-batch)") \
   X(int64_t, profile_step_start, 0, \
     "record an operator-level profile (LibTorch's Kineto, as torch.profiler) from this step to " \
     "--profile_step_end on every rank, one Chrome trace per rank in --profile_dir; 0 = off") \

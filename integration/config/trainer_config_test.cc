@@ -92,6 +92,20 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--min_buckets")));
   config = TrainerConfig();
+  config.bucket_elems = -1;  // 0 is auto
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--bucket_elems must be >= 0")));
+  config = TrainerConfig();
+  config.fsdp_grad_accum = FsdpGradAccum::kSharded;  // only fsdp has grad shards to add into
+  EXPECT_THAT(ValidateTrainerConfig(config, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--fsdp_grad_accum=sharded adds each micro-batch's "
+                                 "reduce-scatter into this rank's grad shards: it needs "
+                                 "--dist=fsdp, got --dist=layerwise")));
+  config.dist = DistMode::kFsdp;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  config = TrainerConfig();
   config.max_bucket_padding = 1.5;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -485,7 +499,7 @@ TEST(Choices, EveryValueOfEveryFieldRoundTrips) {
   check_field(#name, &TrainerConfig::name);
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_CHOICE)
 #undef ORTHOSHARD_CHECK_CHOICE
-  EXPECT_EQ(values, 34);  // a new choice: add it here and a seed to the fuzz corpus
+  EXPECT_EQ(values, 36);  // a new choice: add it here and a seed to the fuzz corpus
   for (const DistModeSpec& spec : kDistModes) EXPECT_EQ(SpecOf(spec.value).name, spec.name);
 }
 

@@ -244,6 +244,8 @@ absl::Status RunMetrics::Finish(int64_t skipped_steps) {
     RETURN_IF_ERROR(Scalar(prefix + "max_rss_bytes", summary_.steps, m.max_rss_bytes));
     RETURN_IF_ERROR(
         Scalar(prefix + "allocator_peak_bytes", summary_.steps, m.allocator_peak_bytes));
+    RETURN_IF_ERROR(Scalar(prefix + "peak_transient_over_param_buffer", summary_.steps,
+                           m.peak_transient_over_param_buffer()));
   }
   return tb_ ? tb_->Flush() : absl::OkStatus();
 }
