@@ -73,6 +73,7 @@ using ::orthoshard::integration::DistMode;
 using ::orthoshard::integration::NsForm;
 using ::orthoshard::integration::OptimizerChoice;
 using ::orthoshard::integration::Precision;
+using ::orthoshard::integration::RecomputeMode;
 using ::orthoshard::integration::ResumeMode;
 using ::orthoshard::integration::SaveFailurePolicy;
 using ::orthoshard::integration::Spell;

@@ -209,17 +209,29 @@ TEST(Recompute, FunctionRerunsOnceAndRunsTheParamsHooksOnce) {
   EXPECT_TRUE(at::equal(grads[0][1], grads[1][1])) << "param gradient";
 }
 
-// Under no-grad (evaluation) nothing is kept and fn runs once: the same logits.
-TEST(Recompute, NoGradForwardIsThePlainForward) {
+// The forward of a recomputed block runs under no-grad: its logits are bitwise the plain grad-mode
+// forward's, for every block recomputed and under an evaluation's no-grad (where nothing is kept
+// and the block runs once).
+TEST(Recompute, ForwardLogitsAreThePlainForwards) {
   at::set_num_threads(1);
-  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(DenseConfig(), 3));
+  ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(DenseConfig(), 3, at::kBFloat16));
   const at::Tensor tokens = Ids(2, 16, 256, 5);
-  at::NoGradGuard no_grad;
-  ASSERT_OK_AND_ASSIGN(const at::Tensor plain, model.Forward(tokens));
-  ASSERT_OK(model.set_recompute({Granularity::kFull, -1}));
-  ASSERT_OK_AND_ASSIGN(const at::Tensor recomputed, model.Forward(tokens));
-  EXPECT_FALSE(recomputed.requires_grad());
-  EXPECT_TRUE(at::equal(plain, recomputed));
+  const Documents documents = MakeDocuments(16);
+  for (const Documents* docs : {static_cast<const Documents*>(nullptr), &documents}) {
+    for (const bool grad : {true, false}) {
+      at::AutoGradMode mode(grad);
+      ASSERT_OK(model.set_recompute({}));
+      ASSERT_OK_AND_ASSIGN(const at::Tensor plain, model.Forward(tokens, docs));
+      for (const Granularity g : {Granularity::kFull, Granularity::kSelective}) {
+        ASSERT_OK(model.set_recompute({g, -1}));
+        ASSERT_OK_AND_ASSIGN(const at::Tensor recomputed, model.Forward(tokens, docs));
+        EXPECT_EQ(recomputed.requires_grad(), grad);
+        EXPECT_TRUE(at::equal(plain, recomputed))
+            << (g == Granularity::kFull ? "full" : "selective") << (grad ? ", grad mode" : ", no-grad")
+            << (docs != nullptr ? ", documents" : ", rows");
+      }
+    }
+  }
 }
 
 // Tensor parallelism on 2 real Gloo ranks: the recomputed blocks run their tp all-reduces again in

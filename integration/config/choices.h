@@ -40,6 +40,9 @@ enum class NsForm { kAuto, kDirect, kGram };
 enum class ResumeMode { kFalse, kTrue, kAuto };
 // --on_save_failure: what a failed checkpoint save does to the run.
 enum class SaveFailurePolicy { kStop, kContinue };
+// --recompute: which activations backward computes again instead of keeping them (Megatron-LM's
+// recompute granularities; model::Gpt::RecomputeGranularity).
+enum class RecomputeMode { kNone, kFull, kSelective };
 
 // One accepted value of a fixed-choice field and its name on the command line.
 template <typename E>
@@ -143,6 +146,13 @@ template <>
 struct ChoiceTable<ResumeMode> {
   static constexpr std::array<Choice<ResumeMode>, 3> kValues = {
       {{ResumeMode::kTrue, "true"}, {ResumeMode::kFalse, "false"}, {ResumeMode::kAuto, "auto"}}};
+};
+template <>
+struct ChoiceTable<RecomputeMode> {
+  static constexpr std::array<Choice<RecomputeMode>, 3> kValues = {
+      {{RecomputeMode::kNone, "none"},
+       {RecomputeMode::kFull, "full"},
+       {RecomputeMode::kSelective, "selective"}}};
 };
 template <>
 struct ChoiceTable<SaveFailurePolicy> {
