@@ -217,9 +217,10 @@ class Gpt {
   // Activation recompute (model/recompute.h), Megatron-LM's granularities: kFull keeps only each
   // selected block's input and recomputes the whole block in backward (its tp all-reduces and MoE
   // all-to-alls run again, on every rank alike); kSelective recomputes only the attention core
-  // (scaled_dot_product_attention of q, k, v; with a document mask its probabilities are the
-  // [B, H, T, T] activation this saves). Backward also costs one more forward of what is
-  // recomputed. Loss, gradients and every recorded statistic (MoE aux, QK-clip's max logits,
+  // (scaled_dot_product_attention of q, k, v): it saves what the attention kernel keeps for its
+  // backward, the [B, H, T, T] probabilities with ATen's math kernel, but only the output and
+  // its log-sum-exp with the flash kernel ATen's CPU path takes (causal or masked, fp32 or
+  // bf16), which is little. Backward also costs one more forward of what is recomputed. Loss, gradients and every recorded statistic (MoE aux, QK-clip's max logits,
   // recorded once per forward) are bitwise those without recompute (recompute_test). The model
   // must not be moved between a forward and its backward (the recompute calls it).
   enum class RecomputeGranularity { kNone, kFull, kSelective };
