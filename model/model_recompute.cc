@@ -68,8 +68,10 @@ at::Tensor Gpt::RunBlock(size_t i, const at::Tensor& x, const AttentionInputs& a
                           /*recompute_attention=*/granularity == RecomputeGranularity::kSelective});
   }
   // Full: the block's output (and an MoE block's two aux losses, which get gradients too). The
-  // forward run records (max logits, the MoE aux of this forward); the rerun in backward records
-  // into a scratch MoeAux it drops, and reads the params' detached aliases. `aux` (an element of
+  // forward run reads the layer's params themselves (in grad mode as without recompute; Recompute
+  // drops its graph) and records (max logits under no-grad, the MoE aux of this forward); the
+  // rerun in backward reads the params' detached aliases and records into a scratch MoeAux it
+  // drops. `aux` (an element of
   // moe_aux_, which later blocks may reallocate) is only written by the forward run, inside
   // Recompute below.
   const RecomputeFn block = [this, i, attention, aux](const std::vector<at::Tensor>& inputs,

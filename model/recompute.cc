@@ -30,14 +30,35 @@ at::Tensor Alias(const at::Tensor& t, bool requires_grad) {
   return alias;
 }
 
+// Alias of each of `tensors`, differentiable where requires_grad[first + i].
+std::vector<at::Tensor> Aliases(const std::vector<at::Tensor>& tensors,
+                                const std::vector<bool>& requires_grad, size_t first) {
+  std::vector<at::Tensor> aliases;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    aliases.push_back(Alias(tensors[i], requires_grad[first + i]));
+  }
+  return aliases;
+}
+
 // Autograd inputs: the spec (not a tensor), then the inputs and the params as one list.
 struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const c10::intrusive_ptr<RecomputeSpec>& spec,
                                                 at::TensorList tensors) {
     const std::vector<at::Tensor> inputs(tensors.begin(), tensors.begin() + spec->num_inputs);
-    // Grad mode is off here (Function::apply): fn keeps no graph.
-    std::vector<at::Tensor> outputs = spec->fn(inputs, spec->params, /*recomputing=*/false);
+    // fn runs in grad mode on detached aliases, as the recompute will, and its graph is dropped
+    // with the aliases: ATen may pick kernels by grad mode or requires_grad (matmul folds a
+    // batched input when an operand requires grad; CUDA's attention backends check it), so a
+    // no-grad forward is not the same ops by construction. The transient graph holds one
+    // piece's activations at a time, as the recompute in backward does.
+    std::vector<at::Tensor> outputs;
+    {
+      at::AutoGradMode grad_mode(true);
+      outputs = spec->fn(Aliases(inputs, spec->requires_grad, 0),
+                         Aliases(spec->params, spec->requires_grad, spec->num_inputs),
+                         /*recomputing=*/false);
+    }
+    for (at::Tensor& output : outputs) output = output.detach();
     ctx->save_for_backward(inputs);
     ctx->saved_data["spec"] = at::IValue::make_capsule(spec);
     // An output whose gradient never arrives (an aux loss the caller does not use) stays out of
@@ -51,12 +72,11 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     const auto spec =
         c10::static_intrusive_pointer_cast<RecomputeSpec>(ctx->saved_data["spec"].toCapsule());
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    std::vector<at::Tensor> inputs, params, wrt;
+    const std::vector<at::Tensor> inputs = Aliases(saved, spec->requires_grad, 0);
+    const std::vector<at::Tensor> params =
+        Aliases(spec->params, spec->requires_grad, spec->num_inputs);
+    std::vector<at::Tensor> wrt;
     std::vector<size_t> wrt_index;  // position in the gradient list (after the spec's slot)
-    for (size_t i = 0; i < saved.size(); ++i) inputs.push_back(Alias(saved[i], spec->requires_grad[i]));
-    for (size_t j = 0; j < spec->params.size(); ++j) {
-      params.push_back(Alias(spec->params[j], spec->requires_grad[spec->num_inputs + j]));
-    }
     for (size_t i = 0; i < inputs.size() + params.size(); ++i) {
       const at::Tensor& t = i < inputs.size() ? inputs[i] : params[i - inputs.size()];
       if (!t.requires_grad()) continue;

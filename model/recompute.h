@@ -2,12 +2,15 @@
 // forward runs without keeping its activations, and backward runs it again to get them.
 //
 //   outputs = Recompute(fn, inputs, params)
-//     forward:  fn(inputs, params, /*recomputing=*/false) under no-grad; keeps only `inputs`
-//     backward: fn(inputs', params', /*recomputing=*/true) in grad mode, where inputs' and params'
-//               are detached aliases of the same tensors (requires_grad where the originals do),
-//               then ONE torch::autograd::grad of the outputs (those whose gradient is defined)
-//               with respect to inputs' and params'; the result is this node's gradient for
-//               `inputs` and `params`.
+//     forward:  fn(inputs', params', /*recomputing=*/false), where inputs' and params' are
+//               detached aliases of the same tensors (requires_grad where the originals do), in
+//               grad mode (so that ATen picks the same kernels as the recompute and as a run
+//               without recompute); its graph is dropped with the aliases, and only `inputs` are
+//               kept
+//     backward: fn(inputs', params', /*recomputing=*/true) on fresh aliases in grad mode, then ONE
+//               torch::autograd::grad of the outputs (those whose gradient is defined) with
+//               respect to inputs' and params'; the result is this node's gradient for `inputs`
+//               and `params`.
 //
 // The params are inputs of the autograd node, so their gradient accumulators (and the hooks a
 // data-parallel wrapper puts on them: ddp/) stay in the outer graph and run once, after this node,
@@ -22,8 +25,8 @@
 // Bitwise: the recompute runs the same ops on the same values as the forward, and the gradients are
 // computed by the same backward ops in the same order as they would be without recompute (the
 // nested graph is the same subgraph; the engine orders it by the same creation order). It relies on
-// fn computing the same values in no-grad and grad mode (model/recompute_test.cc checks the GPT's
-// blocks) and being deterministic (no dropout: there is no RNG state to restore).
+// fn being deterministic (no dropout: there is no RNG state to restore); model/recompute_test.cc
+// checks the GPT's blocks.
 //
 // Collectives inside fn (tensor-parallel all-reduces, MoE all-to-alls) run again in backward: every
 // rank of the group must recompute the same pieces in the same order, which it does when all ranks
@@ -42,7 +45,8 @@ namespace orthoshard::model {
 // A recomputable piece of the forward: outputs from `inputs` and `params` (defined tensors). It is
 // called once in forward (recomputing = false) and once more in backward (recomputing = true),
 // where it must compute the same values and should not record side results again (statistics that
-// the forward already recorded). It must return the same number of defined outputs both times.
+// the forward already recorded). It must return the same number of defined outputs both times. A
+// statistic it records in forward is computed in grad mode: record it under no-grad (detached).
 using RecomputeFn = std::function<std::vector<at::Tensor>(
     const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params,
     bool recomputing)>;

@@ -209,9 +209,9 @@ TEST(Recompute, FunctionRerunsOnceAndRunsTheParamsHooksOnce) {
   EXPECT_TRUE(at::equal(grads[0][1], grads[1][1])) << "param gradient";
 }
 
-// The forward of a recomputed block runs under no-grad: its logits are bitwise the plain grad-mode
-// forward's, for every block recomputed and under an evaluation's no-grad (where nothing is kept
-// and the block runs once).
+// A recomputed forward's logits are bitwise the plain forward's, in grad mode (the blocks run on
+// detached aliases whose graph is dropped) and under an evaluation's no-grad (where nothing is
+// kept and each block runs once).
 TEST(Recompute, ForwardLogitsAreThePlainForwards) {
   at::set_num_threads(1);
   ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(DenseConfig(), 3, at::kBFloat16));
