@@ -76,6 +76,7 @@ using ::orthoshard::integration::FsdpGradAccum;
 using ::orthoshard::integration::NsForm;
 using ::orthoshard::integration::OptimizerChoice;
 using ::orthoshard::integration::Precision;
+using ::orthoshard::integration::RecomputeMode;
 using ::orthoshard::integration::ResumeMode;
 using ::orthoshard::integration::SaveFailurePolicy;
 using ::orthoshard::integration::Spell;

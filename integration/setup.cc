@@ -287,6 +287,18 @@ absl::Status BuildLoaders(const TrainerConfig& c, const TrainingData& data, Setu
   return absl::OkStatus();
 }
 
+// --recompute and --recompute_layers as the model takes them (validated: layers -1 or in
+// [1, num_layers]).
+Gpt::RecomputeConfig RecomputeConfigOf(const TrainerConfig& c) {
+  Gpt::RecomputeConfig r;
+  r.granularity = c.recompute == RecomputeMode::kFull ? Gpt::RecomputeGranularity::kFull
+                  : c.recompute == RecomputeMode::kSelective
+                      ? Gpt::RecomputeGranularity::kSelective
+                      : Gpt::RecomputeGranularity::kNone;
+  r.layers = static_cast<int>(c.recompute_layers);
+  return r;
+}
+
 }  // namespace
 
 std::string LayoutSummary(const layout::FullParamLayout& full) {
@@ -339,6 +351,7 @@ absl::StatusOr<Setup> Build(const TrainerConfig& c, Communicator& comm) {
                                   comm.device(), model::ExpertParallel{&s.mesh->ep()},
                                   model::TensorParallel{&s.mesh->tp()}));
   s.model = std::make_unique<Gpt>(std::move(model));
+  RETURN_IF_ERROR(s.model->set_recompute(RecomputeConfigOf(c)));
   RETURN_IF_ERROR(RouteAndLayOut(c, gpt, s.mesh->dp().size(), s));
   RETURN_IF_ERROR(BuildDataParallel(c, s));
   RETURN_IF_ERROR(BuildOptimizer(c, comm, s));

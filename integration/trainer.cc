@@ -333,6 +333,15 @@ std::string ModelConfigString(const TrainerConfig& c, const Setup& s) {
   return model::FormatSavedModel(saved);
 }
 
+// The startup line's recompute: "" without, else ", recompute full" (", ... of the first N blocks").
+std::string RecomputeText(const TrainerConfig& c) {
+  if (c.recompute == RecomputeMode::kNone) return "";
+  return absl::StrCat(", recompute ", ChoiceName(c.recompute),
+                      c.recompute_layers >= 0
+                          ? absl::StrCat(" (the first ", c.recompute_layers, " blocks)")
+                          : std::string());
+}
+
 // The startup line's account of documents.
 std::string DocumentsSummary(const Setup& s) {
   const std::string how =
@@ -480,14 +489,14 @@ void PrintRunHeader(const TrainerConfig& c, const Setup& s, const Communicator& 
   }
   std::fprintf(out,
                "pretrain: model %s (%lld params%s), data %s (%lld train / %lld eval tokens, "
-               "unigram entropy %.3f nats), %d ranks%s, dist %s, optimizer %s\n"
+               "unigram entropy %.3f nats), %d ranks%s, dist %s, optimizer %s%s\n"
                "pretrain: global batch %lld = %d %s x %lld micro-batches x %lld samples x "
                "%lld tokens\n",
                c.model.c_str(), static_cast<long long>(params), held.c_str(), c.data.c_str(),
                static_cast<long long>(s.train_tokens), static_cast<long long>(s.eval_tokens),
                s.unigram_entropy, comm.size(),
                grid.tp > 1 ? absl::StrFormat(" (tp %d x dp %d)", grid.tp, grid.dp).c_str() : "",
-               ChoiceName(c.dist), ChoiceName(c.optimizer),
+               ChoiceName(c.dist), ChoiceName(c.optimizer), RecomputeText(c).c_str(),
                static_cast<long long>(c.global_batch), grid.dp, grid.tp > 1 ? "dp ranks" : "ranks",
                static_cast<long long>(c.micro_batches), static_cast<long long>(s.micro_batch_size),
                static_cast<long long>(s.seq_len));
@@ -739,6 +748,8 @@ absl::StatusOr<TrainSummary> TrainImpl(const TrainerConfig& c, Communicator& com
   summary.world_size = comm.size();
   summary.tp = s.mesh->grid().tp;
   summary.dist = ChoiceName(c.dist);
+  summary.recompute = ChoiceName(c.recompute);
+  summary.recompute_layers = c.recompute_layers;
   summary.model = c.model;
   summary.optimizer = ChoiceName(c.optimizer);
   summary.num_params = model::GptParamCount(s.model->config());  // every expert, at any ep

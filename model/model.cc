@@ -286,8 +286,8 @@ int64_t Gpt::num_params() const {
   return n;
 }
 
-at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
-                      const AttentionInputs& attention) const {
+at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x, const AttentionInputs& attention,
+                      const BlockRun& run) const {
   const int64_t B = x.size(0), T = x.size(1), C = config_.hidden, D = C / config_.num_heads;
   // This rank's query heads and KV groups (all of them at tp 1).
   const int64_t H = config_.num_heads / tp_.size(), KV = config_.num_kv_heads / tp_.size();
@@ -309,20 +309,24 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
   const at::Tensor v = qkv_parts[2].squeeze(3).transpose(1, 2);       // [B, KV, T, D]
   q = ApplyRotary(q, attention.cos, attention.sin);
   k = ApplyRotary(k, attention.cos, attention.sin);
-  if (max_logit_record_.defined()) RecordMaxLogits(layer, q, k, attention);
+  if (max_logit_record_.defined() && run.record) RecordMaxLogits(layer, q, k, attention);
   // Documents: SDPA per document segment (DocumentSdpa), or a dense mask in place of the causal
   // flag (it is causal itself; ATen's CPU flash kernel takes either at about the same speed).
   // Grouped-query attention by the kernel (enable_gqa: query head h reads KV head h / R, as
   // repeating each KV head R times would give) rather than materialising the repeated K and V:
   // that was a copy of each in forward and a sum over the R copies of their gradients in backward.
+  // The core is a RecomputeFn (inputs q, k, v), run directly or, selective, under Recompute.
   const bool masked = attention.mask.defined();
+  const RecomputeFn core = [runs = attention.runs, mask = attention.mask, masked, R](
+                              const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&,
+                              bool) -> std::vector<at::Tensor> {
+    if (runs.has_value()) return {DocumentSdpa(*runs, in[0], in[1], in[2])};
+    return {at::scaled_dot_product_attention(
+        in[0], in[1], in[2], masked ? std::optional<at::Tensor>(mask) : std::nullopt,
+        /*dropout_p=*/0.0, /*is_causal=*/!masked, /*scale=*/std::nullopt, /*enable_gqa=*/R > 1)};
+  };
   const at::Tensor y =
-      attention.runs.has_value()
-          ? DocumentSdpa(*attention.runs, q, k, v)
-          : at::scaled_dot_product_attention(
-                q, k, v, masked ? std::optional<at::Tensor>(attention.mask) : std::nullopt,
-                /*dropout_p=*/0.0, /*is_causal=*/!masked, /*scale=*/std::nullopt,
-                /*enable_gqa=*/R > 1);
+      (run.recompute_attention ? Recompute(core, {q, k, v}, {}) : core({q, k, v}, {}, false))[0];
   // Row-parallel proj: this rank's heads' columns, summed over the group.
   const at::Tensor x1 =
       x + ReduceFromTpRegion(at::linear(y.transpose(1, 2).reshape({B, T, H * D}), layer.proj), tp_,
@@ -330,8 +334,7 @@ at::Tensor Gpt::Block(const Layer& layer, const at::Tensor& x,
 
   const at::Tensor m = at::rms_norm(x1, {C}, layer.mlp_norm, config_.norm_eps);
   if (config_.is_moe()) {
-    moe_aux_.emplace_back();
-    return x1 + MoeMlp(config_, layer.moe, ep_, m, &moe_aux_.back(), collective_error_.get());
+    return x1 + MoeMlp(config_, layer.moe, ep_, m, run.aux, collective_error_.get());
   }
   // Column-parallel fc1 (this rank's hidden units of gate and up), row-parallel fc2.
   const at::Tensor a = SwiGluIn(CopyToTpRegion(m, tp_, error), layer.fc1);  // [B, T, F / tp]
@@ -372,7 +375,7 @@ at::Tensor Gpt::ForwardUnchecked(const at::Tensor& tokens, const Documents* docu
   for (size_t i = 0; i < layers_.size(); ++i) {
     const int layer = static_cast<int>(i) + 1;
     Enter(layer);
-    x = Block(layers_[i], x, attention);
+    x = RunBlock(i, x, attention);
     Leave(layer, x);
   }
   const int head = static_cast<int>(layers_.size()) + 1;

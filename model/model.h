@@ -88,6 +88,7 @@
 #include "model/document_attention.h"
 #include "model/gpt_config.h"
 #include "model/moe.h"
+#include "model/recompute.h"
 #include "model/tensor_parallel.h"
 
 namespace orthoshard::model {
@@ -227,6 +228,24 @@ class Gpt {
   // entries are left as they are.
   void set_max_logit_record(at::Tensor record) { max_logit_record_ = std::move(record); }
 
+  // Activation recompute (model/recompute.h), Megatron-LM's granularities: kFull keeps only each
+  // selected block's input and recomputes the whole block in backward (its tp all-reduces and MoE
+  // all-to-alls run again, on every rank alike); kSelective recomputes only the attention core
+  // (scaled_dot_product_attention of q, k, v): it saves what the attention kernel keeps for its
+  // backward, the [B, H, T, T] probabilities with ATen's math kernel, but only the output and
+  // its log-sum-exp with the flash kernel ATen's CPU path takes (causal or masked, fp32 or
+  // bf16), which is little. Backward also costs one more forward of what is recomputed. Loss, gradients and every recorded statistic (MoE aux, QK-clip's max logits,
+  // recorded once per forward) are bitwise those without recompute (recompute_test). The model
+  // must not be moved between a forward and its backward (the recompute calls it).
+  enum class RecomputeGranularity { kNone, kFull, kSelective };
+  struct RecomputeConfig {
+    RecomputeGranularity granularity = RecomputeGranularity::kNone;
+    int layers = -1;  // -1: every block; else the first `layers` blocks (Megatron's method=block)
+  };
+  // Errors: kInvalidArgument when layers is not -1 or in [0, num_layers].
+  absl::Status set_recompute(const RecomputeConfig& recompute);
+  const RecomputeConfig& recompute() const { return recompute_; }
+
   // logits [B, T, V] (with tensor parallelism this rank's vocabulary columns [B, T, V / tp]) for
   // tokens [B, T] (int64 on the params' device, 1 <= T <= max_seq_len, ids
   // in [0, V)); causal attention over each whole row, or within each document when `documents`
@@ -273,7 +292,22 @@ class Gpt {
   // The first global vocabulary id of this rank's embedding and output rows.
   int64_t VocabBegin() const { return tp_.rank() * (config_.vocab_size / tp_.size()); }
   at::Tensor ForwardUnchecked(const at::Tensor& tokens, const Documents* documents) const;
-  at::Tensor Block(const Layer& layer, const at::Tensor& x, const AttentionInputs& attention) const;
+  // How one run of Block goes: where an MoE block records its aux (always non-null for MoE),
+  // whether it folds its logits into the max-logit record (not when recomputed in backward), and
+  // whether its attention core is recomputed in backward (kSelective).
+  struct BlockRun {
+    MoeAux* aux = nullptr;
+    bool record = true;
+    bool recompute_attention = false;
+  };
+  at::Tensor Block(const Layer& layer, const at::Tensor& x, const AttentionInputs& attention,
+                   const BlockRun& run) const;
+  // Block i (0-based) of a forward with recompute_ applied; appends its MoeAux (model_recompute.cc).
+  at::Tensor RunBlock(size_t i, const at::Tensor& x, const AttentionInputs& attention) const;
+  // The defined tensors of a layer in a fixed order, and a copy of `layer` holding `tensors`
+  // (that order) instead (model_recompute.cc).
+  static std::vector<at::Tensor> LayerTensors(const Layer& layer);
+  static Layer WithTensors(const Layer& layer, const std::vector<at::Tensor>& tensors);
   // With a max-logit record: folds this forward's logits of `layer` (an element of layers_) into it.
   void RecordMaxLogits(const Layer& layer, const at::Tensor& q, const at::Tensor& k,
                        const AttentionInputs& attention) const;
@@ -296,6 +330,7 @@ class Gpt {
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, D/2]
   LayerHooks hooks_;
   at::Tensor max_logit_record_;  // [L, H] fp32, or undefined (set_max_logit_record)
+  RecomputeConfig recompute_;
 };
 
 }  // namespace orthoshard::model

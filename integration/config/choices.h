@@ -45,6 +45,9 @@ enum class FsdpGradAccum { kFull, kSharded };
 enum class SaveFailurePolicy { kStop, kContinue };
 // --sample_order: which samples an epoch trains on (data::SampleOrder, which setup passes on).
 enum class SampleOrder { kWindows, kDocuments };
+// --recompute: which activations backward computes again instead of keeping them (Megatron-LM's
+// recompute granularities; model::Gpt::RecomputeGranularity).
+enum class RecomputeMode { kNone, kFull, kSelective };
 
 // One accepted value of a fixed-choice field and its name on the command line.
 template <typename E>
@@ -158,6 +161,13 @@ template <>
 struct ChoiceTable<ResumeMode> {
   static constexpr std::array<Choice<ResumeMode>, 3> kValues = {
       {{ResumeMode::kTrue, "true"}, {ResumeMode::kFalse, "false"}, {ResumeMode::kAuto, "auto"}}};
+};
+template <>
+struct ChoiceTable<RecomputeMode> {
+  static constexpr std::array<Choice<RecomputeMode>, 3> kValues = {
+      {{RecomputeMode::kNone, "none"},
+       {RecomputeMode::kFull, "full"},
+       {RecomputeMode::kSelective, "selective"}}};
 };
 template <>
 struct ChoiceTable<SaveFailurePolicy> {

@@ -334,6 +334,24 @@ absl::Status ValidateTensorParallel(const TrainerConfig& c, int world_size) {
   return absl::OkStatus();
 }
 
+// --recompute and --recompute_layers (a count of the preset's blocks).
+absl::Status ValidateRecompute(const TrainerConfig& c) {
+  if (c.recompute_layers == -1) return absl::OkStatus();
+  if (c.recompute == RecomputeMode::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--recompute_layers ", c.recompute_layers,
+                     " needs --recompute=full or --recompute=selective (it says how many blocks "
+                     "recompute)"));
+  }
+  ASSIGN_OR_RETURN(const GptConfig preset, GptPreset(c.model));
+  if (c.recompute_layers < 1 || c.recompute_layers > preset.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--recompute_layers ", c.recompute_layers, " must be in [1, ", preset.num_layers,
+        "] (model '", c.model, "' has ", preset.num_layers, " layers), or -1 for every layer"));
+  }
+  return absl::OkStatus();
+}
+
 // The model preset, the batch shape over the ranks, and the data's ids and eval split.
 // `world_size` here is the data-parallel size (world / tp): the ranks that read different data.
 absl::Status ValidateModelAndBatch(const TrainerConfig& c, int world_size) {
@@ -427,6 +445,7 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   RETURN_IF_ERROR(ValidateTensorParallel(c, world_size));
   const int dp = world_size / static_cast<int>(c.tp);
   RETURN_IF_ERROR(ValidateModelAndBatch(c, dp));
+  RETURN_IF_ERROR(ValidateRecompute(c));
   return ValidateExperts(c, dp);
 }
 
@@ -515,6 +534,8 @@ std::string TrainSummary::ToJson() const {
   j.Int("world_size", world_size);
   j.Int("tp", tp);
   j.String("dist", dist);
+  j.String("recompute", recompute);
+  if (recompute_layers >= 0) j.Int("recompute_layers", recompute_layers);
   j.String("model", model);
   j.String("optimizer", optimizer);
   j.Int("num_params", num_params);

@@ -119,6 +119,8 @@ struct TrainSummary {
   int world_size = 1;
   int tp = 1;                     // tensor-parallel size: world_size / tp data-parallel ranks
   std::string dist;
+  std::string recompute;          // --recompute: none, full or selective
+  int64_t recompute_layers = -1;  // --recompute_layers: the first N blocks; -1 every block
   std::string model;
   std::string optimizer;
   int64_t num_params = 0;

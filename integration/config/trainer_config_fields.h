@@ -71,6 +71,14 @@
   X(bool, grad_reduce_in_fp32, true, \
     "--precision=bf16: accumulate and reduce gradients in fp32 buffers; false keeps them bf16 " \
     "(half the gradient memory and wire bytes, bf16 rounding in every accumulation and sum)") \
+  X(RecomputeMode, recompute, RecomputeMode::kNone, \
+    "activation recompute (Megatron-LM's granularities): none, full (keep only each block's " \
+    "input; backward runs the block's forward again: about one more forward per step) or " \
+    "selective (recompute only the attention core, scaled_dot_product_attention of q, k, v). " \
+    "Bitwise the same training as none") \
+  X(int64_t, recompute_layers, -1, \
+    "with --recompute: recompute only the first N blocks (Megatron's --recompute-method=block), " \
+    "N in [1, the model's layers]; -1 = every block") \
   X(int64_t, steps, 300, \
     "optimizer steps") \
   X(int64_t, global_batch, 32, \
