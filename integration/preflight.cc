@@ -80,6 +80,28 @@ MachineResources ProbeMachine() {
 
 namespace {
 
+// A lower bound on the activations autograd keeps for the backward of one micro-batch of `tokens`
+// tokens, in bytes (see MinBytesPerRank): per token and block, what the block's backward certainly
+// reads -- the two norms' inputs and outputs (4 C: the inputs of the norms, of QKV and of fc1), the
+// fused QKV output ((H + 2 KV) D / tp: v, a view of it, is saved by attention) and a dense MLP's
+// fused fc1 output and SwiGLU output (3 F / tp: SwiGLU's and fc2's inputs); an MoE MLP's are left
+// out (they follow the routing). Rotated q and k, the attention output and the softmax statistics
+// come on top. --recompute=full keeps of each recomputed block only its input (C) and, during its
+// backward, one block's worth again; selective keeps the same lower bound as none (the attention
+// core's own saved tensors are not counted). In the activations' dtype: 4 bytes, 2 in bf16.
+int64_t ActivationBytes(const TrainerConfig& c, const GptConfig& m, int64_t tokens, int64_t tp) {
+  const int64_t C = m.hidden, D = m.hidden / m.num_heads;
+  const int64_t block = 4 * C + (m.num_heads + 2 * m.num_kv_heads) * D / tp +
+                        (m.is_moe() ? 0 : 3 * m.ffn_hidden / tp);
+  const int64_t L = m.num_layers;
+  int64_t per_token = L * block;
+  if (c.recompute == RecomputeMode::kFull) {
+    const int64_t recomputed = c.recompute_layers < 0 ? L : std::min(L, c.recompute_layers);
+    per_token = recomputed * C + (L - recomputed) * block + (recomputed > 0 ? block : 0);
+  }
+  return per_token * tokens * (c.precision == Precision::kBf16 ? 2 : 4);
+}
+
 // The parts of MinBytesPerRank, each with what sets it.
 std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c, int world_size) {
   // Every term is bounded by the validated config (sizes fit int64 with room), so no overflow.
@@ -115,6 +137,12 @@ std::vector<std::pair<int64_t, std::string>> MemoryTerms(const TrainerConfig& c,
       {2 * micro_batch * seq_len * (preset.vocab_size / tp) * 4,
        absl::StrCat("the logits of a micro-batch of ", micro_batch,
                     " samples (lower --global_batch or raise --micro_batches)")},
+      {ActivationBytes(c, preset, micro_batch * seq_len, tp),
+       absl::StrCat("the activations of a micro-batch of ", micro_batch, " x ", seq_len,
+                    " tokens (--recompute=", ChoiceName(c.recompute),
+                    c.recompute == RecomputeMode::kFull
+                        ? "; raise --micro_batches or lower --seq_len)"
+                        : "; --recompute=full keeps only each block's input)")},
       {c.eval_batches * micro_batch * seq_len * 16,
        absl::StrCat("the eval batches (lower --eval_batches, now ", c.eval_batches, ")")},
       {DatasetSpecResidentBytes(c.data), absl::StrCat("the data (--data=", c.data, ")")},
@@ -155,12 +183,13 @@ absl::Status CheckMachine(const TrainerConfig& c, int local_ranks, int world_siz
   const double need = static_cast<double>(per_rank) * local_ranks;
   if (need <= static_cast<double>(machine.available_bytes)) return absl::OkStatus();
   const std::vector<std::pair<int64_t, std::string>> terms = MemoryTerms(c, world_size);
-  const auto largest = std::max_element(terms.begin(), terms.end());
+  std::vector<std::pair<int64_t, std::string>> sorted = terms;
+  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
   return absl::FailedPreconditionError(absl::StrCat(
       "this run needs at least ", GiB(per_rank), " per rank x ", local_ranks, " rank(s) here = ",
       GiB(static_cast<int64_t>(need)), ", but ", GiB(machine.available_bytes),
-      " is available; the largest part is ", largest->second, ": ", GiB(largest->first),
-      " per rank"));
+      " is available; the largest part is ", sorted[0].second, ": ", GiB(sorted[0].first),
+      " per rank; the next is ", sorted[1].second, ": ", GiB(sorted[1].first), " per rank"));
 }
 
 namespace {

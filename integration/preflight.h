@@ -26,17 +26,20 @@ MachineResources ProbeMachine();
 // its optimizer state (AdamW 8 bytes per param, Muon 4 per hidden-matrix element), as the --dist
 // mode keeps them (replicated: all of it; layerwise and distopt: whole params and grads, 1/dp of
 // the state; fsdp: 1/dp of all three; with --tp each rank 1/tp of the params), the logits of one
-// micro-batch with their log-softmax (2 x micro-batch x seq_len x vocab x 4), the eval batches'
-// token ids (eval_batches x micro-batch x seq_len x 16), and the tokens a rank holds in its own
-// memory (data::DatasetSpecResidentBytes: the synthetic corpus; files are mapped). The vocabulary is the
-// run's (ResolveModel). A lower bound: activations, LibTorch
-// itself and allocator slack come on top. Precondition: ValidateTrainerConfig(config, world_size).
+// micro-batch with their log-softmax (2 x micro-batch x seq_len x vocab x 4), a lower bound on
+// the activations a micro-batch keeps for backward (per token and block the norms' inputs and
+// outputs, the fused QKV and fc1 outputs and SwiGLU's output; with --recompute=full each block's
+// input and one block's worth; preflight.cc's ActivationBytes), the eval batches' token ids
+// (eval_batches x micro-batch x seq_len x 16), and the tokens a rank holds in its own memory
+// (data::DatasetSpecResidentBytes: the synthetic corpus; files are mapped). The vocabulary is the
+// run's (ResolveModel). A lower bound: the rest of the activations, LibTorch itself and allocator
+// slack come on top. Precondition: ValidateTrainerConfig(config, world_size).
 int64_t MinBytesPerRank(const TrainerConfig& config, int world_size);
 
 // `local_ranks` ranks of a `world_size` job on `machine`. Errors: kInvalidArgument when
 // num_threads exceeds the cores ("--num_threads 100000 exceeds the 2 cores this process may use");
 // kFailedPrecondition when local_ranks x MinBytesPerRank exceeds the available memory, naming the
-// largest term and the flag that sets it. Precondition: ValidateTrainerConfig(config, world_size).
+// two largest terms and the flags that set them. Precondition: ValidateTrainerConfig(config, world_size).
 absl::Status CheckMachine(const TrainerConfig& config, int local_ranks, int world_size,
                           const MachineResources& machine);
 
