@@ -28,9 +28,7 @@ using testing::TrainingRun;
 using testing::With;
 using ::testing::HasSubstr;
 
-// The fields two runs of the same steps must agree on to be the same training, bitwise.
-const std::vector<std::string> kSameRun = {"steps", "initial_loss", "final_loss", "eval_loss",
-                                           "param_checksum"};
+const std::vector<std::string>& kSameRun = testing::kSameTraining;
 
 // 3 steps of `tiny` at 2 ranks, two micro-batches each (gradients accumulated over two
 // backward passes).

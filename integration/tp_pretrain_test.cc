@@ -34,9 +34,7 @@ using testing::TrainingRun;
 using testing::With;
 using ::testing::HasSubstr;
 
-// The fields two runs of the same steps must agree on to be the same training, bitwise.
-const std::vector<std::string> kSameRun = {"steps", "initial_loss", "final_loss", "eval_loss",
-                                           "param_checksum"};
+const std::vector<std::string>& kSameRun = testing::kSameTraining;
 
 // TpTwoTracksTpOne's budgets after step 1, relative (see there). Measured with kShort: the losses
 // and grad norms of steps 2-4 agree in every printed digit (< 1e-6 relative); the final param

@@ -53,6 +53,11 @@ struct TrainingRun {
 // --log_dir=TempDir()/<tb><n> (n counts the runs), whose scalars are read back.
 TrainingRun Pretrain(std::vector<std::string> args, const std::string& tb = "");
 
+// The summary fields two runs of the same steps must agree on to be the same training, bitwise
+// (the checksum is the exact sum of every param, printed with 17 digits).
+inline const std::vector<std::string> kSameTraining = {"steps", "initial_loss", "final_loss",
+                                                       "eval_loss", "param_checksum"};
+
 // Two runs are the same training: every one of `fields` of their JSON summaries has the same
 // text (the param checksum is printed with 17 digits, so equal text is bitwise-equal params).
 void ExpectSameTraining(const TrainingRun& a, const TrainingRun& b, const std::string& what,
