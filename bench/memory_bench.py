@@ -216,7 +216,7 @@ def tinyllama(pretrain, log, quick):
                 f"--steps={steps}", f"--dist={dist}", f"--recompute={rc}", "--lr=3e-4",
                 "--warmup_steps=1"], log, timeout=5400)
             grid[(dist, rc, seq)] = row_of(summary) if summary else {
-                "failed": f"exit {code}: {err.splitlines()[-1][:400] if err else ''}"}
+                "failed": f"exit {code}: {err.splitlines()[-1][:700] if err else ''}"}
             if summary:
                 grid[(dist, rc, seq)]["loss"] = (summary["initial_loss"], summary["final_loss"])
     note = None
