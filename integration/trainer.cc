@@ -290,12 +290,19 @@ absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator&
   }
   const int64_t expert_state = s.optimizer->state_bytes(
       [&](absl::string_view name) { return expert_names.count(std::string(name)) > 0; });
-  const std::array<int64_t, 12> mine = {
-      m.param_bytes,        s.optimizer->state_bytes(), m.peak_transient_bytes, MaxRssBytes(),
-      expert_params,        expert_grads,               expert_state,
-      static_cast<int64_t>(s.optimizer->ns_cost()),     m.grad_bytes,
-      param_buffer,         bound.ok() ? bound->total() : 0,
-      CpuAllocatorStats().peak_bytes};
+  // In RankMemory's field order, so that each row is the struct's fields in turn.
+  const std::array<int64_t, 12> mine = {m.param_bytes,
+                                        m.grad_bytes,
+                                        s.optimizer->state_bytes(),
+                                        m.peak_transient_bytes,
+                                        MaxRssBytes(),
+                                        CpuAllocatorStats().peak_bytes,
+                                        expert_params,
+                                        expert_grads,
+                                        expert_state,
+                                        static_cast<int64_t>(s.optimizer->ns_cost()),
+                                        param_buffer,
+                                        bound.ok() ? bound->total() : 0};
   at::Tensor rows = at::zeros({comm.size(), static_cast<int64_t>(mine.size())}, at::kLong);
   for (size_t i = 0; i < mine.size(); ++i) rows[comm.rank()][i].fill_(mine[i]);
   rows = rows.to(comm.device());
@@ -304,8 +311,8 @@ absl::StatusOr<std::vector<RankMemory>> GatherRankMemory(Setup& s, Communicator&
   std::vector<RankMemory> out(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* row = rows[r].data_ptr<int64_t>();
-    out[r] = {row[0], row[8], row[1], row[2], row[3], row[11], row[4], row[5], row[6], row[7],
-              row[9], row[10]};
+    out[r] = {row[0], row[1], row[2], row[3], row[4],  row[5],
+              row[6], row[7], row[8], row[9], row[10], row[11]};
   }
   return out;
 }
