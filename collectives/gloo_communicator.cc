@@ -83,6 +83,7 @@ GlooOptions GlooOptionsFromRendezvous(const RendezvousInfo& info) {
   options.host_store = info.HostsStore();
   options.job_id = info.job_id;
   options.attempt = info.attempt;
+  options.job_token = info.job_token;
   if (info.world_size != info.local_world_size) {
     char name[256] = {};
     if (gethostname(name, sizeof(name) - 1) == 0) options.hostname = name;

@@ -40,6 +40,8 @@ struct GlooOptions {
   // this job's, and the rendezvous keys live under the attempt's own prefix.
   std::string job_id;
   int attempt = 0;
+  // The job's token (RendezvousInfo::job_token), which must match the store's.
+  std::string job_token;
 };
 
 // Options for this process from the rendezvous environment.

@@ -5,6 +5,8 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -44,6 +46,91 @@ c10::intrusive_ptr<c10d::TCPStore> ServerStore() {
   options.isServer = true;
   options.waitWorkers = false;
   return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+}
+
+// An IPv4 address of this machine that is not loopback (getifaddrs), or 0 when it has none.
+in_addr_t NonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return 0;
+  in_addr_t found = 0;
+  for (const ifaddrs* a = list; a != nullptr && found == 0; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if ((a->ifa_flags & IFF_LOOPBACK) || !(a->ifa_flags & IFF_UP)) continue;
+    found = reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// 0 when a TCP connection to `addr` (network order) at `port` succeeds, else its errno.
+int ConnectErrno(in_addr_t addr, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in to = {};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = addr;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  const int rc = connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0 ? 0 : errno;
+  close(fd);
+  return rc;
+}
+
+// A port that was free a moment ago on loopback.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Rank 0 hosting the store binds MASTER_ADDR only: with MASTER_ADDR=127.0.0.1 (a local job) a
+// client through this machine's external address is refused; one on loopback connects.
+TEST(GlooCommunicatorTest, AHostedStoreListensOnMasterAddrOnly) {
+  const in_addr_t external = NonLoopbackAddress();
+  if (external == 0) GTEST_SKIP() << "this machine has no non-loopback IPv4 address to test";
+  GlooOptions options = SingleRank();
+  options.master_port = FreePort();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> communicator,
+                       CreateGlooCommunicator(options));
+  EXPECT_EQ(ConnectErrno(external, options.master_port), ECONNREFUSED);
+  EXPECT_EQ(ConnectErrno(htonl(INADDR_LOOPBACK), options.master_port), 0);
+}
+
+// MASTER_ADDR that is not an address of this host cannot be hosted: said at once, naming it.
+TEST(GlooCommunicatorTest, AStoreCannotBeHostedOnAnotherHostsAddress) {
+  GlooOptions options = SingleRank();
+  options.master_addr = "192.0.2.1";  // TEST-NET-1 (RFC 5737): never this host's
+  options.master_port = FreePort();
+  EXPECT_THAT(CreateGlooCommunicator(options),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("gloo: rank 0: cannot host the TCPStore at 192.0.2.1:",
+                                              options.master_port,
+                                              ": cannot bind or listen: Cannot assign requested "
+                                              "address (MASTER_ADDR must be an address of this "
+                                              "host)"))));
+}
+
+// A rank whose job token differs from the store's, or that has none where the store has one, is
+// refused before it joins, naming the variable.
+TEST(GlooCommunicatorTest, AWrongJobTokenIsRefused) {
+  auto store = ServerStore();
+  GlooOptions options = SingleRank();
+  options.job_token = "secret-a";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> first, CreateGlooCommunicator(store, options));
+  options.job_token = "secret-b";
+  EXPECT_THAT(CreateGlooCommunicator(store, options),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("gloo: rank 0: the job token (ORTHOSHARD_JOB_TOKEN) does not "
+                                 "match the one the TCPStore at the given store was started with")));
+  options.job_token = "";
+  EXPECT_THAT(CreateGlooCommunicator(store, options),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("gloo: rank 0: the job token (ORTHOSHARD_JOB_TOKEN) is not set, "
+                                 "but the TCPStore at the given store was started with one")));
 }
 
 TEST(GlooCommunicatorTest, RejectsBadOptions) {

@@ -47,6 +47,7 @@ NcclOptions NcclOptionsFromRendezvous(const RendezvousInfo& info) {
   options.host_store = info.HostsStore();
   options.job_id = info.job_id;
   options.attempt = info.attempt;
+  options.job_token = info.job_token;
   return options;
 }
 

@@ -41,6 +41,7 @@ struct NcclOptions {
   // The job and attempt this rank belongs to (as GlooOptions).
   std::string job_id;
   int attempt = 0;
+  std::string job_token;  // as GlooOptions
 };
 
 // Options for this process from the rendezvous environment; `device` is the local rank.

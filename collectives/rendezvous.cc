@@ -91,6 +91,7 @@ absl::StatusOr<RendezvousInfo> FromTorchrun(const Environment& env) {
                    IntVar(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxRanks));
   info.attempt = static_cast<int>(attempt);
   if (const std::string* job = Lookup(env, "ORTHOSHARD_JOB_ID")) info.job_id = *job;
+  if (const std::string* token = Lookup(env, "ORTHOSHARD_JOB_TOKEN")) info.job_token = *token;
   RETURN_IF_ERROR(CheckRanks(info, "RANK", "WORLD_SIZE"));
   return info;
 }
@@ -148,6 +149,7 @@ absl::StatusOr<RendezvousInfo> FromSlurm(const Environment& env) {
   ASSIGN_OR_RETURN(const int64_t attempt, IntVar(env, "SLURM_RESTART_COUNT", 0, 0, kMaxRanks));
   info.attempt = static_cast<int>(attempt);
   if (const std::string* job = Lookup(env, "ORTHOSHARD_JOB_ID")) info.job_id = *job;
+  if (const std::string* token = Lookup(env, "ORTHOSHARD_JOB_TOKEN")) info.job_token = *token;
   RETURN_IF_ERROR(CheckRanks(info, "SLURM_PROCID", "SLURM_NTASKS"));
   return info;
 }

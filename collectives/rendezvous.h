@@ -37,6 +37,9 @@ struct RendezvousInfo {
   // keys of the attempt before it. Empty job_id: only the world size is checked.
   std::string job_id;
   int attempt = 0;
+  // The job's secret, checked at rendezvous (JobIdentity::token in internal/job_store.h): from
+  // ORTHOSHARD_JOB_TOKEN, empty when unset.
+  std::string job_token;
 
   // Whether this process runs the TCPStore server.
   bool HostsStore() const { return !agent_hosts_store && rank == 0; }
@@ -47,7 +50,7 @@ struct RendezvousInfo {
 // 29500), TORCHELASTIC_USE_AGENT_STORE ("True"/"1" means the agent hosts the store), job_id
 // from TORCHELASTIC_RUN_ID (unless "none", torchrun's default without --rdzv-id) and attempt from
 // TORCHELASTIC_RESTART_COUNT (default 0). ORTHOSHARD_JOB_ID, when set, is the job_id under any
-// launcher (LaunchLocal sets it).
+// launcher (LaunchLocal sets it); ORTHOSHARD_JOB_TOKEN, when set, is the job_token under any.
 // Otherwise SLURM's when SLURM_PROCID and SLURM_NTASKS are set: rank SLURM_PROCID, world
 // SLURM_NTASKS, local rank SLURM_LOCALID, local world SLURM_NTASKS_PER_NODE (its first number; set
 // with --ntasks-per-node), else this node's entry of SLURM_TASKS_PER_NODE (set by every srun;

@@ -1,6 +1,12 @@
 #include "collectives/internal/job_store.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -42,13 +48,105 @@ absl::Status ClaimRank(c10d::Store& store, const JobIdentity& job, const std::st
       "job); check how the ranks are numbered"));
 }
 
+// Checks this rank's job token against the store's: the first to ask records it (a hosted store's
+// host does so before any rank starts: LaunchLocal; rank 0, which hosts, before any other rank
+// can have joined).
+absl::Status CheckToken(c10d::Store& store, const JobIdentity& job, const std::string& what,
+                        const std::string& address) {
+  const std::string mine = absl::StrCat("token:", job.token);  // never empty, so compareSet works
+  std::string held;
+  try {
+    const std::vector<uint8_t> value = store.compareSet(
+        kJobTokenKey, {}, std::vector<uint8_t>(mine.begin(), mine.end()));
+    held.assign(value.begin(), value.end());
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": the TCPStore at ", address, " cannot be used: ", WhatOf(e)));
+  }
+  if (held == mine) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": the job token (ORTHOSHARD_JOB_TOKEN) ",
+      job.token.empty() ? "is not set, but the TCPStore at " : "does not match the one the TCPStore at ",
+      address, job.token.empty() ? " was started with one" : " was started with",
+      ": this process is not a rank of the job that store belongs to, or was started without the "
+      "job's ORTHOSHARD_JOB_TOKEN"));
+}
+
+// A listening TCP socket on `addr`:`port` (the first resolved address that binds).
+absl::StatusOr<int> Listen(const std::string& what, const std::string& addr, int port) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (const int rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(absl::StrCat(what, ": cannot host the TCPStore at ", addr, ":",
+                                               port, ": cannot resolve ", addr, ": ",
+                                               gai_strerror(rc)));
+  }
+  std::string why = "no address";
+  int fd = -1;
+  for (const addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = absl::StrCat("socket: ", strerror(errno));
+      continue;
+    }
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+      why = absl::StrCat("cannot bind or listen: ", strerror(errno));
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat(what, ": cannot host the TCPStore at ", addr, ":",
+                                               port, ": ", why,
+                                               " (MASTER_ADDR must be an address of this host)"));
+  }
+  return fd;
+}
+
 }  // namespace
+
+absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> HostTcpStore(const std::string& what,
+                                                                const std::string& addr, int port,
+                                                                absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const int fd, Listen(what, addr, port));
+  try {
+    sockaddr_storage bound = {};
+    socklen_t len = sizeof(bound);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    const uint16_t bound_port =
+        ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    c10d::TCPStoreOptions store_options;
+    store_options.port = bound_port;
+    store_options.isServer = true;
+    store_options.waitWorkers = false;
+    store_options.timeout = ToChrono(timeout);
+    store_options.masterListenFd = fd;  // c10d owns it from here
+    return c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(what, ": cannot host the TCPStore at ", addr, ":",
+                                               port, ": ", WhatOf(e)));
+  }
+}
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<c10d::Store> store,
                                                             const JobIdentity& job,
                                                             const std::string& what,
                                                             const std::string& address,
                                                             absl::Duration timeout) {
+  try {
+    store->setTimeout(ToChrono(timeout));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": the TCPStore at ", address, " cannot be used: ", WhatOf(e)));
+  }
+  RETURN_IF_ERROR(CheckToken(*store, job, what, address));
   c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>(
       absl::StrCat("orthoshard/attempt", job.attempt), std::move(store));
   const std::string mine = absl::StrCat("job ", job.job_id.empty() ? "(unnamed)" : job.job_id,
@@ -95,10 +193,15 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::strin
                                                                 const std::string& addr, int port,
                                                                 bool host_store,
                                                                 absl::Duration timeout) {
+  if (host_store) {
+    ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::TCPStore> hosted,
+                     HostTcpStore(what, addr, port, timeout));
+    return c10::intrusive_ptr<c10d::Store>(std::move(hosted));
+  }
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(port);
-    store_options.isServer = host_store;
+    store_options.isServer = false;
     store_options.waitWorkers = false;
     store_options.timeout = ToChrono(timeout);
     c10::intrusive_ptr<c10d::Store> store =
@@ -106,8 +209,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::strin
     return store;
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(what, " cannot reach the TCPStore at ", addr, ":",
-                                               port, (host_store ? " (hosting it)" : ""), ": ",
-                                               WhatOf(e)));
+                                               port, ": ", WhatOf(e)));
   }
 }
 

@@ -13,14 +13,30 @@
 #include <thread>
 #include <utility>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace orthoshard::collectives::internal_collectives {
 
-// Connects to (or, with host_store, starts) a TCPStore within `timeout`. Errors: kUnavailable
-// starting with `what` (e.g. "gloo: rank 1"), naming the address and c10d's message.
+// Starts a TCPStore server listening on `addr` only (resolved; the first of its addresses that
+// binds), on `port` (0: a free one, see getPort()), not on every interface as c10d binds by itself:
+// the socket is bound here and handed to c10d (TCPStoreOptions::masterListenFd). A loopback `addr`
+// (127.0.0.1, localhost) is thus reachable from this machine only; a routable one from every host
+// that can route to it, with no authentication on the wire (see JobIdentity::token).
+// Errors: kUnavailable starting with `what`, naming addr:port and why ("cannot bind ...: Cannot
+// assign requested address" for an address that is not this machine's).
+absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> HostTcpStore(const std::string& what,
+                                                                const std::string& addr, int port,
+                                                                absl::Duration timeout);
+
+// The key under which a hosted store records its job token (HostTcpStore's caller sets it before
+// any rank may join), outside every attempt's prefix.
+inline constexpr char kJobTokenKey[] = "orthoshard/token";
+
+// Connects to (or, with host_store, starts with HostTcpStore) a TCPStore within `timeout`. Errors:
+// kUnavailable starting with `what` (e.g. "gloo: rank 1"), naming the address and c10d's message.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectTcpStore(const std::string& what,
                                                                 const std::string& addr, int port,
                                                                 bool host_store,
@@ -34,6 +50,12 @@ struct JobIdentity {
   // The rank this process joins as, claimed in the store by one process only; -1 (a process that
   // only uses the store) claims none.
   int rank = -1;
+  // The job's secret (ORTHOSHARD_JOB_TOKEN; LaunchLocal makes one per launch), checked against the
+  // one the store holds under kJobTokenKey: a rank with another or none is refused. Empty: the
+  // store must hold none. It keeps foreign and stray ranks out of a job; it is sent in clear text,
+  // and c10d's store answers any client, so it is no protection against whoever can reach the
+  // store's address or read the traffic.
+  std::string token;
 };
 
 // The store the engine rendezvouses on: `store` under the prefix "orthoshard/attempt<N>" (an
@@ -46,8 +68,10 @@ struct JobIdentity {
 // another job's identity ("... the TCPStore at ADDR belongs to another job (it holds 'job a,
 // world size 4'; this rank is 'job b, world size 2'): MASTER_PORT is probably taken by another
 // job") or when another process holds the rank ("... rank 1 of job a is already taken by host H
-// pid P (this is host H pid Q): rank 1 was probably started twice ..."); kUnavailable when the
-// store cannot be used.
+// pid P (this is host H pid Q): rank 1 was probably started twice ..."); kPermissionDenied
+// starting with `what` when job.token differs from the store's ("... the job token
+// (ORTHOSHARD_JOB_TOKEN) does not match the one the TCPStore at ADDR was started with ..."), checked
+// first; kUnavailable when the store cannot be used.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinJobStore(c10::intrusive_ptr<c10d::Store> store,
                                                             const JobIdentity& job,
                                                             const std::string& what,
@@ -81,6 +105,7 @@ StoreRendezvous RendezvousOf(const char* engine, const EngineOptions& options) {
   where.job.attempt = options.attempt;
   where.job.world_size = options.size;
   where.job.rank = options.rank;
+  where.job.token = options.job_token;
   return where;
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collectives/internal/job_store.h"
 #include "collectives/rendezvous.h"
 
 extern char** environ;
@@ -103,6 +104,15 @@ class Run {
     // store at its MASTER_PORT fails at once instead of joining).
     std::random_device random;
     job_id_ = absl::StrCat("local-", getpid(), "-", absl::Hex(random(), absl::kZeroPad8));
+    // The job's token (JobIdentity::token): the caller's ORTHOSHARD_JOB_TOKEN, else 128 random
+    // bits, so that only this launch's ranks join its store.
+    if (const char* inherited = getenv("ORTHOSHARD_JOB_TOKEN")) job_token_ = inherited;
+    for (const auto& [key, value] : options.env) {
+      if (key == "ORTHOSHARD_JOB_TOKEN") job_token_ = value;
+    }
+    if (job_token_.empty()) {
+      for (int i = 0; i < 4; ++i) absl::StrAppend(&job_token_, absl::Hex(random(), absl::kZeroPad8));
+    }
   }
 
   absl::StatusOr<LaunchResult> Execute() {
@@ -113,13 +123,16 @@ class Run {
     int port = options_.master_port;
     c10::intrusive_ptr<c10d::TCPStore> store;
     if (options_.host_store) {
+      // On loopback only: a local job is not reachable from other hosts.
+      absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> hosted =
+          internal_collectives::HostTcpStore("launcher", "127.0.0.1", 0, absl::Seconds(60));
+      if (!hosted.ok()) return hosted.status();
+      store = *std::move(hosted);
       try {
-        c10d::TCPStoreOptions store_options;
-        store_options.port = 0;
-        store_options.isServer = true;
-        store_options.waitWorkers = false;
-        store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
         port = store->getPort();
+        const std::string token = absl::StrCat("token:", job_token_);  // as JoinJobStore writes it
+        store->set(internal_collectives::kJobTokenKey,
+                   std::vector<uint8_t>(token.begin(), token.end()));
       } catch (const std::exception& e) {
         return absl::UnavailableError(absl::StrCat("launcher: cannot host a TCPStore: ", e.what()));
       }
@@ -157,6 +170,7 @@ class Run {
         {"MASTER_PORT", absl::StrCat(port)},
         {"TORCHELASTIC_USE_AGENT_STORE", options_.host_store ? "True" : "False"},
         {"ORTHOSHARD_JOB_ID", job_id_},
+        {"ORTHOSHARD_JOB_TOKEN", job_token_},
     };
     auto set = [&](const std::string& key, const std::string& value) {
       const std::string prefix = key + "=";
@@ -345,6 +359,7 @@ class Run {
 
   const LaunchOptions& options_;
   std::string job_id_;
+  std::string job_token_;
   std::function<void(absl::string_view, bool)> output_;
   std::vector<Child> children_;
   std::vector<Stream> streams_;

@@ -50,7 +50,9 @@ struct LaunchResult {
 
 // Starts `nprocs` ranks and waits for all of them. Each rank gets RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR=127.0.0.1, MASTER_PORT,
-// TORCHELASTIC_USE_AGENT_STORE and ORTHOSHARD_JOB_ID (unique to this launch). Ranks die with the launcher (PR_SET_PDEATHSIG), so call it from a
+// TORCHELASTIC_USE_AGENT_STORE, ORTHOSHARD_JOB_ID (unique to this launch) and ORTHOSHARD_JOB_TOKEN
+// (the inherited or `env`'s one, else 128 random bits; recorded in the hosted store, which listens
+// on 127.0.0.1 only, so no other host and no process without the token joins the job). Ranks die with the launcher (PR_SET_PDEATHSIG), so call it from a
 // thread that outlives the run. At most one LaunchLocal may run per process at a time.
 // Errors: kInvalidArgument for nprocs < 1 or an empty binary; kUnavailable if the store or a
 // process cannot be started; kDeadlineExceeded when `timeout` passed (every rank is killed);

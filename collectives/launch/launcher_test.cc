@@ -1,5 +1,9 @@
 #include "collectives/launch/launcher.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -75,6 +79,38 @@ TEST(LauncherTest, SetsTorchrunEnvironmentAndHostsTheStore) {
     }
   }
   EXPECT_GT(port, 0);
+}
+
+// A numeric address of this machine that is not loopback (getifaddrs), or "" when it has none.
+std::string NonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (const ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || (a->ifa_flags & IFF_LOOPBACK) || !(a->ifa_flags & IFF_UP)) continue;
+    if (a->ifa_addr->sa_family != AF_INET) continue;  // IPv6 link-local ones need a scope
+    char text[NI_MAXHOST] = {};
+    if (getnameinfo(a->ifa_addr, sizeof(sockaddr_in), text, sizeof(text), nullptr, 0,
+                    NI_NUMERICHOST) == 0) {
+      found = text;
+    }
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// The local job's store listens on loopback only: a client on another host (here: this host
+// through its external address) is refused before it can read or write a key.
+TEST(LauncherTest, TheStoreIsReachableFromLoopbackOnly) {
+  const std::string external = NonLoopbackAddress();
+  if (external.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address to test";
+  Captured captured;
+  LaunchOptions options = Options("connect", 1, &captured);
+  options.env = {{"PROBE_ADDR", external}};
+  ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(options));
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_THAT(captured.out, ElementsAre(absl::StrCat("[rank 0] ", external, ": Connection refused"),
+                                        "[rank 0] 127.0.0.1: connected"));
 }
 
 TEST(LauncherTest, ReturnsFirstNonZeroExitCodeAndKillsTheRestAfterGrace) {

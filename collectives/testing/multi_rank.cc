@@ -63,7 +63,7 @@ absl::Status MeetInStore(const std::string& case_name, int world, absl::Duration
   where.master_port = info.master_port;
   where.host_store = info.HostsStore();
   where.timeout = timeout;
-  where.job = {info.job_id, info.attempt, info.world_size, info.rank};
+  where.job = {info.job_id, info.attempt, info.world_size, info.rank, info.job_token};
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
                    internal_collectives::ConnectJobStore(where));
   const std::string key = absl::StrCat("multi_rank/", case_name, "/joined");

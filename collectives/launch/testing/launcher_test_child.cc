@@ -3,11 +3,17 @@
 //   env: prints the rendezvous variables it received.
 //   fail: rank 1 exits with 3 at once; the others sleep until killed.
 //   wait_signal: prints "ready", waits for SIGTERM, prints "got SIGTERM" and exits with 7.
+//   connect: connects to PROBE_ADDR (a numeric address) at MASTER_PORT and to 127.0.0.1 there,
+//            printing "ADDR: connected" or "ADDR: <why not>" for each.
 //   self: run directly, starts 2 ranks of itself (LaunchSelfUnlessRank); each prints
 //         "self rank R of W", rank 1 exits with 5.
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +27,20 @@ void OnTerm(int) { g_terminated = 1; }
 const char* Env(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr ? "<unset>" : value;
+}
+// "connected" or why a TCP connection to `addr`:`port` failed.
+const char* TryConnect(const char* addr, const char* port) {
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(addr, port, &hints, &found) != 0) return "not a numeric address";
+  const int fd = socket(found->ai_family, SOCK_STREAM, 0);
+  const int rc = connect(fd, found->ai_addr, found->ai_addrlen);
+  const char* result = rc == 0 ? "connected" : std::strerror(errno);
+  close(fd);
+  freeaddrinfo(found);
+  return result;
 }
 }  // namespace
 
@@ -40,6 +60,12 @@ int main(int argc, char** argv) {
         Env("RANK"), Env("LOCAL_RANK"), Env("WORLD_SIZE"), Env("LOCAL_WORLD_SIZE"),
         Env("MASTER_ADDR"), Env("TORCHELASTIC_USE_AGENT_STORE"), Env("EXTRA"));
     std::printf("MASTER_PORT=%s\n", Env("MASTER_PORT"));
+    return 0;
+  }
+  if (std::strcmp(argv[1], "connect") == 0) {
+    for (const char* addr : {Env("PROBE_ADDR"), "127.0.0.1"}) {
+      std::printf("%s: %s\n", addr, TryConnect(addr, Env("MASTER_PORT")));
+    }
     return 0;
   }
   if (std::strcmp(argv[1], "fail") == 0) {
