@@ -159,7 +159,8 @@ absl::Status PrescanFlags(int argc, char** argv, std::set<std::string>* given) {
   return absl::OkStatus();
 }
 
-// Defaults, then --config, then the flags given on the command line.
+// Defaults, then --config, then the flags given on the command line; the fields either names are
+// recorded in TrainerConfig::given.
 absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   TrainerConfig c;
   const std::string config_path = absl::GetFlag(FLAGS_config);
@@ -181,9 +182,10 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
     if (!s.ok()) return s;
   }
   absl::Status status;
-#define ORTHOSHARD_FLAG(type, name, default_value, help) \
-  if (status.ok() && given.count(#name)) {                \
-    status = SetFromSpelling(#name, absl::GetFlag(FLAGS_##name), &c.name); \
+#define ORTHOSHARD_FLAG(type, name, default_value, help)                    \
+  if (status.ok() && given.count(#name)) {                                   \
+    status = SetFromSpelling(#name, absl::GetFlag(FLAGS_##name), &c.name);   \
+    c.given.insert(#name);                                                   \
   }
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_FLAG)
 #undef ORTHOSHARD_FLAG

@@ -2,11 +2,13 @@
 #include "integration/config/trainer_config.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <filesystem>
 #include <string>
 #include <system_error>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -59,6 +61,11 @@ const DistModeSpec& SpecOf(DistMode mode) {
   return kDistModes[static_cast<size_t>(DistMode::kLayerwise)];  // unreachable for a DistMode
 }
 
+bool DoubleRange::Contains(double value) const {
+  if (sentinel.has_value() && value == *sentinel) return true;
+  return (min_open ? value > min : value >= min) && (max_open ? value < max : value <= max);
+}
+
 absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
                              TrainerConfig* config) {
   PretrainConfig proto;
@@ -72,8 +79,11 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
   }
   TrainerConfig c = *config;
   absl::Status status;
-#define ORTHOSHARD_APPLY(type, name, default_value, help) \
-  if (status.ok() && proto.has_##name()) status = SetFromSpelling(#name, proto.name(), &c.name);
+#define ORTHOSHARD_APPLY(type, name, default_value, help)                   \
+  if (status.ok() && proto.has_##name()) {                                  \
+    status = SetFromSpelling(#name, proto.name(), &c.name);                 \
+    c.given.insert(#name);                                                  \
+  }
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLY)
 #undef ORTHOSHARD_APPLY
   if (!status.ok()) {
@@ -136,14 +146,6 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("--muon_ns_coefficients: ", ns.status().message()));
   }
-  for (auto [field, value] : {std::pair<const char*, double>{"muon_momentum", c.muon_momentum},
-                              {"adam_beta1", c.adam_beta1},
-                              {"adam_beta2", c.adam_beta2}}) {
-    if (!(value >= 0.0 && value < 1.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", field, " must be in [0, 1), got ", value));
-    }
-  }
   if (c.muon_ns_form == NsForm::kGram && c.muon_ns_dtype != optimizers::NsDType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got ", ChoiceName(c.muon_ns_dtype),
@@ -156,10 +158,6 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
         "--dist=", ChoiceName(c.dist),
         " shards every param at element level, but Muon needs whole matrices: use "
         "--optimizer=adamw with it, or --dist=layerwise (Muon layer-wise + ZeRO-1 AdamW)"));
-  }
-  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
   }
   return absl::OkStatus();
 }
@@ -180,25 +178,110 @@ constexpr double kMaxMuonShapeScale = 0x1p25;
 // whatever the gradients.
 constexpr double kMaxLrTimesDecay = 2;
 
-// lr, weight decay, eps and the Muon scale: finite, and such that every scalar the optimizers
-// derive from them stays representable far inside fp32 (the constants above).
+// The most an MoE loss weight may be. The weighted term's gradient is the weight times the
+// unweighted loss's; the clip's global norm takes an fp32 norm of every gradient, whose sum of
+// squares leaves fp32's range once entries pass 2^64 (and then every step is skipped as
+// non-finite). A weight of at most 2^32 leaves the unweighted losses' gradient entries 2^32 of
+// room. Measured on moe-tiny (3 steps): a z-loss weight of 1e19 skipped every step, 1e15 none;
+// Switch Transformer's 0.01 and ST-MoE's 0.001 are 2^38 and more below the bound.
+constexpr double kMaxMoeLossWeight = 0x1p32;
+
+// Every double field's accepted values (DoubleRange), with the reason for each bound.
+struct NamedRange {
+  const char* field;
+  DoubleRange range;
+};
+const NamedRange kDoubleRanges[] = {
+    {"moe_aux_loss_coeff",
+     {0, kMaxMoeLossWeight, false, false, -1.0,
+      "a loss weight; 2^32 keeps its gradients' squares inside fp32 (-1 = 0.01)"}},
+    {"moe_z_loss_coeff",
+     {0, kMaxMoeLossWeight, false, false, -1.0,
+      "a loss weight; 2^32 keeps its gradients' squares inside fp32 (-1 = 0.001)"}},
+    {"lr",
+     {0, kMaxKernelScalar, true, false, std::nullopt,
+      "a step size, an fp32 kernel's scalar: 2^64 x 2^64 is still below FLT_MAX"}},
+    {"muon_lr",
+     {0, kMaxKernelScalar / kMaxMuonShapeScale, true, false, std::nullopt,
+      "a step size: times the largest shape scale, 2^25, it stays within an fp32 kernel's 2^64"}},
+    {"weight_decay",
+     {0, kMaxKernelScalar, false, false, std::nullopt,
+      "an fp32 kernel's scalar; --lr x it must also be <= 2"}},
+    {"muon_weight_decay",
+     {0, kMaxKernelScalar, false, false, std::nullopt,
+      "an fp32 kernel's scalar; --muon_lr x it must also be <= 2"}},
+    {"muon_momentum",
+     {0, 1, false, true, std::nullopt, "a decay: at 1 or more the buffer never forgets and grows"}},
+    {"muon_extra_scale",
+     {0, kMaxKernelScalar, true, false, std::nullopt,
+      "a factor of the lr, an fp32 kernel's scalar; --muon_lr x it must also be <= 2^39"}},
+    {"adam_beta1",
+     {0, 1, false, true, std::nullopt, "a decay: at 1 the bias correction divides by 0"}},
+    {"adam_beta2",
+     {0, 1, false, true, std::nullopt, "a decay: at 1 the bias correction divides by 0"}},
+    {"adam_eps", {0, kMaxKernelScalar, false, false, std::nullopt, "added to sqrt(v) in fp32"}},
+    {"max_grad_norm",
+     {-DBL_MAX, DBL_MAX, false, false, std::nullopt,
+      "compared with the global norm in double, <= 0 disables; NaN would silently never clip"}},
+    {"qk_clip_threshold",
+     {0, FLT_MAX, false, false, std::nullopt,
+      "compared with fp32 attention logits, which never exceed FLT_MAX; 0 = off"}},
+    {"min_lr_ratio", {0, 1, false, false, std::nullopt, "a fraction of the lr"}},
+    {"eval_fraction",
+     {0, 1, true, true, std::nullopt, "a fraction of the data: neither part may be empty"}},
+    {"bucket_padding", {0, 1, false, false, std::nullopt, "a fraction of a bucket"}},
+    {"max_bucket_padding", {0, 1, false, false, std::nullopt, "a fraction of a bucket"}},
+};
+
+// `value` as a bound is read: 2^N for a power of two from 2^10 up, else %g.
+std::string BoundText(double value) {
+  int exponent = 0;
+  if (value > 0 && std::frexp(value, &exponent) == 0.5 && exponent - 1 >= 10) {
+    return absl::StrCat("2^", exponent - 1);
+  }
+  return absl::StrCat(value);
+}
+
+// `value` of double field `field` is within its DoubleRange. Errors: kInvalidArgument naming the
+// flag, the value and the range; kInternal for a field that has no range.
+absl::Status CheckDoubleRange(const char* field, double value) {
+  const DoubleRange* range = DoubleRangeOf(field);
+  if (range == nullptr) {
+    return absl::InternalError(absl::StrCat("--", field,
+                                            " has no declared range (trainer_config.cc's "
+                                            "kDoubleRanges lists every double field)"));
+  }
+  if (range->Contains(value)) return absl::OkStatus();
+  const bool finite = range->min == -DBL_MAX && range->max == DBL_MAX;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", field, finite ? " must be finite" : " must be in ",
+                   finite ? "" : range->ToString(), ", got ", value, " (", range->why, ")"));
+}
+
+template <typename T>
+absl::Status CheckRangeOf(const char* field, const T& value) {
+  if constexpr (std::is_same_v<T, double>) return CheckDoubleRange(field, value);
+  return absl::OkStatus();
+}
+
+// Every double field of the table within its DoubleRange.
+absl::Status ValidateDoubleRanges(const TrainerConfig& c) {
+  absl::Status status;
+#define ORTHOSHARD_CHECK_RANGE(type, name, default_value, help) \
+  if (status.ok()) status = CheckRangeOf(#name, c.name);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_RANGE)
+#undef ORTHOSHARD_CHECK_RANGE
+  return status;
+}
+
+// lr, weight decay and the Muon scale together (each is within its own DoubleRange already):
+// every scalar the optimizers derive from them stays representable far inside fp32 (the constants
+// above).
 absl::Status ValidateStepScalars(const TrainerConfig& c) {
-  for (auto [field, value] : {std::pair<const char*, double>{"lr", c.lr}, {"muon_lr", c.muon_lr}}) {
-    if (!(value > 0 && std::isfinite(value))) {
-      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be > 0, got ", value));
-    }
-  }
-  if (!(c.muon_extra_scale > 0.0 && std::isfinite(c.muon_extra_scale))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--muon_extra_scale must be > 0, got ", c.muon_extra_scale));
-  }
   for (auto [field, value, lr_field, lr] :
        {std::tuple<const char*, double, const char*, double>{"weight_decay", c.weight_decay, "lr",
                                                              c.lr},
         {"muon_weight_decay", c.muon_weight_decay, "muon_lr", c.muon_lr}}) {
-    if (!(value >= 0 && std::isfinite(value))) {
-      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
-    }
     if (!(lr * value <= kMaxLrTimesDecay)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--", lr_field, " ", lr, " x --", field, " ", value, " = ", lr * value,
@@ -231,24 +314,10 @@ absl::Status ValidateStepScalars(const TrainerConfig& c) {
                      "--muon_lr x the rule's factor: (0, 2^39 = ",
                      kMaxKernelScalar / kMaxMuonShapeScale, "]"));
   }
-  if (!(c.adam_eps >= 0.0 && c.adam_eps <= kMaxKernelScalar)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got ", c.adam_eps));
-  }
-  if (!(c.qk_clip_threshold >= 0.0 && std::isfinite(c.qk_clip_threshold))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--qk_clip_threshold must be a finite number >= 0 (0 disables QK-clip), got ",
-        c.qk_clip_threshold));
-  }
-  if (!std::isfinite(c.max_grad_norm)) {
-    // NaN compares false with everything: the optimizers would silently not clip.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_grad_norm must be a finite number (<= 0 disables clipping), got ", c.max_grad_norm));
-  }
   return absl::OkStatus();
 }
 
-// Counts that must be positive or non-negative, and the bucket fractions.
+// Counts that must be positive or non-negative.
 absl::Status ValidateCounts(const TrainerConfig& c) {
   for (auto [field, value] : {std::pair<const char*, int64_t>{"steps", c.steps},
                               {"global_batch", c.global_batch},
@@ -270,13 +339,6 @@ absl::Status ValidateCounts(const TrainerConfig& c) {
                               {"fsdp_grad_syncs_in_flight", c.fsdp_grad_syncs_in_flight},
                               {"target_buckets", c.target_buckets}}) {
     RETURN_IF_ERROR(NonNegative(field, value));
-  }
-  for (auto [field, value] : {std::pair<const char*, double>{"bucket_padding", c.bucket_padding},
-                              {"max_bucket_padding", c.max_bucket_padding}}) {
-    if (!(value >= 0.0 && value <= 1.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", field, " ", value, ": expected a fraction in [0, 1]"));
-    }
   }
   return absl::OkStatus();
 }
@@ -382,18 +444,17 @@ absl::Status ValidateModelAndBatch(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--eod_token must be a token id (>= 0) or -1 (the data's, if any), got ", c.eod_token));
   }
-  if (!(c.eval_fraction > 0 && c.eval_fraction < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--eval_fraction must be in (0, 1), got ", c.eval_fraction));
-  }
   return absl::OkStatus();
 }
 
 // Mixture of experts: the flags need an MoE preset, --ep splits the world and the experts.
 absl::Status ValidateExperts(const TrainerConfig& c, int world_size) {
   ASSIGN_OR_RETURN(const GptConfig preset, GptPreset(c.model));
+  // Set to another value or given at all (--ep=1 on a dense model does nothing either).
   const bool moe_flags = c.ep != 1 || c.moe_top_k != 0 || c.moe_aux_loss_coeff != -1 ||
-                         c.moe_z_loss_coeff != -1;
+                         c.moe_z_loss_coeff != -1 || c.given.count("ep") ||
+                         c.given.count("moe_top_k") || c.given.count("moe_aux_loss_coeff") ||
+                         c.given.count("moe_z_loss_coeff");
   if (!preset.is_moe()) {
     if (!moe_flags) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
@@ -415,23 +476,77 @@ absl::Status ValidateExperts(const TrainerConfig& c, int world_size) {
         "--moe_top_k ", c.moe_top_k, " must be in [1, ", preset.num_experts, "] (model '", c.model,
         "''s experts per layer), or 0 for the preset's ", preset.moe_top_k));
   }
-  for (const auto& [name, value] : {std::pair<const char*, double>{"moe_aux_loss_coeff",
-                                                                   c.moe_aux_loss_coeff},
-                                    {"moe_z_loss_coeff", c.moe_z_loss_coeff}}) {
-    if (value != -1 && !(value >= 0 && std::isfinite(value))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", name, " ", value, ": expected a finite weight >= 0, or -1 for the default"));
-    }
+  return absl::OkStatus();
+}
+
+// A flag that does something only in some modes: what it needs, and whether `c` has it.
+struct ModeOnlyFlag {
+  const char* field;
+  const char* needs;
+  bool (*applies)(const TrainerConfig& c);
+};
+const ModeOnlyFlag kModeOnlyFlags[] = {
+    {"muon_tp_mode", "--tp > 1 and --optimizer=muon (it says how Muon orthogonalises tp-split "
+                     "matrices)",
+     [](const TrainerConfig& c) { return c.tp > 1 && c.optimizer == OptimizerChoice::kMuon; }},
+    {"fsdp_grad_syncs_in_flight", "--dist=fsdp",
+     [](const TrainerConfig& c) { return c.dist == DistMode::kFsdp; }},
+    {"fsdp_grad_accum", "--dist=fsdp",
+     [](const TrainerConfig& c) { return c.dist == DistMode::kFsdp; }},
+    {"reshard_after_forward", "--dist=fsdp",
+     [](const TrainerConfig& c) { return c.dist == DistMode::kFsdp; }},
+    {"prefetch_params", "--dist=fsdp",
+     [](const TrainerConfig& c) { return c.dist == DistMode::kFsdp; }},
+    {"overlap_param_gather", "--dist=layerwise, distopt or fsdp (replicated gathers no params)",
+     [](const TrainerConfig& c) { return SpecOf(c.dist).sharded_step; }},
+    {"recompute_layers", "--recompute=full or --recompute=selective",
+     [](const TrainerConfig& c) { return c.recompute != RecomputeMode::kNone; }},
+    {"muon_extra_scale", "--muon_scale_rule=spectral (the only rule that reads it)",
+     [](const TrainerConfig& c) {
+       return c.muon_scale_rule == optimizers::MuonScaleRule::kSpectral;
+     }},
+    {"route", "--optimizer=muon (with adamw every param goes to AdamW)",
+     [](const TrainerConfig& c) { return c.optimizer == OptimizerChoice::kMuon; }},
+    {"decay_steps", "--schedule=wsd (the only schedule with a final decay phase)",
+     [](const TrainerConfig& c) { return c.schedule == optimizers::ScheduleKind::kWsd; }},
+    {"grad_reduce_in_fp32", "--precision=bf16 (fp32 gradients are reduced in fp32 anyway)",
+     [](const TrainerConfig& c) { return c.precision == Precision::kBf16; }},
+};
+
+// The flags given (c.given) that do nothing in the configured mode. Errors: kInvalidArgument
+// naming the flag and what it needs.
+absl::Status ValidateGivenFlags(const TrainerConfig& c) {
+  for (const ModeOnlyFlag& flag : kModeOnlyFlags) {
+    if (c.given.count(flag.field) == 0 || flag.applies(c)) continue;
+    return absl::InvalidArgumentError(absl::StrCat("--", flag.field, " needs ", flag.needs,
+                                                   "; it does nothing here: drop it"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
+std::string DoubleRange::ToString() const {
+  const std::string interval =
+      min == -DBL_MAX && max == DBL_MAX
+          ? std::string("finite")
+          : absl::StrCat(min_open ? "(" : "[", BoundText(min), ", ", BoundText(max),
+                         max_open ? ")" : "]");
+  return sentinel.has_value() ? absl::StrCat(interval, " or ", *sentinel) : interval;
+}
+
+const DoubleRange* DoubleRangeOf(absl::string_view field) {
+  for (const NamedRange& named : kDoubleRanges) {
+    if (field == named.field) return &named.range;
+  }
+  return nullptr;
+}
+
 absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   if (world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world_size));
   }
+  RETURN_IF_ERROR(ValidateDoubleRanges(c));
   RETURN_IF_ERROR(ValidateRunControl(c));
   RETURN_IF_ERROR(ValidateOptimizer(c));
   RETURN_IF_ERROR(ValidateStepScalars(c));
@@ -446,7 +561,8 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   const int dp = world_size / static_cast<int>(c.tp);
   RETURN_IF_ERROR(ValidateModelAndBatch(c, dp));
   RETURN_IF_ERROR(ValidateRecompute(c));
-  return ValidateExperts(c, dp);
+  RETURN_IF_ERROR(ValidateExperts(c, dp));
+  return ValidateGivenFlags(c);
 }
 
 namespace {
