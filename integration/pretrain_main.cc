@@ -59,6 +59,7 @@
 #include "integration/metrics/allocator_stats.h"
 #include "integration/metrics/progress.h"
 #include "integration/preflight.h"
+#include "integration/setup.h"
 #include "integration/trainer.h"
 #include "integration/training_data.h"
 #include "model/model.h"
@@ -441,6 +442,7 @@ int Main(int argc, char** argv) {
     }
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
     if (absl::Status s = CheckResolvedModel(*config); !s.ok()) return Fail(s);
+    if (absl::Status s = CheckRouting(*config); !s.ok()) return Fail(s);
     if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);
     if (absl::Status s = CheckMachine(*config, info->local_world_size, info->world_size, machine);
         !s.ok()) {
@@ -459,6 +461,7 @@ int Main(int argc, char** argv) {
   }
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckResolvedModel(*config); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckRouting(*config); !s.ok()) return Fail(s);
   if (absl::Status s = CheckDevice(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckMachine(*config, nprocs, nprocs, machine); !s.ok()) return Fail(s);
   if (absl::Status s = CheckLogDir(*config); !s.ok()) return Fail(s);

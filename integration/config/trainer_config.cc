@@ -194,10 +194,10 @@ struct NamedRange {
 const NamedRange kDoubleRanges[] = {
     {"moe_aux_loss_coeff",
      {0, kMaxMoeLossWeight, false, false, -1.0,
-      "a loss weight; 2^32 keeps its gradients' squares inside fp32 (-1 = 0.01)"}},
+      "a loss weight, -1 = 0.01; 2^32 keeps its gradients' squares inside fp32"}},
     {"moe_z_loss_coeff",
      {0, kMaxMoeLossWeight, false, false, -1.0,
-      "a loss weight; 2^32 keeps its gradients' squares inside fp32 (-1 = 0.001)"}},
+      "a loss weight, -1 = 0.001; 2^32 keeps its gradients' squares inside fp32"}},
     {"lr",
      {0, kMaxKernelScalar, true, false, std::nullopt,
       "a step size, an fp32 kernel's scalar: 2^64 x 2^64 is still below FLT_MAX"}},
