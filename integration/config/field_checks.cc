@@ -84,7 +84,7 @@ absl::Status CheckDoubleRange(const char* field, double value) {
   const DoubleRange* range = DoubleRangeOf(field);
   if (range == nullptr) {
     return absl::InternalError(absl::StrCat("--", field,
-                                            " has no declared range (trainer_config.cc's "
+                                            " has no declared range (field_checks.cc's "
                                             "kDoubleRanges lists every double field)"));
   }
   if (range->Contains(value)) return absl::OkStatus();

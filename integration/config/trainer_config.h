@@ -35,7 +35,7 @@ struct TrainerConfig {
 
 // The accepted values of a double-valued field: [min, max], either end open, and `sentinel` too
 // where the field has one (-1: the MoE weights' "the default"). `why` says where the bounds come
-// from (trainer_config.cc derives each).
+// from (field_checks.cc derives each).
 struct DoubleRange {
   double min = 0, max = 0;
   bool min_open = false, max_open = false;

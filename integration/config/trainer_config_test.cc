@@ -349,7 +349,7 @@ TEST(TrainerConfig, EveryDoubleFieldHasARangeAndIsRefusedOutsideIt) {
       ++doubles;
       const DoubleRange* range = DoubleRangeOf(field);
       ASSERT_NE(range, nullptr) << "double field --" << field
-                                << " has no range: add it to trainer_config.cc's kDoubleRanges";
+                                << " has no range: add it to field_checks.cc's kDoubleRanges";
       EXPECT_TRUE(range->Contains(TrainerConfig().*member)) << field << "'s default";
       if (range->sentinel.has_value()) EXPECT_TRUE(range->Contains(*range->sentinel)) << field;
       const double inf = std::numeric_limits<double>::infinity();
