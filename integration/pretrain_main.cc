@@ -59,6 +59,7 @@
 #include "integration/metrics/allocator_stats.h"
 #include "integration/metrics/progress.h"
 #include "integration/preflight.h"
+#include "integration/setup.h"
 #include "integration/trainer.h"
 #include "integration/training_data.h"
 #include "model/model.h"
@@ -159,7 +160,8 @@ absl::Status PrescanFlags(int argc, char** argv, std::set<std::string>* given) {
   return absl::OkStatus();
 }
 
-// Defaults, then --config, then the flags given on the command line.
+// Defaults, then --config, then the flags given on the command line; the fields either names are
+// recorded in TrainerConfig::given.
 absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
   TrainerConfig c;
   const std::string config_path = absl::GetFlag(FLAGS_config);
@@ -181,9 +183,10 @@ absl::StatusOr<TrainerConfig> MakeConfig(const std::set<std::string>& given) {
     if (!s.ok()) return s;
   }
   absl::Status status;
-#define ORTHOSHARD_FLAG(type, name, default_value, help) \
-  if (status.ok() && given.count(#name)) {                \
-    status = SetFromSpelling(#name, absl::GetFlag(FLAGS_##name), &c.name); \
+#define ORTHOSHARD_FLAG(type, name, default_value, help)                    \
+  if (status.ok() && given.count(#name)) {                                   \
+    status = SetFromSpelling(#name, absl::GetFlag(FLAGS_##name), &c.name);   \
+    c.given.insert(#name);                                                   \
   }
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_FLAG)
 #undef ORTHOSHARD_FLAG
@@ -439,6 +442,7 @@ int Main(int argc, char** argv) {
     }
     if (absl::Status s = ValidateTrainerConfig(*config, info->world_size); !s.ok()) return Fail(s);
     if (absl::Status s = CheckResolvedModel(*config); !s.ok()) return Fail(s);
+    if (absl::Status s = CheckRouting(*config); !s.ok()) return Fail(s);
     if (absl::Status s = CheckDevice(*config, info->local_rank + 1); !s.ok()) return Fail(s);
     if (absl::Status s = CheckMachine(*config, info->local_world_size, info->world_size, machine);
         !s.ok()) {
@@ -457,6 +461,7 @@ int Main(int argc, char** argv) {
   }
   if (absl::Status s = ValidateTrainerConfig(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckResolvedModel(*config); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckRouting(*config); !s.ok()) return Fail(s);
   if (absl::Status s = CheckDevice(*config, nprocs); !s.ok()) return Fail(s);
   if (absl::Status s = CheckMachine(*config, nprocs, nprocs, machine); !s.ok()) return Fail(s);
   if (absl::Status s = CheckLogDir(*config); !s.ok()) return Fail(s);

@@ -170,5 +170,45 @@ TEST(PretrainReliability, ASaveDirInUseIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/latest"));
 }
 
+// Round four: flags accepted before launch that then failed every rank or did nothing. A --route
+// that cannot apply to the model failed only after launch, in 3 lines, with --save_dir made; MoE
+// loss weights of 1e39 or 1e300 were accepted and every step was skipped; flags of another mode
+// (--muon_tp_mode at tp 1, --fsdp_grad_syncs_in_flight outside fsdp) were silently ignored. Each
+// now exits 2 before any rank starts, in one line, with nothing made.
+TEST(PretrainReliability, FlagsThatCannotWorkAreRefusedBeforeLaunch) {
+  const std::string save_dir = TempDir() + "/refused_save_dir";
+  const std::string keep = " --save_dir=" + save_dir;
+  testing::ExpectRefusedBeforeLaunch({
+      {"--route='*norm*=muon'" + keep,
+       "pretrain: --route '*norm*=muon': param 'layers.0.attn_norm.weight': override '*norm*' "
+       "routes it to muon, which needs a 2-D matrix, got shape [64]"},
+      {"--route='*experts*=adamw'" + keep,
+       "--route '*experts*=adamw': '*experts*' matches no param of model 'tiny'"},
+      {"--model=moe-tiny --moe_aux_loss_coeff=1e39" + keep,
+       "pretrain: --moe_aux_loss_coeff must be in [0, 2^32] or -1, got 1e+39"},
+      {"--model=moe-tiny --moe_z_loss_coeff=1e300" + keep,
+       "pretrain: --moe_z_loss_coeff must be in [0, 2^32] or -1, got 1e+300"},
+      {"--model=moe-tiny --moe_z_loss_coeff=nan", "--moe_z_loss_coeff must be in [0, 2^32] or -1"},
+      {"--lr=0", "pretrain: --lr must be in (0, 2^64], got 0"},
+      {"--muon_lr=-0.02", "pretrain: --muon_lr must be in (0, 2^39], got -0.02"},
+      {"--muon_tp_mode=owner" + keep,
+       "pretrain: --muon_tp_mode needs --tp > 1 and --optimizer=muon"},
+      {"--fsdp_grad_syncs_in_flight=2" + keep,
+       "pretrain: --fsdp_grad_syncs_in_flight needs --dist=fsdp; it does nothing here"},
+      {"--fsdp_grad_accum=full", "pretrain: --fsdp_grad_accum needs --dist=fsdp"},
+      {"--prefetch_params=false", "pretrain: --prefetch_params needs --dist=fsdp"},
+      {"--reshard_after_forward=false", "pretrain: --reshard_after_forward needs --dist=fsdp"},
+      {"--dist=replicated --overlap_param_gather=false",
+       "pretrain: --overlap_param_gather needs --dist=layerwise, distopt or fsdp"},
+      {"--recompute_layers=-1", "pretrain: --recompute_layers needs --recompute=full or"},
+      {"--ep=1", "need a mixture-of-experts model, but 'tiny' is dense"},
+      {"--muon_extra_scale=2", "pretrain: --muon_extra_scale needs --muon_scale_rule=spectral"},
+      {"--optimizer=adamw --route='*=adamw'", "pretrain: --route needs --optimizer=muon"},
+      {"--decay_steps=3", "pretrain: --decay_steps needs --schedule=wsd"},
+      {"--grad_reduce_in_fp32=true", "pretrain: --grad_reduce_in_fp32 needs --precision=bf16"},
+  });
+  EXPECT_FALSE(std::filesystem::exists(save_dir));
+}
+
 }  // namespace
 }  // namespace orthoshard::integration

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
@@ -147,6 +148,56 @@ ddp::DdpConfig DdpConfigOf(const TrainerConfig& c) {
 
 #undef ORTHOSHARD_COPY_FIELD
 
+absl::StatusOr<optimizers::RoutingConfig> RoutingConfigOf(const TrainerConfig& c) {
+  optimizers::RoutingConfig routing;
+  if (c.optimizer == OptimizerChoice::kAdamW) {
+    routing.overrides.push_back({"*", optimizers::Route::kAdamW});
+    return routing;
+  }
+  ASSIGN_OR_RETURN(const std::vector<RouteOverrideSpec> overrides, RouteOverrides(c));
+  for (const RouteOverrideSpec& o : overrides) {
+    routing.overrides.push_back({o.pattern, o.optimizer == OptimizerChoice::kMuon
+                                                ? optimizers::Route::kMuon
+                                                : optimizers::Route::kAdamW});
+  }
+  return routing;
+}
+
+std::vector<optimizers::ParamDescriptor> ParamDescriptorsOf(const std::vector<ModelParam>& params) {
+  std::vector<optimizers::ParamDescriptor> descriptors;
+  for (const ModelParam& p : params) {
+    descriptors.push_back(
+        {p.name, std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end())});
+  }
+  return descriptors;
+}
+
+absl::Status CheckRouting(const TrainerConfig& c) {
+  if (c.route.empty() || c.optimizer == OptimizerChoice::kAdamW) return absl::OkStatus();
+  const absl::StatusOr<ResolvedModel> resolved = ResolveModel(c);
+  if (!resolved.ok()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const optimizers::RoutingConfig routing, RoutingConfigOf(c));
+  ASSIGN_OR_RETURN(const Gpt model, Gpt::CreateUninitialized(resolved->config, at::kFloat,
+                                                             at::Device(at::kMeta)));
+  const std::vector<optimizers::ParamDescriptor> params = ParamDescriptorsOf(model.params());
+  const std::string flag = absl::StrCat("--route '", c.route, "'");
+  if (absl::StatusOr<optimizers::RoutingReport> planned = optimizers::PlanRouting(routing, params);
+      !planned.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", planned.status().message()));
+  }
+  for (const optimizers::RouteOverride& o : routing.overrides) {
+    if (std::none_of(params.begin(), params.end(), [&o](const optimizers::ParamDescriptor& p) {
+          return optimizers::GlobMatch(o.pattern, p.name);
+        })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": '", o.pattern, "' matches no param of model '", c.model,
+          "' (its params are named like '", params.front().name, "' and '", params.back().name,
+          "'); it would do nothing"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 DType ParamDType(const TrainerConfig& c) {
@@ -157,22 +208,8 @@ DType ParamDType(const TrainerConfig& c) {
 absl::Status RouteAndLayOut(const TrainerConfig& c, const model::GptConfig& gpt, int dp,
                             Setup& s) {
   const std::vector<ModelParam>& params = s.model->params();
-  optimizers::RoutingConfig routing;
-  if (c.optimizer == OptimizerChoice::kAdamW) {
-    routing.overrides.push_back({"*", optimizers::Route::kAdamW});
-  } else {
-    ASSIGN_OR_RETURN(const std::vector<RouteOverrideSpec> overrides, RouteOverrides(c));
-    for (const RouteOverrideSpec& o : overrides) {
-      routing.overrides.push_back({o.pattern, o.optimizer == OptimizerChoice::kMuon
-                                                  ? optimizers::Route::kMuon
-                                                  : optimizers::Route::kAdamW});
-    }
-  }
-  std::vector<optimizers::ParamDescriptor> descriptors;
-  for (const ModelParam& p : params) {
-    descriptors.push_back(
-        {p.name, std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end())});
-  }
+  ASSIGN_OR_RETURN(const optimizers::RoutingConfig routing, RoutingConfigOf(c));
+  const std::vector<optimizers::ParamDescriptor> descriptors = ParamDescriptorsOf(params);
   ASSIGN_OR_RETURN(s.routing, optimizers::PlanRouting(routing, descriptors));
   std::vector<layout::ParamSpec> specs;
   for (size_t i = 0; i < params.size(); ++i) {

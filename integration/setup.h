@@ -61,6 +61,22 @@ struct Setup {
 // DistributedDataParallel::Create and CreateDistributedOptimizer.
 absl::StatusOr<Setup> Build(const TrainerConfig& config, collectives::Communicator& comm);
 
+// The routing a config asks for: --optimizer=adamw sends every param to AdamW, else --route's
+// overrides in order (then PlanRouting's default rules). Errors: as RouteOverrides.
+absl::StatusOr<optimizers::RoutingConfig> RoutingConfigOf(const TrainerConfig& config);
+
+// The params' names and shapes, as PlanRouting takes them.
+std::vector<optimizers::ParamDescriptor> ParamDescriptorsOf(
+    const std::vector<model::ModelParam>& params);
+
+// --route against the model's params before any rank starts, as Build will plan it: the model the
+// config resolves to (ResolveModel: a prepared dataset brings its vocabulary), built on the meta
+// device (names and whole shapes, no memory). OK when the model cannot be resolved (the run
+// reports that itself). Errors: kInvalidArgument "--route '*norm*=muon': param
+// 'layers.0.attn_norm.weight': override '*norm*' routes it to muon, which needs a 2-D matrix, got
+// shape [64]", or naming an entry that matches no param of the model.
+absl::Status CheckRouting(const TrainerConfig& config);
+
 // The libraries' option structs a config implies (setup.cc's field mappings plus what is derived
 // from several fields or from the --dist mode's row of kDistModes). Errors (OptimizerConfigOf):
 // kInvalidArgument for --muon_ns_coefficients that do not parse.

@@ -232,5 +232,30 @@ TEST(Setup, FsdpBucketsSplitEveryBlock) {
   }
 }
 
+// --route is planned against the model's params before launch (on the meta device), as Build
+// plans it: a non-matrix sent to Muon, and an entry that matches no param, are refused.
+TEST(Setup, RoutingIsCheckedAgainstTheModelBeforeLaunch) {
+  TrainerConfig c;
+  EXPECT_OK(CheckRouting(c));
+  c.route = "*norm*=muon";
+  EXPECT_THAT(CheckRouting(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--route '*norm*=muon': param 'layers.0.attn_norm.weight': "
+                                 "override '*norm*' routes it to muon, which needs a 2-D matrix, "
+                                 "got shape [64]")));
+  c.route = "*experts*=adamw";
+  EXPECT_THAT(CheckRouting(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'*experts*' matches no param of model 'tiny'")));
+  c.model = "moe-tiny";
+  EXPECT_OK(CheckRouting(c));
+  c.route = "*router*=muon, *norm*=adamw";
+  EXPECT_OK(CheckRouting(c));
+  c.model = "tiny";
+  c.route = "*norm*=muon";
+  c.optimizer = OptimizerChoice::kAdamW;  // every param to AdamW (ValidateTrainerConfig refuses
+  EXPECT_OK(CheckRouting(c));             // a given --route there)
+}
+
 }  // namespace
 }  // namespace orthoshard::integration

@@ -113,6 +113,19 @@ bool SameConfig(const TrainerConfig& a, const TrainerConfig& b) {
 
 // The documented bounds of an accepted config (trainer_config.h, ValidateTrainerConfig).
 void CheckAccepted(const TrainerConfig& c, int world_size) {
+  // Every double field within its declared range.
+  auto in_range = [](const char* field, const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, double>) {
+      const DoubleRange* range = DoubleRangeOf(field);
+      Check(range != nullptr && range->Contains(value));
+    }
+  };
+#define ORTHOSHARD_IN_RANGE(type, name, default_value, help) in_range(#name, c.name);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_IN_RANGE)
+#undef ORTHOSHARD_IN_RANGE
+  // A given fsdp-only or tp-only flag is in its mode.
+  Check(!c.given.count("fsdp_grad_syncs_in_flight") || c.dist == DistMode::kFsdp);
+  Check(!c.given.count("muon_tp_mode") || c.tp > 1);
   Check(!(SpecOf(c.dist).muon_strategy == layout::Strategy::kDistOpt &&
           c.optimizer == OptimizerChoice::kMuon));
   Check(!((c.resume != ResumeMode::kFalse || c.save_every > 0) && c.save_dir.empty()));

@@ -17,6 +17,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "common/status_macros.h"
+#include "integration/config/field_checks.h"
 #include "integration/config/pretrain_config.pb.h"
 #include "model/gpt_config.h"
 #include "optimizers/ns_schedule.h"
@@ -25,6 +26,10 @@ namespace orthoshard::integration {
 
 using ::orthoshard::model::GptConfig;
 using ::orthoshard::model::GptPreset;
+using internal_config::kMaxKernelScalar;
+using internal_config::kMaxMuonShapeScale;
+using internal_config::ValidateDoubleRanges;
+using internal_config::ValidateGivenFlags;
 namespace {
 
 // Collects the text-format parser's errors instead of logging them.
@@ -72,8 +77,11 @@ absl::Status ApplyConfigText(absl::string_view text, absl::string_view name,
   }
   TrainerConfig c = *config;
   absl::Status status;
-#define ORTHOSHARD_APPLY(type, name, default_value, help) \
-  if (status.ok() && proto.has_##name()) status = SetFromSpelling(#name, proto.name(), &c.name);
+#define ORTHOSHARD_APPLY(type, name, default_value, help)                   \
+  if (status.ok() && proto.has_##name()) {                                  \
+    status = SetFromSpelling(#name, proto.name(), &c.name);                 \
+    c.given.insert(#name);                                                  \
+  }
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_APPLY)
 #undef ORTHOSHARD_APPLY
   if (!status.ok()) {
@@ -136,14 +144,6 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("--muon_ns_coefficients: ", ns.status().message()));
   }
-  for (auto [field, value] : {std::pair<const char*, double>{"muon_momentum", c.muon_momentum},
-                              {"adam_beta1", c.adam_beta1},
-                              {"adam_beta2", c.adam_beta2}}) {
-    if (!(value >= 0.0 && value < 1.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", field, " must be in [0, 1), got ", value));
-    }
-  }
   if (c.muon_ns_form == NsForm::kGram && c.muon_ns_dtype != optimizers::NsDType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--muon_ns_form=gram needs --muon_ns_dtype=fp32 (got ", ChoiceName(c.muon_ns_dtype),
@@ -157,48 +157,23 @@ absl::Status ValidateOptimizer(const TrainerConfig& c) {
         " shards every param at element level, but Muon needs whole matrices: use "
         "--optimizer=adamw with it, or --dist=layerwise (Muon layer-wise + ZeRO-1 AdamW)"));
   }
-  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
-  }
   return absl::OkStatus();
 }
 
-// The most a scalar that the optimizers hand to an fp32 or bf16 kernel may be in magnitude (a step
-// size, a decay factor, eps). Both types overflow past FLT_MAX ~ 2^128 (8 exponent bits): a
-// scalar of at most 2^64 times a tensor entry of at most 2^64 (far beyond any trained model's
-// weights, gradients or moments) stays below it. A double scalar that an fp32 op cannot hold at
-// all makes LibTorch throw in the middle of a step, on every rank.
-constexpr double kMaxKernelScalar = 0x1p64;
-// The largest Muon lr scale a rule gives per unit of its factor: sqrt(max(rows, cols)) (and
-// sqrt(rows / cols) <= sqrt(rows)) is at most sqrt(2^50) = 2^25, the planner's bound on a
-// param's elements (layout/layout.h).
-constexpr double kMaxMuonShapeScale = 0x1p25;
 // The most lr x weight decay may be: each step multiplies the params by 1 - lr x wd (the lr
 // schedule only lowers it); in [0, 2] that factor's magnitude is at most 1, beyond 2 it exceeds 1
 // and the params grow geometrically, leaving fp32's range within 128 / log2|1 - lr x wd| steps
 // whatever the gradients.
 constexpr double kMaxLrTimesDecay = 2;
 
-// lr, weight decay, eps and the Muon scale: finite, and such that every scalar the optimizers
-// derive from them stays representable far inside fp32 (the constants above).
+// lr, weight decay and the Muon scale together (each is within its own DoubleRange already):
+// every scalar the optimizers derive from them stays representable far inside fp32
+// (kMaxLrTimesDecay above, field_checks.h's kMaxKernelScalar and kMaxMuonShapeScale).
 absl::Status ValidateStepScalars(const TrainerConfig& c) {
-  for (auto [field, value] : {std::pair<const char*, double>{"lr", c.lr}, {"muon_lr", c.muon_lr}}) {
-    if (!(value > 0 && std::isfinite(value))) {
-      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be > 0, got ", value));
-    }
-  }
-  if (!(c.muon_extra_scale > 0.0 && std::isfinite(c.muon_extra_scale))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--muon_extra_scale must be > 0, got ", c.muon_extra_scale));
-  }
   for (auto [field, value, lr_field, lr] :
        {std::tuple<const char*, double, const char*, double>{"weight_decay", c.weight_decay, "lr",
                                                              c.lr},
         {"muon_weight_decay", c.muon_weight_decay, "muon_lr", c.muon_lr}}) {
-    if (!(value >= 0 && std::isfinite(value))) {
-      return absl::InvalidArgumentError(absl::StrCat("--", field, " must be >= 0, got ", value));
-    }
     if (!(lr * value <= kMaxLrTimesDecay)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--", lr_field, " ", lr, " x --", field, " ", value, " = ", lr * value,
@@ -231,24 +206,10 @@ absl::Status ValidateStepScalars(const TrainerConfig& c) {
                      "--muon_lr x the rule's factor: (0, 2^39 = ",
                      kMaxKernelScalar / kMaxMuonShapeScale, "]"));
   }
-  if (!(c.adam_eps >= 0.0 && c.adam_eps <= kMaxKernelScalar)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got ", c.adam_eps));
-  }
-  if (!(c.qk_clip_threshold >= 0.0 && std::isfinite(c.qk_clip_threshold))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--qk_clip_threshold must be a finite number >= 0 (0 disables QK-clip), got ",
-        c.qk_clip_threshold));
-  }
-  if (!std::isfinite(c.max_grad_norm)) {
-    // NaN compares false with everything: the optimizers would silently not clip.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_grad_norm must be a finite number (<= 0 disables clipping), got ", c.max_grad_norm));
-  }
   return absl::OkStatus();
 }
 
-// Counts that must be positive or non-negative, and the bucket fractions.
+// Counts that must be positive or non-negative.
 absl::Status ValidateCounts(const TrainerConfig& c) {
   for (auto [field, value] : {std::pair<const char*, int64_t>{"steps", c.steps},
                               {"global_batch", c.global_batch},
@@ -270,13 +231,6 @@ absl::Status ValidateCounts(const TrainerConfig& c) {
                               {"fsdp_grad_syncs_in_flight", c.fsdp_grad_syncs_in_flight},
                               {"target_buckets", c.target_buckets}}) {
     RETURN_IF_ERROR(NonNegative(field, value));
-  }
-  for (auto [field, value] : {std::pair<const char*, double>{"bucket_padding", c.bucket_padding},
-                              {"max_bucket_padding", c.max_bucket_padding}}) {
-    if (!(value >= 0.0 && value <= 1.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", field, " ", value, ": expected a fraction in [0, 1]"));
-    }
   }
   return absl::OkStatus();
 }
@@ -382,18 +336,17 @@ absl::Status ValidateModelAndBatch(const TrainerConfig& c, int world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--eod_token must be a token id (>= 0) or -1 (the data's, if any), got ", c.eod_token));
   }
-  if (!(c.eval_fraction > 0 && c.eval_fraction < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--eval_fraction must be in (0, 1), got ", c.eval_fraction));
-  }
   return absl::OkStatus();
 }
 
 // Mixture of experts: the flags need an MoE preset, --ep splits the world and the experts.
 absl::Status ValidateExperts(const TrainerConfig& c, int world_size) {
   ASSIGN_OR_RETURN(const GptConfig preset, GptPreset(c.model));
+  // Set to another value or given at all (--ep=1 on a dense model does nothing either).
   const bool moe_flags = c.ep != 1 || c.moe_top_k != 0 || c.moe_aux_loss_coeff != -1 ||
-                         c.moe_z_loss_coeff != -1;
+                         c.moe_z_loss_coeff != -1 || c.given.count("ep") ||
+                         c.given.count("moe_top_k") || c.given.count("moe_aux_loss_coeff") ||
+                         c.given.count("moe_z_loss_coeff");
   if (!preset.is_moe()) {
     if (!moe_flags) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
@@ -415,14 +368,6 @@ absl::Status ValidateExperts(const TrainerConfig& c, int world_size) {
         "--moe_top_k ", c.moe_top_k, " must be in [1, ", preset.num_experts, "] (model '", c.model,
         "''s experts per layer), or 0 for the preset's ", preset.moe_top_k));
   }
-  for (const auto& [name, value] : {std::pair<const char*, double>{"moe_aux_loss_coeff",
-                                                                   c.moe_aux_loss_coeff},
-                                    {"moe_z_loss_coeff", c.moe_z_loss_coeff}}) {
-    if (value != -1 && !(value >= 0 && std::isfinite(value))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", name, " ", value, ": expected a finite weight >= 0, or -1 for the default"));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -432,6 +377,7 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   if (world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world_size));
   }
+  RETURN_IF_ERROR(ValidateDoubleRanges(c));
   RETURN_IF_ERROR(ValidateRunControl(c));
   RETURN_IF_ERROR(ValidateOptimizer(c));
   RETURN_IF_ERROR(ValidateStepScalars(c));
@@ -446,7 +392,8 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c, int world_size) {
   const int dp = world_size / static_cast<int>(c.tp);
   RETURN_IF_ERROR(ValidateModelAndBatch(c, dp));
   RETURN_IF_ERROR(ValidateRecompute(c));
-  return ValidateExperts(c, dp);
+  RETURN_IF_ERROR(ValidateExperts(c, dp));
+  return ValidateGivenFlags(c);
 }
 
 namespace {

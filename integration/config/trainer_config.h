@@ -9,6 +9,8 @@
 #define ORTHOSHARD_INTEGRATION_CONFIG_TRAINER_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,7 +27,28 @@ struct TrainerConfig {
 #define ORTHOSHARD_DECLARE_FIELD(type, name, default_value, help) type name = default_value;
   ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_DECLARE_FIELD)
 #undef ORTHOSHARD_DECLARE_FIELD
+  // The fields given explicitly, by name: a field of the --config text (ApplyConfigText adds it)
+  // or a command-line flag (pretrain adds it). A flag that does nothing in the configured mode
+  // (--muon_tp_mode at --tp 1) is refused when given, while its default stays valid in every mode.
+  std::set<std::string> given;
 };
+
+// The accepted values of a double-valued field: [min, max], either end open, and `sentinel` too
+// where the field has one (-1: the MoE weights' "the default"). `why` says where the bounds come
+// from (field_checks.cc derives each).
+struct DoubleRange {
+  double min = 0, max = 0;
+  bool min_open = false, max_open = false;
+  std::optional<double> sentinel;
+  const char* why = "";
+  bool Contains(double value) const;
+  // "[0, 1)", "(0, 2^64]", "[0, 2^32] or -1", "finite" (the whole of a double's finite range).
+  std::string ToString() const;
+};
+
+// The declared range of the double field `field` (trainer_config_fields.h's name), or nullptr for
+// a field that has none (every double field has one: trainer_config_test enumerates them).
+const DoubleRange* DoubleRangeOf(absl::string_view field);
 
 // Fills `config` from a text-format orthoshard.integration.PretrainConfig: only fields present in
 // the text are changed, and nothing is on error. Errors: kInvalidArgument with the parser's message
@@ -34,13 +57,16 @@ struct TrainerConfig {
 // expected replicated, layerwise, distopt or fsdp").
 absl::Status ApplyConfigText(absl::string_view text, absl::string_view name, TrainerConfig* config);
 
-// Checks values that need no files or ranks. Errors: kInvalidArgument naming the field and its
-// bound (steps >= 1, a known preset, batch divisibility by world_size x micro_batches, seq_len <=
+// Checks values that need no files or ranks. Every double field is first checked against its
+// DoubleRange ("--moe_z_loss_coeff must be in [0, 2^32] or -1, got 1e+300: ..."; a double field
+// without one is kInternal). A flag in config.given that does nothing in the configured mode is
+// refused, naming it and what it needs ("--muon_tp_mode needs --tp > 1 and --optimizer=muon ...").
+// Errors: kInvalidArgument naming the field and its bound (steps >= 1, a known preset, batch divisibility by world_size x micro_batches, seq_len <=
 // the preset's max_seq_len, eval_fraction in (0, 1), max_grad_norm or qk_clip_threshold not finite
 // (or the latter negative), distopt with muon,
-// --resume or --save_every without --save_dir, stop_after > steps, ...). Every double field that
-// reaches an fp32 computation has a bounded range, derived in trainer_config.cc and ns_schedule.h:
-// lr x weight decay <= 2, AdamW's first step size lr / (1 - beta1) <= 2^64, muon_lr x the scale
+// --resume or --save_every without --save_dir, stop_after > steps, ...). Beyond each double field's
+// own range, the values that reach an fp32 computation together are bounded (trainer_config.cc and
+// ns_schedule.h): lr x weight decay <= 2, AdamW's first step size lr / (1 - beta1) <= 2^64, muon_lr x the scale
 // rule's largest factor <= 2^64, adam_eps <= 2^64, Newton-Schulz coefficients within +-1024 that
 // keep the iterate's singular values within [0, 16] over --muon_ns_steps; the message names the
 // flag, its value and the accepted range. Fixed-choice fields hold a valid value by their type.

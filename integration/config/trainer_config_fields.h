@@ -25,10 +25,11 @@
     "MoE: experts per token; 0 = the preset's (2). At most the expert count") \
   X(double, moe_aux_loss_coeff, -1, \
     "MoE: weight of the load-balancing loss (Switch Transformer: E x sum_e f_e P_e per layer, " \
-    "added to the loss that backward runs on); -1 = 0.01") \
+    "added to the loss that backward runs on), in [0, 2^32] (beyond it its gradients' squares can " \
+    "overflow fp32 in the clip's norm and every step is skipped); -1 = 0.01") \
   X(double, moe_z_loss_coeff, -1, \
-    "MoE: weight of the router z-loss (ST-MoE: mean logsumexp(logits)^2 per layer); " \
-    "-1 = 0.001") \
+    "MoE: weight of the router z-loss (ST-MoE: mean logsumexp(logits)^2 per layer), in [0, " \
+    "2^32] as --moe_aux_loss_coeff; -1 = 0.001") \
   X(std::string, data, "synthetic", \
     "dataset: synthetic[:TOKENS] | text:PATH | nanogpt:PATH | megatron:PREFIX | prepared:DIR " \
     "(tools/prepare_data.py's output: tokens, vocabulary, EOD, val split)") \
@@ -88,11 +89,11 @@
   X(int64_t, seq_len, 0, \
     "tokens per sample; 0 = the model's max_seq_len") \
   X(double, lr, 3e-3, \
-    "AdamW base learning rate (all params with --optimizer=adamw); lr x --weight_decay <= 2 and " \
-    "lr / (1 - --adam_beta1) <= 2^64") \
+    "AdamW base learning rate (all params with --optimizer=adamw), > 0 and at most 2^64; lr x " \
+    "--weight_decay <= 2 and lr / (1 - --adam_beta1) <= 2^64") \
   X(double, muon_lr, 0.02, \
-    "Muon base learning rate; muon_lr x --muon_weight_decay <= 2 and muon_lr x the scale rule's " \
-    "factor (1, 0.2 or --muon_extra_scale) <= 2^39") \
+    "Muon base learning rate, > 0 and at most 2^39; muon_lr x --muon_weight_decay <= 2 and " \
+    "muon_lr x the scale rule's factor (1, 0.2 or --muon_extra_scale) <= 2^39") \
   X(double, weight_decay, 0.01, \
     "AdamW weight decay of 2-D params, >= 0") \
   X(bool, adamw_fused, false, \
@@ -109,13 +110,15 @@
     "its tp group, orthogonalised once there, slices returned: 1/tp of duplicated's " \
     "Newton-Schulz work, the same update bit for bit), duplicated (Megatron's default: every tp " \
     "rank gathers and orthogonalises every matrix) or blockwise (each rank its own slice: no " \
-    "communication, but the update changes with tp)") \
+    "communication, but the update changes with tp); refused when given at --tp 1 or with " \
+    "--optimizer=adamw") \
   X(optimizers::MuonScaleRule, muon_scale_rule, optimizers::MuonScaleRule::kOriginal, \
     "Muon lr scale per matrix shape: original (sqrt(max(1, rows/cols)), torch.optim.Muon), " \
     "match_rms_adamw (0.2 sqrt(max(rows, cols)), Moonshot) or spectral (--muon_extra_scale x " \
     "sqrt(max(rows, cols)), Megatron-LM)") \
   X(double, muon_extra_scale, 1.0, \
-    "the factor of --muon_scale_rule=spectral (> 0)") \
+    "the factor of --muon_scale_rule=spectral, in (0, 2^64]; refused when given with another " \
+    "rule") \
   X(int, muon_ns_steps, 5, \
     "Newton-Schulz iterations, in [1, 100)") \
   X(std::string, muon_ns_coefficients, "simple", \
@@ -139,8 +142,9 @@
     "comma-separated GLOB=OPTIMIZER routing overrides (muon or adamw), checked in order before " \
     "the default rules (2-D hidden matrices to Muon; embeddings, head, norms, biases, MoE " \
     "routers and gates to AdamW), e.g. '*experts*=adamw' (AdamW on experts, as Megatron-LM's " \
-    "layer-wise optimizer does) or '*router*=muon'; only 2-D params can go to Muon; ignored " \
-    "with --optimizer=adamw") \
+    "layer-wise optimizer does) or '*router*=muon'; only 2-D params can go to Muon, and every " \
+    "entry must match a param of the model (checked before launch); refused with " \
+    "--optimizer=adamw (every param goes to AdamW)") \
   X(std::string, no_weight_decay, "", \
     "comma-separated globs of param names never weight-decayed, by either optimizer (e.g. " \
     "'embedding*,output_layer*'); norm weights and other non-matrix params never are") \
@@ -154,7 +158,8 @@
     "QK-clip (MuonClip, Kimi K2) threshold tau: after each step, the query and key rows of every " \
     "KV group whose largest attention logit (q.k/sqrt(d) after rotary, over the step's attended " \
     "pairs on all ranks) exceeded tau are scaled by sqrt(tau / that logit), whichever optimizer " \
-    "owns the qkv weights (Kimi K2 used 100); finite, >= 0; 0 = off (no logits are measured)") \
+    "owns the qkv weights (Kimi K2 used 100); in [0, FLT_MAX] (an fp32 logit never exceeds it); " \
+    "0 = off (no logits are measured)") \
   X(optimizers::ScheduleKind, schedule, optimizers::ScheduleKind::kWarmupCosine, \
     "lr schedule: constant, cosine, linear, wsd") \
   X(int64_t, warmup_steps, 20, \

@@ -6,9 +6,11 @@
 #include <initializer_list>
 #include <iterator>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -109,7 +111,7 @@ TEST(TrainerConfig, ValidationNamesTheField) {
   config.max_bucket_padding = 1.5;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--max_bucket_padding 1.5: expected a fraction in [0, 1]")));
+                       HasSubstr("--max_bucket_padding must be in [0, 1], got 1.5")));
   config = TrainerConfig();
   config.muon_ns_form = NsForm::kGram;  // with the default bf16 iteration
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
@@ -208,7 +210,7 @@ TEST(TrainerConfigTest, ExpertFlags) {
   config.moe_z_loss_coeff = -0.5;
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--moe_z_loss_coeff -0.5: expected a finite weight >= 0")));
+                       HasSubstr("--moe_z_loss_coeff must be in [0, 2^32] or -1, got -0.5")));
 }
 
 TEST(TrainerConfigTest, RouteOverrides) {
@@ -245,8 +247,7 @@ TEST(TrainerConfig, QkClipThresholdIsFiniteAndNotNegative) {
     ASSERT_OK(ApplyConfigText(bad, "c", &config));
     EXPECT_THAT(ValidateTrainerConfig(config, 2),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("--qk_clip_threshold must be a finite number >= 0 (0 disables "
-                                   "QK-clip), got ")))
+                         HasSubstr("--qk_clip_threshold must be in [0, 3.40282e+38], got ")))
         << bad;
   }
   for (const char* good : {"qk_clip_threshold: 0", "qk_clip_threshold: 100"}) {
@@ -261,8 +262,8 @@ TEST(TrainerConfig, NonFiniteMaxGradNormIsRejected) {
   ASSERT_OK(ApplyConfigText("max_grad_norm: nan\n", "c", &config));
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--max_grad_norm must be a finite number (<= 0 disables "
-                                 "clipping), got nan")));
+                       HasSubstr("--max_grad_norm must be finite, got nan (compared with the "
+                                 "global norm in double, <= 0 disables")));
   ASSERT_OK(ApplyConfigText("max_grad_norm: inf\n", "c", &config));
   EXPECT_THAT(ValidateTrainerConfig(config, 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got inf")));
@@ -278,22 +279,28 @@ TEST(TrainerConfig, FloatFlagsOutOfRangeAreRejected) {
     const char* message;
   };
   for (const Case& c : std::initializer_list<Case>{
-           {"lr: 1e39", "--lr 1e+39 x --weight_decay 0.01 = 1e+37 exceeds 2"},
-           {"lr: 3e38", "accepted --lr with this --weight_decay: (0, 200]"},
-           {"lr: 1e39 weight_decay: 0",
-            "--lr 1e+39: AdamW's first step size --lr / (1 - --adam_beta1 0.9) = 1e+40 exceeds "
+           {"lr: 1e39", "--lr must be in (0, 2^64], got 1e+39"},
+           {"lr: 1e3", "--lr 1000 x --weight_decay 0.01 = 10 exceeds 2"},
+           {"lr: 1e3", "accepted --lr with this --weight_decay: (0, 200]"},
+           {"lr: 1e19 weight_decay: 0",
+            "--lr 1e+19: AdamW's first step size --lr / (1 - --adam_beta1 0.9) = 1e+20 exceeds "
             "2^64"},
            {"lr: 1e19 weight_decay: 0 adam_beta1: 0.5", "accepted --lr with this --adam_beta1: (0, "
                                                         "9.22337e+18]"},
-           {"muon_lr: 1e39", "--muon_lr 1e+39 x --muon_weight_decay 0.01 = 1e+37 exceeds 2"},
-           {"muon_lr: 1e39 muon_weight_decay: 0",
-            "--muon_lr 1e+39 x the largest lr scale of --muon_scale_rule=original (1 x 2^25, a "
-            "param of 2^50 elements) = 3.35544e+46 exceeds 2^64"},
-           {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e30",
+           {"muon_lr: 1e3", "--muon_lr 1000 x --muon_weight_decay 0.01 = 10 exceeds 2"},
+           {"muon_lr: 1e39 muon_weight_decay: 0", "--muon_lr must be in (0, 2^39], got 1e+39"},
+           {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e15",
+            "--muon_lr 0.02 x the largest lr scale of --muon_scale_rule=spectral (1e+15 x 2^25, a "
+            "param of 2^50 elements) = 6.71089e+20 exceeds 2^64"},
+           {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e15",
             "accepted --muon_lr x the rule's factor: (0, 2^39 = 5.49756e+11]"},
-           {"weight_decay: 1e300", "--lr 0.003 x --weight_decay 1e+300 = 3e+297 exceeds 2"},
-           {"adam_eps: 1e39", "--adam_eps must be in [0, 2^64] (added to sqrt(v) in fp32), got "
-                              "1e+39"},
+           {"weight_decay: 1e300", "--weight_decay must be in [0, 2^64], got 1e+300"},
+           {"weight_decay: 1e3", "--lr 0.003 x --weight_decay 1000 = 3 exceeds 2"},
+           {"adam_eps: 1e39", "--adam_eps must be in [0, 2^64], got 1e+39 (added to sqrt(v) in "
+                              "fp32)"},
+           {"moe_aux_loss_coeff: 1e39", "--moe_aux_loss_coeff must be in [0, 2^32] or -1, got "
+                                        "1e+39 (a loss weight"},
+           {"moe_z_loss_coeff: 1e300", "--moe_z_loss_coeff must be in [0, 2^32] or -1, got 1e+300"},
            {"muon_ns_coefficients: \"1e39,-4.775,2.0315\"",
             "--muon_ns_coefficients: Newton-Schulz coefficients '1e39,-4.775,2.0315': "
             "coefficient 1e+39 is outside the accepted [-1024, 1024]"},
@@ -329,6 +336,111 @@ TEST(TrainerConfig, FloatFlagsOutOfRangeAreRejected) {
     ASSERT_OK(ApplyConfigText(text, "c", &config)) << text;
     EXPECT_OK(ValidateTrainerConfig(config, 2)) << text;
   }
+}
+
+// Every double field of the table (trainer_config_fields.h) has a declared range that holds its
+// default, and a value outside it (beyond either end, NaN, infinities) is refused naming the flag,
+// the value and the range: a new double field without a range fails here.
+TEST(TrainerConfig, EveryDoubleFieldHasARangeAndIsRefusedOutsideIt) {
+  int doubles = 0;
+  auto check_field = [&doubles](const char* field, auto member) {
+    using T = std::decay_t<decltype(TrainerConfig().*member)>;
+    if constexpr (std::is_same_v<T, double>) {
+      ++doubles;
+      const DoubleRange* range = DoubleRangeOf(field);
+      ASSERT_NE(range, nullptr) << "double field --" << field
+                                << " has no range: add it to field_checks.cc's kDoubleRanges";
+      EXPECT_TRUE(range->Contains(TrainerConfig().*member)) << field << "'s default";
+      if (range->sentinel.has_value()) EXPECT_TRUE(range->Contains(*range->sentinel)) << field;
+      const double inf = std::numeric_limits<double>::infinity();
+      std::vector<double> outside = {std::nan(""), inf, -inf};
+      if (range->max < std::numeric_limits<double>::max()) {
+        outside.push_back(range->max_open ? range->max : std::nextafter(range->max, inf));
+        outside.push_back(std::max(1e39, 2 * range->max));
+      }
+      if (range->min > -std::numeric_limits<double>::max()) {
+        outside.push_back(range->min_open ? range->min : std::nextafter(range->min, -inf));
+        outside.push_back(-1e39);
+      }
+      for (double value : outside) {
+        TrainerConfig config;
+        config.*member = value;
+        EXPECT_FALSE(range->Contains(value)) << field << " " << value;
+        const bool finite_range = range->ToString() == "finite";
+        EXPECT_THAT(ValidateTrainerConfig(config, 2),
+                    StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr(absl::StrCat("--", field,
+                                                    finite_range ? " must be finite"
+                                                                 : " must be in " +
+                                                                       range->ToString(),
+                                                    ", got ", value, " ("))))
+            << field << " " << value;
+      }
+    }
+  };
+#define ORTHOSHARD_CHECK_DOUBLE(type, name, default_value, help) \
+  check_field(#name, &TrainerConfig::name);
+  ORTHOSHARD_TRAINER_CONFIG_FIELDS(ORTHOSHARD_CHECK_DOUBLE)
+#undef ORTHOSHARD_CHECK_DOUBLE
+  EXPECT_GE(doubles, 17);  // the table's double fields today; more only add to the count
+  EXPECT_EQ(DoubleRangeOf("steps"), nullptr);  // not a double
+}
+
+// A flag that does nothing in the configured mode is refused when given (on the command line or in
+// the config text), naming it and what it needs; the same flag in its mode, or left at its default
+// elsewhere, is accepted.
+TEST(TrainerConfig, GivenFlagsThatDoNothingAreRefused) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           {"muon_tp_mode: \"owner\"", "--muon_tp_mode needs --tp > 1 and --optimizer=muon"},
+           {"tp: 2 global_batch: 8 optimizer: \"adamw\" muon_tp_mode: \"duplicated\"",
+            "--muon_tp_mode needs --tp > 1 and --optimizer=muon"},
+           {"fsdp_grad_syncs_in_flight: 1", "--fsdp_grad_syncs_in_flight needs --dist=fsdp; it "
+                                            "does nothing here: drop it"},
+           {"fsdp_grad_accum: \"full\"", "--fsdp_grad_accum needs --dist=fsdp"},
+           {"reshard_after_forward: false", "--reshard_after_forward needs --dist=fsdp"},
+           {"prefetch_params: true", "--prefetch_params needs --dist=fsdp"},
+           {"dist: \"replicated\" overlap_param_gather: false",
+            "--overlap_param_gather needs --dist=layerwise, distopt or fsdp"},
+           {"recompute_layers: -1", "--recompute_layers needs --recompute=full or "
+                                    "--recompute=selective"},
+           {"muon_extra_scale: 2", "--muon_extra_scale needs --muon_scale_rule=spectral"},
+           {"optimizer: \"adamw\" route: \"*experts*=adamw\"", "--route needs --optimizer=muon"},
+           {"decay_steps: 10", "--decay_steps needs --schedule=wsd"},
+           {"grad_reduce_in_fp32: true", "--grad_reduce_in_fp32 needs --precision=bf16"},
+           {"ep: 1", "need a mixture-of-experts model, but 'tiny' is dense"},
+           {"moe_aux_loss_coeff: -1", "need a mixture-of-experts model, but 'tiny' is dense"},
+       }) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(c.text, "c", &config)) << c.text;
+    EXPECT_THAT(ValidateTrainerConfig(config, 2),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.text;
+  }
+  for (const char* text :
+       {"tp: 2 global_batch: 8 muon_tp_mode: \"duplicated\"",
+        "dist: \"fsdp\" fsdp_grad_syncs_in_flight: 2 fsdp_grad_accum: \"full\" "
+        "reshard_after_forward: false prefetch_params: false",
+        "dist: \"layerwise\" overlap_param_gather: false",
+        "recompute: \"full\" recompute_layers: -1",
+        "muon_scale_rule: \"spectral\" muon_extra_scale: 2", "route: \"*norm*=adamw\"",
+        "schedule: \"wsd\" decay_steps: 10", "precision: \"bf16\" grad_reduce_in_fp32: false",
+        "model: \"moe-tiny\" ep: 1 moe_aux_loss_coeff: -1"}) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(text, "c", &config)) << text;
+    EXPECT_OK(ValidateTrainerConfig(config, 2)) << text;
+  }
+  TrainerConfig config;  // the same values, not given: the defaults of every mode
+  config.muon_tp_mode = optimizers::MuonTpMode::kDuplicated;
+  config.fsdp_grad_syncs_in_flight = 3;
+  config.overlap_param_gather = false;
+  config.dist = DistMode::kReplicated;
+  EXPECT_OK(ValidateTrainerConfig(config, 2));
+  ASSERT_OK(ApplyConfigText("steps: 5", "c", &config));
+  EXPECT_EQ(config.given, std::set<std::string>{"steps"});
 }
 
 TEST(TrainerConfig, DistModes) {
