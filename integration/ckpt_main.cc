@@ -27,6 +27,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "common/status_macros.h"
+#include "integration/checkpoint_model.h"
 #include "integration/hf_export.h"
 #include "model/gpt_config.h"
 #include "model/model.h"
@@ -34,7 +35,6 @@
 namespace orthoshard::integration {
 
 using ::orthoshard::model::SavedModel;
-using ::orthoshard::model::ParseSavedModel;
 using ::orthoshard::model::ModelParam;
 using ::orthoshard::model::Gpt;
 namespace {
@@ -92,7 +92,7 @@ absl::StatusOr<Gpt> LoadModel(const checkpoint::CheckpointReader& reader, const 
 absl::Status Forward(const std::string& dir, const checkpoint::CkptCommand& command,
                      std::ostream& out) {
   ASSIGN_OR_RETURN(checkpoint::CheckpointReader reader, checkpoint::CheckpointReader::Open(dir));
-  ASSIGN_OR_RETURN(const SavedModel saved, ParseSavedModel(reader.manifest().model_config()));
+  ASSIGN_OR_RETURN(const SavedModel saved, CheckpointModel(reader.manifest(), reader.dir()));
   ASSIGN_OR_RETURN(const std::vector<int64_t> ids, ParseTokens(command.tokens, saved.config.vocab_size));
   const int64_t T = static_cast<int64_t>(ids.size());
   if (T > saved.config.max_seq_len) {
@@ -141,9 +141,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   checkpoint::CkptExtensions extensions;
-  extensions.hf_mapping = [](const std::string& model_config, const checkpoint::CkptCommand& c)
+  extensions.hf_mapping = [](const checkpoint::Manifest& manifest, const std::string& dir,
+                             const checkpoint::CkptCommand& c)
       -> absl::StatusOr<checkpoint::ExportMapping> {
-    ASSIGN_OR_RETURN(const SavedModel saved, ParseSavedModel(model_config));
+    ASSIGN_OR_RETURN(const SavedModel saved, CheckpointModel(manifest, dir));
     ASSIGN_OR_RETURN(checkpoint::ExportMapping mapping, HfExportMapping(saved, c.tokenizer));
     if (c.tokenizer.empty()) {
       ASSIGN_OR_RETURN(const int64_t eod, SavedEodToken(saved));

@@ -27,6 +27,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/param_shapes.h"
 #include "optimizers/routing.h"
 
 namespace orthoshard::model {
@@ -180,6 +181,29 @@ TEST(Gpt, ParamsNamesShapesRolesAndSplits) {
 }
 
 // The optimizers' default name-based routing sends exactly the kHidden params to Muon.
+// GptParamShapes (what a checkpoint's config is checked against, with nothing allocated) lists
+// exactly the params Gpt builds, in order, with their shapes.
+TEST(Gpt, ParamShapesTableListsTheModelsParams) {
+  std::vector<GptConfig> configs;
+  for (const char* preset : {"tiny", "small", "gpt2-124m", "moe-tiny", "moe-tiny-shared"}) {
+    configs.push_back(*GptPreset(preset));
+  }
+  configs.push_back(configs.front());
+  configs.back().tie_embeddings = false;
+  for (const GptConfig& config : configs) {
+    ASSERT_OK_AND_ASSIGN(const Gpt model, Gpt::CreateUninitialized(config));
+    const std::vector<ParamShape> table = GptParamShapes(config);
+    ASSERT_EQ(table.size(), model.params().size());
+    for (size_t i = 0; i < table.size(); ++i) {
+      const ModelParam& p = model.params()[i];
+      EXPECT_EQ(table[i].name, p.name);
+      EXPECT_EQ(table[i].shape, std::vector<int64_t>(p.tensor.sizes().begin(),
+                                                     p.tensor.sizes().end()))
+          << p.name;
+    }
+  }
+}
+
 TEST(Gpt, NamesRouteLikeKinds) {
   for (bool tied : {false, true}) {
     ASSERT_OK_AND_ASSIGN(Gpt model, Gpt::Create(Small(tied), 1));

@@ -219,7 +219,7 @@ absl::Status RunCkptCommand(const CkptCommand& command, std::ostream& out,
               "this program knows no model to map to Hugging Face names (--format=hf)");
         }
         ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir));
-        ASSIGN_OR_RETURN(options.mapping, extensions.hf_mapping(manifest.model_config(), command));
+        ASSIGN_OR_RETURN(options.mapping, extensions.hf_mapping(manifest, dir, command));
       }
       ASSIGN_OR_RETURN(std::vector<std::string> files,
                        ExportSafetensors(dir, command.to, options));

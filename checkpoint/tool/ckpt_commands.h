@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/manifest.pb.h"
 
 namespace orthoshard::checkpoint {
 
@@ -73,9 +74,12 @@ struct ExportOptions {
 };
 
 // What a program adds to the commands above (ckpt export --format=hf, ckpt forward): it knows the
-// model, this package does not. `model_config` is the checkpoint's SharedState::model_config.
+// model, this package does not. hf_mapping gets the checkpoint's manifest (its model_config is
+// the saving run's SharedState::model_config, to be checked against the params the manifest lists
+// before it is trusted) and the resolved checkpoint directory; it runs before anything is written.
 struct CkptExtensions {
-  std::function<absl::StatusOr<ExportMapping>(const std::string& model_config,
+  std::function<absl::StatusOr<ExportMapping>(const Manifest& manifest,
+                                              const std::string& checkpoint_dir,
                                               const CkptCommand& command)>
       hf_mapping;
   std::function<absl::Status(const std::string& checkpoint_dir, const CkptCommand& command,
