@@ -56,12 +56,29 @@ File::~File() {
 }
 
 absl::StatusOr<File> File::OpenForRead(const std::string& path) {
+  // O_NONBLOCK: a FIFO opens at once instead of waiting for a writer, so fstat can refuse it.
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoToStatus(errno, "open", path);
-  return File(fd, path);
+  File file(fd, path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat", path);
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                    : "not a regular file";
+    return absl::InvalidArgumentError(
+        absl::StrCat("open(", path, "): ", kind, ", expected a regular file"));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoToStatus(errno, "fcntl", path);
+  }
+  return file;
 }
 
 absl::StatusOr<File> File::CreateForWrite(const std::string& path) {

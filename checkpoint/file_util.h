@@ -34,7 +34,9 @@ class File {
   File& operator=(const File&) = delete;
   ~File();
 
-  // Opens for reading. Errors: kNotFound, kPermissionDenied, kInternal.
+  // Opens a regular file for reading; never blocks (a FIFO is refused, not waited on). Errors:
+  // kNotFound, kPermissionDenied, kInvalidArgument "open(<path>): a FIFO, expected a regular file"
+  // (also a directory, a socket, a device), kInternal.
   static absl::StatusOr<File> OpenForRead(const std::string& path);
   // Creates (truncating) for writing with mode 0644.
   static absl::StatusOr<File> CreateForWrite(const std::string& path);
@@ -64,7 +66,8 @@ absl::Status SyncDir(const std::string& path);
 // fsyncs the regular file `path` (opened read-only).
 absl::Status SyncFile(const std::string& path);
 
-// Whole-file read, for small files (manifest, pointer file).
+// Whole-file read of a regular file (OpenForRead's errors), for small files (manifest, pointer
+// file, a tokenizer).
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Writes `contents` to `path` atomically: `<path>.tmp` is written and fsynced, renamed over

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/json_structure.h"
 #include "common/status_macros.h"
 #include "data/prepared_dataset.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -544,6 +545,13 @@ absl::StatusOr<PreparedInfo> ReadPreparedInfo(const std::string& dir) {
   const std::string path = dir + "/dataset.json";
   const std::string where = absl::StrCat("prepared dataset '", path, "': ");
   ASSIGN_OR_RETURN(const std::string json, ReadFile(path, "prepared dataset"));
+  // protobuf's JSON mapping keeps the last of two equal keys and is quadratic in the nesting: a
+  // linear scan refuses both first. tools/prepare_data.py writes 3 levels (sources[i].path).
+  constexpr int kMaxDatasetJsonDepth = 8;
+  if (const absl::Status status = CheckJsonStructure(json, kMaxDatasetJsonDepth); !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "not a dataset.json of tools/prepare_data.py: ", status.message()));
+  }
   PreparedDataset message;
   if (const auto status = google::protobuf::util::JsonStringToMessage(json, &message);
       !status.ok()) {

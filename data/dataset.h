@@ -7,7 +7,8 @@
 // page cache instead of each holding the corpus (every token is read once at load, to check its
 // range; those pages are then dropped from the process). A data file replaced by a rename (as
 // tools/prepare_data.py --overwrite does) is safe while a run maps the old one; one truncated in
-// place under a running job ends it with SIGBUS, as for any memory-mapped reader.
+// place under a running job ends it with SIGBUS, as for any memory-mapped reader (pretrain's last
+// line then names the signal and this cause: collectives::DescribeExitCode).
 //
 // Formats:
 //   raw text        any bytes; token = byte value, vocab 256.

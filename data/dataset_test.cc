@@ -425,5 +425,25 @@ TEST(Prepared, BadDatasetJson) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("dataset.json")));
 }
 
+// A key given twice would take the last value (protobuf's JSON mapping): refused, naming the key and
+// the file; so is nesting past the scan's limit, at any depth of input, in one pass.
+TEST(Prepared, DatasetJsonWithADuplicateKeyIsRefused) {
+  const std::string dir = TempPath("prepared_duplicate");
+  WritePrepared(dir, 300, 1, Ramp(100, 300), Ramp(100, 300), ", \"vocab_size\": 65536");
+  EXPECT_THAT(ReadPreparedInfo(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("prepared dataset '" + dir + "/dataset.json': not a dataset.json of "
+                                 "tools/prepare_data.py: JSON object has the key \"vocab_size\" "
+                                 "twice (byte ")));
+  WritePrepared(dir, 300, 1, Ramp(100, 300), Ramp(100, 300),
+                ", \"sources\": " + std::string(200000, '[') + std::string(200000, ']'));
+  EXPECT_THAT(ReadPreparedInfo(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("dataset.json': not a dataset.json of tools/prepare_data.py: JSON "
+                                 "nests deeper than 8 levels at byte ")));
+  WritePrepared(dir, 300, 1, Ramp(100, 300), Ramp(100, 300));
+  EXPECT_OK(ReadPreparedInfo(dir).status());
+}
+
 }  // namespace
 }  // namespace orthoshard::data

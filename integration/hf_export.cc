@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/file_util.h"
+#include "common/json_structure.h"
 #include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "data/dataset.h"
@@ -41,9 +42,18 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path, absl::string_view
   return contents;
 }
 
+// The deepest nesting a tokenizer file may have. Hugging Face's files nest about 6 levels
+// (post_processor.special_tokens.<token>.ids); protobuf's JSON mapping into google.protobuf.Value
+// fails on its own past 33 nested objects (its 100-level message recursion limit, 3 levels per
+// object), so at 32 every file this accepts also parses, and a deeper one is refused by the scan in
+// one pass, with a message naming the limit.
+constexpr int kMaxTokenizerJsonDepth = 32;
+
 // `text` parsed as any JSON value (protobuf's JSON parser into google.protobuf.Value: objects,
 // arrays, strings, numbers as doubles, booleans, null).
 absl::StatusOr<Value> ParseAnyJson(const std::string& text) {
+  // First a linear scan: protobuf's parser is quadratic in the nesting (json_structure.h).
+  RETURN_IF_ERROR(CheckJsonStructure(text, kMaxTokenizerJsonDepth));
   Value value;
   if (const auto status = google::protobuf::util::JsonStringToMessage(text, &value); !status.ok()) {
     // Its first line only: protobuf follows it with the offending text, which may be binary.
@@ -240,6 +250,56 @@ const Value* Member(const Struct& object, const std::string& key) {
   return it == object.fields().end() ? nullptr : &it->second;
 }
 
+// What is wrong with a BPE model's merges ("" if nothing), as tokenizers' BpeBuilder::build checks
+// them (tokenizers 0.23, models/bpe/model.rs): each merge is "A B" (one space) or ["A", "B"]; A, B
+// and the merged token A + B[len(continuing_subword_prefix):] must all be in model.vocab (added
+// tokens do not count), B at least as long as the prefix. A file that breaks this fails to load
+// in tokenizers and AutoTokenizer (an error or a panic), so it is refused before export.
+std::string MergesProblem(const Struct& model, const Struct& vocab, const Value& merges) {
+  if (merges.kind_case() != Value::kListValue) return "model.merges is not an array";
+  const Value* prefix_value = Member(model, "continuing_subword_prefix");
+  const size_t prefix = prefix_value != nullptr && prefix_value->kind_case() == Value::kStringValue
+                            ? prefix_value->string_value().size()
+                            : 0;
+  const ListValue& list = merges.list_value();
+  for (int i = 0; i < list.values_size(); ++i) {
+    const Value& merge = list.values(i);
+    std::string a, b;
+    if (merge.kind_case() == Value::kStringValue) {
+      const std::string& line = merge.string_value();
+      const size_t space = line.find(' ');
+      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+        return absl::StrCat("model.merges[", i, "] \"", line, "\" is not \"A B\" (one space)");
+      }
+      a = line.substr(0, space);
+      b = line.substr(space + 1);
+    } else if (merge.kind_case() == Value::kListValue && merge.list_value().values_size() == 2 &&
+               merge.list_value().values(0).kind_case() == Value::kStringValue &&
+               merge.list_value().values(1).kind_case() == Value::kStringValue) {
+      a = merge.list_value().values(0).string_value();
+      b = merge.list_value().values(1).string_value();
+    } else {
+      return absl::StrCat("model.merges[", i, "] is neither \"A B\" nor [\"A\", \"B\"]");
+    }
+    for (const std::string* part : {&a, &b}) {
+      if (!vocab.fields().contains(*part)) {
+        return absl::StrCat("model.merges[", i, "] merges '", a, "' and '", b, "', but '", *part,
+                            "' is not in model.vocab");
+      }
+    }
+    if (b.size() < prefix) {
+      return absl::StrCat("model.merges[", i, "]: '", b,
+                          "' is shorter than model.continuing_subword_prefix");
+    }
+    const std::string merged = a + b.substr(prefix);
+    if (!vocab.fields().contains(merged)) {
+      return absl::StrCat("model.merges[", i, "] merges '", a, "' and '", b, "' into '", merged,
+                          "', which is not in model.vocab");
+    }
+  }
+  return "";
+}
+
 // Reads the model's vocabulary into `info`; "" or what is wrong with it.
 std::string ReadModelVocab(const Struct& model, TokenizerJsonInfo* info) {
   const Value* type = Member(model, "type");
@@ -276,11 +336,13 @@ std::string ReadModelVocab(const Struct& model, TokenizerJsonInfo* info) {
     info->tokens.emplace(id, token);
     info->id_count = std::max(info->id_count, id + 1);
   }
-  if (kind == "BPE") {
-    const Value* merges = Member(model, "merges");
-    if (merges == nullptr || merges->kind_case() != Value::kListValue) {
-      return "BPE model has no merges array";
-    }
+  const Value* merges = Member(model, "merges");
+  if (kind == "BPE" && (merges == nullptr || merges->kind_case() != Value::kListValue)) {
+    return "BPE model has no merges array";
+  }
+  // Without "type", tokenizers tries BPE first: its merges must hold as well.
+  if (merges != nullptr && (kind == "BPE" || kind.empty())) {
+    return MergesProblem(model, vocab->struct_value(), *merges);
   }
   return "";
 }

@@ -77,11 +77,13 @@ struct TokenizerJsonInfo {
 // Checks that `text` has the structure Hugging Face tokenizers (Tokenizer.from_file, and so
 // transformers' PreTrainedTokenizerFast) reads: a JSON object with "version": "1.0"; a "model" object
 // whose "type", when present, is BPE, WordPiece, WordLevel or Unigram, with a "vocab" (an object of
-// token -> id, or for Unigram an array of [token, score]) and for BPE "merges" (an array); optional
-// "added_tokens" (an array of objects with an integer "id" and a string "content"); optional
-// "normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation" and "padding", each null
-// or an object. `path` names the file in messages. Errors: kInvalidArgument "--tokenizer 'PATH': not
-// a Hugging Face tokenizer.json: <what is missing or malformed>".
+// token -> id, or for Unigram an array of [token, score]) and for BPE "merges" (an array of "A B" or
+// ["A", "B"], A, B and the merged token all in "vocab", as tokenizers' BpeBuilder requires);
+// optional "added_tokens" (an array of objects with an integer "id" and a string "content");
+// optional "normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation" and "padding",
+// each null or an object; no object with a key twice and at most 32 levels of nesting (checked in
+// one linear pass before parsing). `path` names the file in messages. Errors: kInvalidArgument
+// "--tokenizer 'PATH': not a Hugging Face tokenizer.json: <what is missing or malformed>".
 absl::StatusOr<TokenizerJsonInfo> CheckTokenizerJson(absl::string_view path, const std::string& text);
 
 }  // namespace orthoshard::integration

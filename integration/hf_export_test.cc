@@ -1,5 +1,8 @@
 #include "integration/hf_export.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -277,6 +280,91 @@ TEST(CheckTokenizerJson, NamesWhatIsMissing) {
   ASSERT_OK_AND_ASSIGN(TokenizerJsonInfo bpe, CheckTokenizerJson("t.json", kTokenizerJson));
   EXPECT_EQ(bpe.id_count, 4);
   EXPECT_THAT(bpe.tokens, Not(::testing::IsEmpty()));
+}
+
+// kTokenizerJson with its model's merges replaced by `merges` (JSON text).
+std::string WithMerges(const std::string& merges, const std::string& prefix = "null") {
+  std::string json = kTokenizerJson;
+  const std::string old_merges = R"("merges": [["a", "b"]])";
+  json.replace(json.find(old_merges), old_merges.size(),
+               "\"continuing_subword_prefix\": " + prefix + ", \"merges\": " + merges);
+  return json;
+}
+
+// Each merge as tokenizers' BpeBuilder::build checks it (tokenizers 0.23.3's Tokenizer.from_str
+// refuses every file below, with an error or a panic, and loads the accepted ones).
+TEST(CheckTokenizerJson, MergesNameVocabularyTokens) {
+  struct Case {
+    std::string merges;
+    std::string prefix;
+    const char* error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"([["x", "b"]])", "null", "model.merges[0] merges 'x' and 'b', but 'x' is not in model.vocab"},
+           {R"([["a", "b"], ["a", "y"]])", "null", "model.merges[1] merges 'a' and 'y', but 'y' is not"},
+           {R"([["b", "a"]])", "null", "model.merges[0] merges 'b' and 'a' into 'ba', which is not in model.vocab"},
+           // Added tokens are not the model's vocabulary.
+           {R"([["a", "<|endoftext|>"]])", "null", "into 'a<|endoftext|>', which is not in model.vocab"},
+           {R"(["a b c"])", "null", "model.merges[0] \"a b c\" is not \"A B\" (one space)"},
+           {R"(["ab"])", "null", "model.merges[0] \"ab\" is not \"A B\" (one space)"},
+           {R"([["a", "b", "c"]])", "null", "model.merges[0] is neither \"A B\" nor [\"A\", \"B\"]"},
+           {R"([[0, 1]])", "null", "model.merges[0] is neither"},
+           {R"({"a": "b"})", "null", "BPE model has no merges array"},
+           // The prefix is cut from B whatever B starts with: "a" + "b"[2:] would panic in tokenizers.
+           {R"([["a", "b"]])", "\"##\"", "model.merges[0]: 'b' is shorter than model.continuing_subword_prefix"},
+       }) {
+    EXPECT_THAT(CheckTokenizerJson("t.json", WithMerges(c.merges, c.prefix)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("--tokenizer 't.json': not a Hugging Face tokenizer.json: "),
+                               HasSubstr(c.error))))
+        << c.merges;
+  }
+  EXPECT_OK(CheckTokenizerJson("t.json", WithMerges(R"(["a b"])")));
+  EXPECT_OK(CheckTokenizerJson("t.json", WithMerges("[]")));
+  // With the prefix "##": "a" + "ab"[2:] is "a", in the vocabulary (tokenizers loads it).
+  EXPECT_OK(CheckTokenizerJson("t.json", WithMerges(R"([["a", "ab"]])", "\"##\"")));
+  // Without "type" tokenizers tries BPE first, so its merges are checked too.
+  std::string untyped = WithMerges(R"([["b", "a"]])");
+  untyped.erase(untyped.find(R"("type": "BPE", )"), std::string(R"("type": "BPE", )").size());
+  EXPECT_THAT(CheckTokenizerJson("t.json", untyped),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("into 'ba', which is not")));
+}
+
+// A deeply nested file (400 kB) is refused at the nesting limit in one pass; protobuf's parser alone
+// takes time quadratic in the depth (hours here). The test's timeout catches a hang.
+TEST(CheckTokenizerJson, DeepNestingIsRefusedAtTheLimit) {
+  std::string deep = kTokenizerJson;
+  const std::string nested = std::string(200000, '[') + std::string(200000, ']');
+  deep.replace(deep.find("\"padding\": null"), 15, "\"padding\": " + nested);
+  EXPECT_THAT(CheckTokenizerJson("t.json", deep),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not a Hugging Face tokenizer.json: not JSON (JSON nests deeper "
+                                 "than 32 levels at byte ")));
+  // 32 levels parse (top-level object + 31 arrays).
+  std::string at_limit = kTokenizerJson;
+  at_limit.replace(at_limit.find("\"padding\": null"), 15,
+                   "\"truncation_x\": " + std::string(31, '[') + std::string(31, ']') + ", \"padding\": null");
+  EXPECT_OK(CheckTokenizerJson("t.json", at_limit));
+}
+
+TEST(CheckTokenizerJson, DuplicateKeyIsRefused) {
+  std::string twice = kTokenizerJson;
+  twice.replace(twice.find("\"ab\": 2"), 7, "\"ab\": 2, \"a\": 5");
+  EXPECT_THAT(CheckTokenizerJson("t.json", twice),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not JSON (JSON object has the key \"a\" twice (byte ")));
+}
+
+// A FIFO given as the tokenizer is refused at once, not opened for a writer that never comes.
+TEST(HfExportMapping, TokenizerThatIsAFifoIsRefused) {
+  ASSERT_OK_AND_ASSIGN(SavedModel saved, ParseSavedModel("model=tiny seq_len=64 documents=eod3"));
+  const std::string fifo = TempDir() + "/tokenizer_fifo.json";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(HfExportMapping(saved, fifo),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--tokenizer '" + fifo + "' cannot be read: open(" + fifo +
+                                 "): a FIFO, expected a regular file")));
 }
 
 }  // namespace

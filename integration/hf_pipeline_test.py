@@ -7,8 +7,9 @@
    with documents and the EOD loss mask -> `ckpt export --format=hf` -> transformers'
    AutoModelForCausalLM / AutoTokenizer load it, and its loss on the held-out windows, each document
    computed on its own as pretrain's document mask does, equals pretrain's eval loss.
-2. Export checks: a --tokenizer file that is not a tokenizers file, or whose ids pass the model's
-   vocabulary, exits 2 and writes nothing; a bare tokenizer.json loads in AutoTokenizer with the
+2. Export checks: a --tokenizer file that is not a tokenizers file, whose ids pass the model's
+   vocabulary, whose merges name tokens outside its vocabulary (files tokenizers itself refuses), with
+   a key twice or 400 kB of nesting, or a FIFO, exits 2 with one line and writes nothing; a bare tokenizer.json loads in AutoTokenizer with the
    checkpoint's EOD as eos; without --tokenizer, stderr says so and GenerationConfig reads the EOD as
    eos_token_id.
 3. Logits, per preset (tiny: tied, multi-head; small: tied, grouped-query with 4 query heads per KV
@@ -159,8 +160,10 @@ pipeline_ckpt = f"{root}/ckpt"
 def export_result(*flags):
     out_dir = os.path.join(work, "export_check")
     shutil.rmtree(out_dir, ignore_errors=True)
+    # A timeout well past an export's seconds: a check that blocks (a FIFO) or takes quadratic time
+    # (deep nesting) fails here instead of hanging the test.
     result = subprocess.run([ckpt, "export", pipeline_ckpt, f"--to={out_dir}", "--format=hf", *flags],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, timeout=120)
     return result, out_dir
 
 
@@ -170,17 +173,47 @@ good_tokenizer = json.load(open(os.path.join(data, "tokenizer.json")))
 too_big = dict(good_tokenizer, added_tokens=good_tokenizer.get("added_tokens", []) + [
     {"id": 100000, "content": "<big>", "single_word": False, "lstrip": False, "rstrip": False,
      "normalized": False, "special": True}])
+# Merges that name tokens outside model.vocab (or merge into one): tokenizers itself refuses the
+# file (so would AutoTokenizer), and so must the export.
+vocab_tokens = good_tokenizer["model"]["vocab"]
+merge_pairs = [m.split(" ") if isinstance(m, str) else m for m in good_tokenizer["model"]["merges"]]
+unmerged = next((a, b) for a in vocab_tokens for b in vocab_tokens if a + b not in vocab_tokens)
+bad_merges = {}
+for name, merge in (("unknown_merge.json", ["not-a-token", merge_pairs[0][1]]),
+                    ("unmerged.json", list(unmerged))):
+    bad = json.loads(json.dumps(good_tokenizer))
+    as_text = isinstance(good_tokenizer["model"]["merges"][0], str)  # "A B" or ["A", "B"], as written
+    bad["model"]["merges"] = bad["model"]["merges"] + [" ".join(merge) if as_text else merge]
+    try:
+        Tokenizer.from_str(json.dumps(bad))
+        loads = True
+    except BaseException:  # tokenizers' own Exception, or its PanicException (a BaseException)
+        loads = False
+    assert not loads, f"tokenizers loads {name}"
+    bad_merges[name] = json.dumps(bad)
+duplicate = json.dumps(good_tokenizer)
+duplicate = duplicate.replace('"version": "1.0"', '"version": "1.0", "version": "1.0"', 1)
+fifo = os.path.join(work, "fifo.json")
+os.mkfifo(fifo)
 for name, contents, error in (
         ("zip.json", "PK\x03\x04 not a tokenizer", "not JSON"),
         ("config.json", json.dumps({"model_type": "llama", "vocab_size": vocab}), "no \"version\": \"1.0\""),
         ("no_model.json", json.dumps({"version": "1.0", "added_tokens": []}), "no model object"),
-        ("too_big.json", json.dumps(too_big), f"ids go up to 100000, past the model's vocabulary of {vocab}")):
+        ("too_big.json", json.dumps(too_big), f"ids go up to 100000, past the model's vocabulary of {vocab}"),
+        ("unknown_merge.json", bad_merges["unknown_merge.json"], "but 'not-a-token' is not in model.vocab"),
+        ("unmerged.json", bad_merges["unmerged.json"],
+         f"into '{unmerged[0] + unmerged[1]}', which is not in model.vocab"),
+        ("duplicate.json", duplicate, "JSON object has the key \"version\" twice"),
+        ("deep.json", "[" * 200000 + "]" * 200000, "JSON nests deeper than 32 levels"),
+        ("fifo.json", None, "a FIFO, expected a regular file")):
     path = os.path.join(work, name)
-    with open(path, "w") as f:
-        f.write(contents)
+    if contents is not None:
+        with open(path, "w") as f:
+            f.write(contents)
     result, out_dir = export_result(f"--tokenizer={path}")
     assert result.returncode == 2, (name, result.returncode, result.stderr)
     assert f"--tokenizer '{path}'" in result.stderr and error in result.stderr, (name, result.stderr)
+    assert result.stderr.count("\n") == 1, (name, result.stderr)
     assert not os.path.exists(out_dir) and not os.path.exists(out_dir + ".export-tmp"), name
 
 # A bare tokenizer.json: copied, with the checkpoint's EOD as the tokenizer's eos token.
@@ -198,7 +231,8 @@ assert "tokenizer.json" not in os.listdir(out_dir), os.listdir(out_dir)
 assert json.load(open(os.path.join(out_dir, "config.json")))["eos_token_id"] == eod
 generation = GenerationConfig.from_pretrained(out_dir)
 assert generation.eos_token_id == eod and generation.bos_token_id == eod, generation
-print(f"PASS: export refuses 4 bad --tokenizer files (exit 2, nothing written); a bare tokenizer.json "
+print(f"PASS: export refuses 9 bad --tokenizer files (exit 2, one line, nothing written; merges as "
+      f"tokenizers checks them, a duplicate key, 400 kB of nesting at once, a FIFO); a bare tokenizer.json "
       f"loads with eos {file_tokenizer.eos_token!r}; without a tokenizer generation_config.json has "
       f"eos_token_id {generation.eos_token_id}")
 

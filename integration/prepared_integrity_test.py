@@ -8,7 +8,10 @@ Runs tools/prepare_data.py and then the real `pretrain --data=prepared:DIR`:
 - one byte of train.bin changed (same size, same counts): exit 2 naming train.bin's CRC-32C;
 - the same file with a dataset.json from before the CRCs were recorded: trains (only the counts are
   checked then), but `--resume` of a run saved on the original file exits 2: the loader's resume
-  fingerprint covers every byte of the data.
+  fingerprint covers every byte of the data;
+- train.bin truncated in place under a running 2-rank job: the ranks die of SIGBUS (the file is
+  memory-mapped) and pretrain's last line says so: the rank, exit code 135, the signal and the
+  likely cause.
 """
 
 import json
@@ -84,3 +87,31 @@ err = pretrain_on("--steps=4", f"--save_dir={ckpt}", "--resume", expect=2).stder
 assert "content CRC-32C (the data's files changed)" in err, err
 print("PASS: without recorded CRCs the changed file trains, and --resume on it exits 2 (the resume "
       "fingerprint covers every byte)")
+
+# Truncated in place under a running job: every rank maps train.bin, so every rank's next read past
+# the new end is a SIGBUS; the job must say which signal and why, not exit 135 in silence.
+for name, contents in originals.items():
+    open(os.path.join(data, name), "wb").write(contents)
+err_path = os.path.join(work, "truncated.err")
+with open(err_path, "w") as err_file:
+    job = subprocess.Popen([pretrain, "--nproc_per_node=2", "--model=tiny", f"--data=prepared:{data}",
+                            "--global_batch=4", "--seq_len=32", "--eval_every=0", "--log_every=1",
+                            "--steps=1000000"], stdout=subprocess.PIPE, stderr=err_file, text=True)
+    try:
+        for line in job.stdout:  # training has started once rank 0 logs a step
+            if "| loss" in line:
+                break
+        os.truncate(os.path.join(data, "train.bin"), 0)
+        job.stdout.read()
+        code = job.wait(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+err = open(err_path).read()
+lines = [line for line in err.splitlines() if line.startswith("pretrain: ")]
+assert code == 135, (code, err)
+assert lines and lines[-1].endswith(
+    " failed first with exit code 135 (killed by SIGBUS: a memory-mapped file it reads, a token "
+    "file or a checkpoint shard, was truncated or changed in place under the job)"), err
+print(f"PASS: train.bin truncated under a running 2-rank job: exit 135 and {lines[-1]!r}")

@@ -383,13 +383,17 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   // prints none.
   if (!json.empty()) std::printf("%s\n", json.c_str());
   std::fflush(stdout);
-  // Every rank exiting 128 + the same signal is a stop, after a step or during the rendezvous.
-  const bool stopped = result->exit_code > 128 &&
+  // Every rank exiting 128 + the same stop signal (SIGINT, SIGTERM, SIGHUP: those the launcher
+  // forwards) is a stop, after a step or during the rendezvous. Every rank dying of the same other
+  // signal is a failure to report: SIGBUS in all of them is the token file they all map truncated.
+  const int code = result->exit_code;
+  const bool stop_signal = code == 128 + SIGINT || code == 128 + SIGTERM || code == 128 + SIGHUP;
+  const bool stopped = stop_signal &&
                        std::all_of(result->rank_exit_codes.begin(), result->rank_exit_codes.end(),
-                                   [&](int code) { return code == result->exit_code; });
-  if (result->exit_code != 0 && !stopped) {
-    std::fprintf(stderr, "pretrain: rank %d failed first with exit code %d\n",
-                 result->first_failed_rank, result->exit_code);
+                                   [&](int c) { return c == code; });
+  if (code != 0 && !stopped) {
+    std::fprintf(stderr, "pretrain: rank %d failed first with %s\n", result->first_failed_rank,
+                 collectives::DescribeExitCode(code).c_str());
   }
   return result->exit_code;
 }

@@ -25,7 +25,7 @@ The validation split holds out whole documents (--val_fraction of them, chosen b
 document is in both.
 
 Exit codes: 0 done; 2 bad input or a bad path, with one line naming it and what was expected: a
-missing or unreadable input, invalid JSON, an empty corpus, an existing output without --overwrite,
+numeric argument outside its range (RANGES below) or not a number, a missing or unreadable input, invalid JSON, an empty corpus, an existing output without --overwrite,
 an output that is a file or a directory other than a prepared dataset, an output parent that is a
 file or not writable, a write that fails (disk full, file size limit). An existing output is then
 left as it was.
@@ -275,13 +275,37 @@ def sha256(path):
     return h.hexdigest()
 
 
+# The range of every numeric argument, checked before anything is read or written: (low, high,
+# closed on the right, why). --vocab_size: at least the 256 byte tokens and the EOD; at most 2^24,
+# since the ids must fit the int32 token files (< 2^31) and tokenizers' BpeTrainer reserves about 66
+# bytes per entry of vocab_size up front (measured with tokenizers 0.23: 17.7 GB at 2^28, an abort
+# at 2^32), so 2^24 bounds that to about 1.1 GB while being 64x the largest published vocabularies
+# (262144). --min_frequency: BpeTrainer's u64 (0, its own default, learns what 1 does). --seed:
+# any 64-bit unsigned value.
+U64_MAX = 2**64 - 1
+MAX_VOCAB_SIZE = 2**24
+RANGES = {
+    "vocab_size": (257, MAX_VOCAB_SIZE, True, "256 byte tokens + the EOD, up to 2^24"),
+    "min_frequency": (0, U64_MAX, True, "tokenizers' u64 pair count"),
+    "seed": (0, U64_MAX, True, "a 64-bit unsigned seed"),
+    "val_fraction": (0.0, 1.0, False, "a fraction of the documents"),
+}
+
+
+def check_ranges(args):
+    """Raises InputError naming the first numeric argument outside its range (NaN is outside)."""
+    for name, (low, high, closed, why) in RANGES.items():
+        value = getattr(args, name)
+        inside = low <= value <= high if closed else low <= value < high
+        if not inside:
+            bracket = "]" if closed else ")"
+            raise InputError(f"--{name} {value}: expected a value in [{low}, {high}{bracket} ({why})")
+
+
 def prepare(args):
     output = os.path.abspath(args.output_dir)
+    check_ranges(args)
     check_output_dir(args.output_dir, args.overwrite)
-    if not 0 <= args.val_fraction < 1:
-        raise InputError(f"--val_fraction must be in [0, 1), got {args.val_fraction}")
-    if args.tokenizer is None and args.vocab_size < 257:
-        raise InputError(f"--vocab_size must be >= 257 (256 byte tokens + the EOD), got {args.vocab_size}")
 
     sources, texts = [], []
     for path, text in read_documents(args.input, args.json_key, args.text_documents):
@@ -387,9 +411,17 @@ def write_output(output, meta, splits, dtype, tokenizer, eod_text):
         raise
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with its errors (a bad or missing argument) as one line and exit 2."""
+
+    def error(self, message):
+        print(f"prepare_data: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", required=True,
                         help="text files, or JSONL files (.jsonl/.json: one document per line)")
     parser.add_argument("--output_dir", required=True)

@@ -8,6 +8,8 @@
 - JSONL input (--json_key), a given --tokenizer (same ids as the trained one it came from).
 - dataset.json's CRC-32C of each .bin and .idx matches a bitwise reference CRC-32C of the files.
 - Bad input exits 2 with a message naming it, and an existing output directory is left as it was.
+- Numeric arguments outside their range exit 2 with one line naming the argument, the value and
+  the range (no traceback, no abort), before anything is written; the ends of the ranges work.
 - Bad paths (an input that is a directory or unreadable, an output through a file, an output that is
   a file or a directory other than a dataset, an unwritable parent, a write failing on a file size
   limit) exit 2 with one line naming the path, no traceback, and leave the output as it was.
@@ -149,6 +151,35 @@ for args, path, message in cases:
     assert len(lines) == 1 and path in lines[0] and message in lines[0], (args, result.stderr)
 assert open(a_file).read() == "not a directory\n" and os.listdir(not_a_dataset) == ["keep.txt"]
 assert not os.path.exists(os.path.join(work, "x"))
+
+
+# Numeric arguments outside their range (or not numbers): exit 2 before anything is read or
+# written, one line naming the argument, the value and the range; no traceback, no abort.
+numeric = [
+    (["--min_frequency", "-3"], "--min_frequency -3: expected a value in [0, 18446744073709551615]"),
+    (["--min_frequency", str(10**20)], f"--min_frequency {10**20}: expected a value in [0, "),
+    (["--vocab_size", str(10**20)], f"--vocab_size {10**20}: expected a value in [257, 16777216]"),
+    (["--vocab_size", "4294967297"], "--vocab_size 4294967297: expected a value in [257, 16777216]"),
+    (["--vocab_size", "256"], "--vocab_size 256: expected a value in [257, 16777216]"),
+    (["--seed", "-1"], "--seed -1: expected a value in [0, 18446744073709551615]"),
+    (["--seed", str(2**64)], f"--seed {2**64}: expected a value in [0, 18446744073709551615]"),
+    (["--val_fraction", "nan"], "--val_fraction nan: expected a value in [0.0, 1.0)"),
+    (["--val_fraction", "-0.5"], "--val_fraction -0.5: expected a value in [0.0, 1.0)"),
+    (["--val_fraction", "1"], "--val_fraction 1.0: expected a value in [0.0, 1.0)"),
+    (["--vocab_size", "1e3"], "argument --vocab_size: invalid int value: '1e3'"),
+]
+for args, message in numeric:
+    result = run("--input", jsonl, "--json_key", "body", "--output_dir", os.path.join(work, "x"), *args,
+                 expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prepare_data: " + message), (args, result.stderr)
+assert not os.path.exists(os.path.join(work, "x"))
+# The ends of the ranges are accepted (the trainer stops at the merges the corpus has).
+run("--input", jsonl, "--json_key", "body", "--output_dir", os.path.join(work, "edge"), "--vocab_size",
+    "16777216", "--min_frequency", str(2**64 - 1), "--seed", str(2**64 - 1), "--val_fraction", "0")
+assert json.load(open(os.path.join(work, "edge", "dataset.json")))["vocab_size"] == 257
+print(f"PASS: {len(numeric)} numeric arguments outside their range exit 2 with one line naming the "
+      f"argument, the value and the range; the ends of the ranges are accepted")
 
 
 def small_file_limit():

@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (result->exit_code != 0) {
-    std::fprintf(stderr, "launch: rank %d failed first with exit code %d\n",
-                 result->first_failed_rank, result->exit_code);
+    std::fprintf(stderr, "launch: rank %d failed first with %s\n", result->first_failed_rank,
+                 orthoshard::collectives::DescribeExitCode(result->exit_code).c_str());
   }
   return result->exit_code;
 }

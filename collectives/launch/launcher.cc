@@ -369,6 +369,38 @@ class Run {
 
 }  // namespace
 
+std::string DescribeExitCode(int code) {
+  if (code <= 128 || code >= 128 + 65) return absl::StrCat("exit code ", code);
+  struct Known {
+    int signal;
+    const char* name;
+    const char* cause;  // "" when the name says enough
+  };
+  static constexpr Known kKnown[] = {
+      {SIGBUS, "SIGBUS",
+       "a memory-mapped file it reads, a token file or a checkpoint shard, was truncated or "
+       "changed in place under the job"},
+      {SIGSEGV, "SIGSEGV", "an invalid memory access (a crash; its stderr above may say where)"},
+      {SIGABRT, "SIGABRT", "an abort: a failed check or an uncaught exception (see its stderr above)"},
+      {SIGKILL, "SIGKILL",
+       "from outside the program: the kernel's out-of-memory killer, a scheduler, a user, or the "
+       "launcher after another rank failed"},
+      {SIGFPE, "SIGFPE", "an arithmetic fault"},
+      {SIGILL, "SIGILL", "an instruction this CPU does not have (a build for another machine?)"},
+      {SIGTERM, "SIGTERM", ""},
+      {SIGINT, "SIGINT", ""},
+      {SIGHUP, "SIGHUP", ""},
+      {SIGPIPE, "SIGPIPE", "a write to a pipe or socket whose reader had gone"},
+  };
+  const int sig = code - 128;
+  for (const Known& known : kKnown) {
+    if (known.signal != sig) continue;
+    return absl::StrCat("exit code ", code, " (killed by ", known.name,
+                        *known.cause != '\0' ? ": " : "", known.cause, ")");
+  }
+  return absl::StrCat("exit code ", code, " (killed by signal ", sig, ")");
+}
+
 absl::StatusOr<LaunchResult> LaunchLocal(const LaunchOptions& options) {
   if (options.nprocs < 1) {
     return absl::InvalidArgumentError(

@@ -48,6 +48,12 @@ struct LaunchResult {
   bool killed_after_failure = false;  // some ranks were SIGKILLed after the grace period
 };
 
+// A rank's exit code in LaunchResult's encoding, for the job's last line: "exit code 3", or for
+// 128 + a signal the signal's name and its likely cause, e.g. "exit code 135 (killed by SIGBUS: a
+// memory-mapped file it reads, a token file or a checkpoint shard, was truncated or changed in
+// place under the job)".
+std::string DescribeExitCode(int code);
+
 // Starts `nprocs` ranks and waits for all of them. Each rank gets RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR=127.0.0.1, MASTER_PORT,
 // TORCHELASTIC_USE_AGENT_STORE, ORTHOSHARD_JOB_ID (unique to this launch) and ORTHOSHARD_JOB_TOKEN

@@ -159,6 +159,22 @@ TEST(LauncherTest, RejectsBadOptions) {
   EXPECT_THAT(captured.err, Contains("[rank 0] launcher: execve failed"));
 }
 
+// A rank's death by a signal names the signal and its likely cause: SIGBUS, every rank at once, is
+// what truncating a token file they all map under a running job does.
+TEST(DescribeExitCode, NamesTheSignalAndItsLikelyCause) {
+  EXPECT_EQ(DescribeExitCode(2), "exit code 2");
+  EXPECT_EQ(DescribeExitCode(128 + SIGBUS),
+            "exit code 135 (killed by SIGBUS: a memory-mapped file it reads, a token file or a "
+            "checkpoint shard, was truncated or changed in place under the job)");
+  EXPECT_THAT(DescribeExitCode(128 + SIGKILL),
+              HasSubstr("exit code 137 (killed by SIGKILL: from outside the program: the kernel's "
+                        "out-of-memory killer"));
+  EXPECT_EQ(DescribeExitCode(128 + SIGTERM), "exit code 143 (killed by SIGTERM)");
+  EXPECT_EQ(DescribeExitCode(128 + SIGUSR1), absl::StrCat("exit code ", 128 + SIGUSR1,
+                                                          " (killed by signal ", SIGUSR1, ")"));
+  EXPECT_EQ(DescribeExitCode(255), "exit code 255");
+}
+
 TEST(LauncherTest, AProgramRunDirectlyStartsItsOwnRanks) {
   // Run as a user would, outside any launcher (no rendezvous variables in its environment).
   const std::string command =
