@@ -47,8 +47,7 @@ std::vector<collectives::CollectiveOp> GradSyncOps(const ParamAndGradBuffer& buf
     ops.push_back(
         collectives::ReduceScatterOp{buffer.GradBucket(b), buffer.GradShard(b, rank), {op, {}}});
     if (kind == GradSync::kAllReduce && buffer.layout().dp > 1) {
-      ops.push_back(
-          collectives::AllGatherOp{buffer.GradShard(b, rank), buffer.GradBucket(b), {}});
+      ops.push_back(collectives::AllGatherOp{buffer.GradShard(b, rank), buffer.GradBucket(b), {}});
     }
   }
   return ops;

@@ -223,8 +223,8 @@ class SimulatedRanks {
       sim->grads_.push_back(at::zeros(model.specs[i].shape, at::kFloat));
       opt_params.push_back({model.specs[i].name, sim->params_[i], sim->grads_[i], {}});
     }
-    ASSIGN_OR_RETURN(sim->opt_, optimizers::ChainedOptimizer::Create(std::move(opt_params),
-                                                                     Config(clip)));
+    ASSIGN_OR_RETURN(sim->opt_,
+                     optimizers::ChainedOptimizer::Create(std::move(opt_params), Config(clip)));
     return sim;
   }
 
@@ -329,8 +329,8 @@ struct RunConfig {
       return absl::StrCat("fsdp_grad", overlap_grad ? "On" : "Off", "_reshard",
                           reshard ? "On" : "Off", "_micro", micro, clipped);
     }
-    return absl::StrCat(mode == DistributedMode::kSharded ? "sharded" : "replicated",
-                        "_grad", overlap_grad ? "On" : "Off", "_param", overlap_param ? "On" : "Off",
+    return absl::StrCat(mode == DistributedMode::kSharded ? "sharded" : "replicated", "_grad",
+                        overlap_grad ? "On" : "Off", "_param", overlap_param ? "On" : "Off",
                         "_micro", micro, clipped);
   }
 };
