@@ -1,5 +1,6 @@
 #include "buffers/bucket_sync.h"
 
+#include <cassert>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,13 +40,14 @@ absl::StatusOr<std::vector<std::unique_ptr<collectives::Work>>> LaunchPerBucketG
 std::vector<collectives::CollectiveOp> GradSyncOps(const ParamAndGradBuffer& buffer,
                                                    absl::Span<const int> buckets, GradSync kind,
                                                    collectives::ReduceOp op, int rank) {
+  assert(kind == GradSync::kReduceScatter || buffer.residency() == Residency::kFull);
   std::vector<collectives::CollectiveOp> ops;
   for (int b : buckets) {
-    if (kind == GradSync::kReduceScatter) {
-      ops.push_back(
-          collectives::ReduceScatterOp{buffer.GradBucket(b), buffer.GradShard(b, rank), {op, {}}});
-    } else {
-      ops.push_back(collectives::AllReduceOp{buffer.GradBucket(b), {op}});
+    // In place: with full residency the shard is a view of the bucket at this rank's slot.
+    ops.push_back(
+        collectives::ReduceScatterOp{buffer.GradBucket(b), buffer.GradShard(b, rank), {op, {}}});
+    if (kind == GradSync::kAllReduce && buffer.layout().dp > 1) {
+      ops.push_back(collectives::AllGatherOp{buffer.GradShard(b, rank), buffer.GradBucket(b), {}});
     }
   }
   return ops;

@@ -4,7 +4,13 @@
 //
 //   grad sync   kReduceScatter: each bucket of grad_data is reduced into this rank's shard of it
 //               (sharded optimizers then read GradShard(bucket, rank) only);
-//               kAllReduce: each bucket is reduced whole on every rank (replicated optimizers).
+//               kAllReduce: each bucket is reduced whole on every rank (replicated optimizers), as
+//               the same reduce-scatter followed by an all-gather of the reduced shard back into
+//               the bucket (collectives/communicator.h). So both kinds sum every element in one
+//               order: the one the bucket's shard partition gives it (the ring's order depends on
+//               the shard an element falls in), and a replicated run's mean gradient is bitwise a
+//               sharded run's over the same layout at any dp, not only where the engine's
+//               all-reduce happens to associate the terms alike (dp <= 2).
 //   param sync  this rank's shard of each bucket of param_data is all-gathered into the bucket, so
 //               every rank holds what every owner updated.
 //
@@ -34,9 +40,11 @@ enum class GradSync {
   kAllReduce,      // every rank ends with every bucket reduced
 };
 
-// One op per bucket in `buckets` (indices into buffer.layout().buckets): the grad sync `kind`
-// with reduction `op` (kSum or kAvg, see collectives/communicator.h), this rank being `rank` of
-// buffer.layout().dp ranks. Launch them as one group.
+// The grad sync ops of `buckets` (indices into buffer.layout().buckets): kind kReduceScatter, one
+// reduce-scatter per bucket; kAllReduce, per bucket that reduce-scatter and, at dp > 1, an
+// all-gather of its shard into the bucket (at dp 1 the one shard is the bucket). Reduction `op`
+// is kSum or kAvg (collectives/communicator.h), this rank being `rank` of buffer.layout().dp
+// ranks. Launch them as one group. Precondition: kAllReduce only with full residency.
 std::vector<collectives::CollectiveOp> GradSyncOps(const ParamAndGradBuffer& buffer,
                                                    absl::Span<const int> buckets, GradSync kind,
                                                    collectives::ReduceOp op, int rank);

@@ -13,6 +13,12 @@
 //   - A launch only enqueues the work. Tensors passed to a launch must stay alive and untouched
 //     until Wait() returns. Results are only defined after Wait() returns OK: finishing steps
 //     (AVG division, copying a reduce-scatter shard, unpacking uneven all-gathers) run inside Wait.
+//   - One exception, within a group: a reduce-scatter written in place (its output is this rank's
+//     slot of its input) followed by an all-gather of that output back into the same input. The
+//     all-gather reads the reduced shard (for AVG already divided), so the pair all-reduces the
+//     input with every element summed exactly as the reduce-scatter alone sums it (the grad
+//     all-reduce of buffers/bucket_sync.h). Both engines order the pair: Gloo's ring runs its
+//     operations one after another on one thread, NCCL's share a stream.
 //   - Wait(timeout) returns OK once this rank's part of the collective completed; it does not
 //     imply that other ranks have finished theirs. Every Work must be waited on, in any order.
 //   - A failed or timed-out collective leaves the communicator unusable: every later launch may

@@ -480,20 +480,23 @@ class C10dCommunicator : public Communicator {
     for (int r = 0; r < rank; ++r) offset += sizes[r];
     if (traits_.native_reduce_scatter) return NativeReduceScatter(op, sizes, offset, pending);
     at::Tensor input = op.input.view({-1});
+    const int size = shared_->size;
+    const bool avg = op.options.op == ReduceOp::kAvg;
     if (input.numel() > 0) {
-      // The ring reduces shard r into place on rank r; without it, an all-reduce of the whole.
-      pending.work = ring_ ? ring_->ReduceScatter(input, sizes, pending.seq)
+      // The ring reduces shard r into place on rank r, and divides it there for AVG (so that an
+      // all-gather of it later in the group reads the mean: communicator.h); without the ring, an
+      // all-reduce of the whole.
+      pending.work = ring_ ? ring_->ReduceScatter(input, sizes, pending.seq, avg ? size : 1)
                            : EngineAllReduce(input, c10d::ReduceOp::SUM);
     }
-    const bool avg = op.options.op == ReduceOp::kAvg;
-    const int size = shared_->size;
+    const bool divide = avg && !ring_;
     at::Tensor output = op.output;
     const int64_t count = sizes[rank];
-    pending.finish = [input, output, offset, count, avg, size]() mutable {
+    pending.finish = [input, output, offset, count, divide, size]() mutable {
       if (count == 0) return;
       at::Tensor shard = input.narrow(0, offset, count);
       if (shard.data_ptr() != output.data_ptr()) output.view({-1}).copy_(shard);
-      if (avg) output.div_(size);
+      if (divide) output.div_(size);
     };
   }
 

@@ -74,12 +74,14 @@ int64_t RingEngine::AllGatherSentElements(const std::vector<int64_t>& sizes, int
 }
 
 c10::intrusive_ptr<c10d::Work> RingEngine::ReduceScatter(at::Tensor input,
-                                                         std::vector<int64_t> sizes, int64_t tag) {
+                                                         std::vector<int64_t> sizes, int64_t tag,
+                                                         int64_t divisor) {
   Task task;
   task.reduce = true;
   task.input = std::move(input);
   task.sizes = std::move(sizes);
   task.tag = tag;
+  task.divisor = divisor;
   return Enqueue(std::move(task));
 }
 
@@ -197,6 +199,7 @@ void RingEngine::RunReduceScatter(Task& task) {
                target.narrow(0, at, count).add_(received.narrow(0, at, count));
              });
   }
+  if (task.divisor > 1 && task.sizes[rank_] > 0) chunk(rank_).div_(task.divisor);
 }
 
 void RingEngine::RunAllGather(Task& task) {

@@ -4,8 +4,9 @@
 //
 //   reduce-scatter  chunk c (shard c of the input) travels the ring c+1 -> c+2 -> ... -> c, each rank
 //                   adding its own chunk c on the way; after N - 1 steps rank r holds chunk r reduced
-//                   (in place, in its input). The sum of chunk c is (((x_{c+1} + x_{c+2}) + ...) +
-//                   x_c): one fixed order, the same on every run.
+//                   (in place, in its input; divided by the divisor for an average). The sum of
+//                   chunk c is (((x_{c+1} + x_{c+2}) + ...) + x_c): one fixed order, the same on
+//                   every run, that depends on an element's chunk index only.
 //   all-gather      each rank's shard travels the ring once, N - 1 steps, straight into the output.
 //
 // Each step's chunks are cut into pieces of at most `piece_bytes`, all sent and received at once,
@@ -51,11 +52,13 @@ class RingEngine {
   RingEngine& operator=(const RingEngine&) = delete;
 
   // Sums the ranks' `input` (flat, contiguous; shard r = the `sizes[r]` elements after those of
-  // ranks < r) into this rank's shard of it, in place; the rest of `input` is left partially
+  // ranks < r) into this rank's shard of it, in place, and divides that shard by `divisor` when it
+  // is above 1 (an average), before the operation completes: an operation launched after it (an
+  // all-gather of the shard) reads the final values. The rest of `input` is left partially
   // reduced. `tag` identifies the collective, the same on every rank and unique among those in
   // flight (Communicator's sequence number). Returns at once.
   c10::intrusive_ptr<c10d::Work> ReduceScatter(at::Tensor input, std::vector<int64_t> sizes,
-                                               int64_t tag);
+                                               int64_t tag, int64_t divisor = 1);
 
   // Gathers every rank's `input` (sizes[rank] elements) into `output` (flat, contiguous, shard r at
   // the offset of ranks < r); `input` may be this rank's shard of `output`. Returns at once.
@@ -76,6 +79,7 @@ class RingEngine {
     at::Tensor input, output;
     std::vector<int64_t> sizes;
     int64_t tag = 0;
+    int64_t divisor = 1;  // reduce-scatter: the reduced shard is divided by it when above 1
     c10::intrusive_ptr<RingWork> work;
   };
 

@@ -193,6 +193,41 @@ absl::Status ReduceScatterCases(Communicator& comm) {
   return absl::OkStatus();
 }
 
+// A reduce-scatter in place followed, in the same group, by an all-gather of its shard into its
+// input (communicator.h's exception): every rank ends with the whole reduction, the mean for AVG
+// (small integers: exact, so an undivided or stale shard is off by a whole term), and with
+// inputs whose sums round, with bitwise what the reduce-scatter alone gives each shard's owner:
+// the pair sums in the reduce-scatter's order.
+absl::Status ReduceScatterThenAllGather(Communicator& comm) {
+  const int rank = comm.rank(), size = comm.size();
+  const int64_t shard = 33, total = shard * size;
+  auto pair = [&](const at::Tensor& t, ReduceOp op) {
+    std::vector<CollectiveOp> ops;
+    ops.push_back(ReduceScatterOp{t, t.narrow(0, rank * shard, shard), {op, {}}});
+    ops.push_back(AllGatherOp{t.narrow(0, rank * shard, shard), t, {}});
+    return comm.LaunchGroup(std::move(ops));
+  };
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    const std::string what = absl::StrCat("reduce_scatter + all_gather ", ReduceOpName(op));
+    at::Tensor t = Input(rank, total, at::kFloat);
+    RETURN_IF_ERROR(WaitOk(pair(t, op), comm, what));
+    RETURN_IF_ERROR(ExpectReduced(comm, t, Reduced(size, total, op), op, what));
+  }
+  // Rounding sums: rank r's values (r + 1) * sin(i) / 3 in fp32.
+  const at::Tensor rounding =
+      at::arange(total, at::kFloat).sin().mul(rank + 1).div(3.0).to(g_device);
+  at::Tensor alone = rounding.clone();
+  RETURN_IF_ERROR(WaitOk(comm.ReduceScatter(alone, alone.narrow(0, rank * shard, shard)), comm,
+                         "reduce_scatter alone"));
+  at::Tensor shards = at::empty({total}, alone.options());
+  RETURN_IF_ERROR(WaitOk(comm.AllGather(alone.narrow(0, rank * shard, shard), shards), comm,
+                         "all_gather of the reduce_scatter's shards"));
+  at::Tensor paired = rounding.clone();
+  RETURN_IF_ERROR(WaitOk(pair(paired, ReduceOp::kSum), comm, "reduce_scatter + all_gather sum"));
+  return ExpectEqual(paired, shards,
+                     "reduce_scatter + all_gather against the reduce_scatter alone, bitwise");
+}
+
 absl::Status AllGatherCases(Communicator& comm) {
   const int rank = comm.rank();
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
@@ -639,6 +674,7 @@ absl::Status RunConformanceCase(absl::string_view name, Communicator& comm, at::
   if (name == "arithmetic") {
     RETURN_IF_ERROR(AllReduceCases(comm));
     RETURN_IF_ERROR(ReduceScatterCases(comm));
+    RETURN_IF_ERROR(ReduceScatterThenAllGather(comm));
     RETURN_IF_ERROR(AllGatherCases(comm));
     RETURN_IF_ERROR(BroadcastAndBarrier(comm));
     RETURN_IF_ERROR(GroupedLaunch(comm));

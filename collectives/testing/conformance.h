@@ -15,7 +15,8 @@ namespace orthoshard::collectives::testing {
 // Cases:
 //   "arithmetic": every collective, SUM and AVG, fp32 and bf16, even/uneven/empty shards, in-place
 //     shards, grouped launches, barrier, traffic counters and launch validation, each compared with
-//     the same arithmetic done locally.
+//     the same arithmetic done locally; a reduce-scatter in place and an all-gather of its shard in
+//     one group (SUM and AVG), bitwise the reduce-scatter alone.
 //   "all_to_all": all-to-all with equal splits, uneven ones with zero rows between some ranks, a
 //     rank sending nothing and one receiving nothing, and all empty; rows of shape [] and [3];
 //     fp32, bf16 and int64; three all-to-alls and an all-reduce in one group with their traffic

@@ -43,9 +43,11 @@
 // and backward, fsdp_* configs, with and without reshard_after_forward) passes the same checks and
 // must give params bitwise equal to the layer-wise run's (same values, same order), with no
 // full-size param or grad storage left on any rank after backward or after a step.
+// Clipping off, the three modes end at bitwise the same params at every N (UnclippedModesAgree):
+// the grad sync sums every element in one order in every mode.
 // Every rank prints "e2e config NAME max|grad diff| X (bound Y) ..." per configuration (2 models x
-// 3 modes x 4 overlap variants x 2 micro counts) and fails naming the config, step, param and
-// difference otherwise.
+// 3 modes x (4 overlap variants + 1 unclipped) x 2 micro counts) and fails naming the config,
+// step, param and difference otherwise.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -187,14 +189,15 @@ at::Tensor Loss(const Model& model, const std::vector<at::Tensor>& p, const at::
   return out.sub(y).pow(2).sum().div(norm);
 }
 
-optimizers::ChainedConfig Config() {
+// `clip`: clipping by the global norm (max_grad_norm 1), else none (max_grad_norm 0).
+optimizers::ChainedConfig Config(bool clip = true) {
   optimizers::ChainedConfig config;
   config.adamw.lr = 1e-2;
   config.adamw.weight_decay = 0.05;
   config.adamw_non_matrix_weight_decay = 0.0;
   config.muon.lr = 2e-2;
   config.muon.weight_decay = 0.1;
-  config.max_grad_norm = 1.0;  // clipping by the global norm is exercised
+  config.max_grad_norm = clip ? 1.0 : 0.0;  // clipping by the global norm is exercised
   config.schedule.kind = optimizers::ScheduleKind::kWarmupCosine;
   config.schedule.warmup_steps = 2;
   config.schedule.total_steps = 20;
@@ -213,15 +216,15 @@ double Gamma(int k) {
 class SimulatedRanks {
  public:
   static absl::StatusOr<std::unique_ptr<SimulatedRanks>> Create(const Model& model, int world,
-                                                                int micro) {
+                                                                int micro, bool clip = true) {
     auto sim = std::unique_ptr<SimulatedRanks>(new SimulatedRanks(model, world, micro));
     std::vector<optimizers::Param> opt_params;
     for (size_t i = 0; i < sim->params_.size(); ++i) {
       sim->grads_.push_back(at::zeros(model.specs[i].shape, at::kFloat));
       opt_params.push_back({model.specs[i].name, sim->params_[i], sim->grads_[i], {}});
     }
-    ASSIGN_OR_RETURN(sim->opt_, optimizers::ChainedOptimizer::Create(std::move(opt_params),
-                                                                     Config()));
+    ASSIGN_OR_RETURN(sim->opt_,
+                     optimizers::ChainedOptimizer::Create(std::move(opt_params), Config(clip)));
     return sim;
   }
 
@@ -319,14 +322,16 @@ struct RunConfig {
   bool overlap_param = false;  // full residency: overlap_param_gather
   bool reshard = true;         // sharded residency: reshard_after_forward
   int micro = 1;
+  bool clip = true;  // Config(clip)
   std::string Name() const {
+    const char* clipped = clip ? "" : "_noclip";
     if (shard_params) {
       return absl::StrCat("fsdp_grad", overlap_grad ? "On" : "Off", "_reshard",
-                          reshard ? "On" : "Off", "_micro", micro);
+                          reshard ? "On" : "Off", "_micro", micro, clipped);
     }
-    return absl::StrCat(mode == DistributedMode::kSharded ? "sharded" : "replicated",
-                        "_grad", overlap_grad ? "On" : "Off", "_param", overlap_param ? "On" : "Off",
-                        "_micro", micro);
+    return absl::StrCat(mode == DistributedMode::kSharded ? "sharded" : "replicated", "_grad",
+                        overlap_grad ? "On" : "Off", "_param", overlap_param ? "On" : "Off",
+                        "_micro", micro, clipped);
   }
 };
 
@@ -501,8 +506,8 @@ absl::StatusOr<TrainResult> Train(const Model& model, const RunConfig& rc, Commu
   std::vector<buffers::ParamAndGradBuffer*> buffers;
   for (int b = 0; b < ddp->num_buffers(); ++b) buffers.push_back(&ddp->buffer(b));
   // The optimizer's step runs the param sync over DDP's bucket groups.
-  ASSIGN_OR_RETURN(auto opt, CreateDistributedOptimizer(buffers, &comm, Config(), rc.mode, {},
-                                                        &ddp->bucket_groups()));
+  ASSIGN_OR_RETURN(auto opt, CreateDistributedOptimizer(buffers, &comm, Config(rc.clip), rc.mode,
+                                                        {}, &ddp->bucket_groups()));
   int groups = 0;
   for (const auto& order : ddp->GradReduceOrder()) groups += static_cast<int>(order.size());
 
@@ -633,6 +638,40 @@ absl::Status CheckSameOnAllRanks(Communicator& comm, const std::vector<at::Tenso
   return absl::OkStatus();
 }
 
+// Clipping off, the three modes (no overlap) at `micro` micro-batches end at bitwise the same
+// params at every N, not only within the bound of (A): replicated's grad all-reduce is the
+// sharded modes' reduce-scatter over the same layout followed by an all-gather, so every element
+// of the mean gradient is summed in the same order (buffers/bucket_sync.h). With clipping the
+// global norm is summed over shards in another order than over whole tensors, so the clip factor,
+// and then the params, may differ in their last bits. Returns how many configurations ran.
+absl::StatusOr<int> UnclippedModesAgree(const Model& model, const std::string& model_name,
+                                        int micro, Communicator& comm) {
+  std::vector<at::Tensor> first;
+  std::string first_name;
+  for (int mode = 0; mode < 3; ++mode) {
+    RunConfig rc;
+    rc.mode = mode == 1 ? DistributedMode::kReplicated : DistributedMode::kSharded;
+    rc.shard_params = mode == 2;
+    rc.micro = micro;
+    rc.clip = false;
+    const std::string name = absl::StrCat(model_name, "/", rc.Name());
+    ASSIGN_OR_RETURN(auto sim, SimulatedRanks::Create(model, comm.size(), micro, rc.clip));
+    ASSIGN_OR_RETURN(const TrainResult got, Train(model, rc, comm, *sim));
+    RETURN_IF_ERROR(CheckSameOnAllRanks(comm, got.params, name));
+    if (got.clipped_steps != 0) return absl::InternalError(name + ": clipped with clipping off");
+    if (first.empty()) {
+      first = got.params;
+      first_name = name;
+    } else {
+      RETURN_IF_ERROR(ExpectBitwise(model, got.params, first, name + " vs " + first_name));
+    }
+    std::printf("e2e config %s max|grad diff| %.3g, bitwise %s on rank %d\n", name.c_str(),
+                got.max_grad_diff, first_name.c_str(), comm.rank());
+    std::fflush(stdout);
+  }
+  return 3;
+}
+
 // Every configuration of `model`; returns how many ran.
 absl::StatusOr<int> RunModel(const Model& model, const std::string& model_name,
                              Communicator& comm) {
@@ -692,6 +731,8 @@ absl::StatusOr<int> RunModel(const Model& model, const std::string& model_name,
         ++configs;
       }
     }
+    ASSIGN_OR_RETURN(const int unclipped, UnclippedModesAgree(model, model_name, micro, comm));
+    configs += unclipped;
   }
   return configs;
 }
@@ -709,7 +750,8 @@ TEST_P(DdpOptimizerEquivalenceTest, EveryRankMatchesSingleProcess) {
         for (const auto& [blocks, name] :
              {std::pair<int, const char*>{2, "model4"}, {1, "model2"}}) {
           ASSERT_OK_AND_ASSIGN(const int configs, RunModel(MakeModel(blocks), name, comm));
-          EXPECT_EQ(configs, 24) << name;  // 3 modes x 4 overlap variants x 2 micro counts
+          // 3 modes x (4 overlap variants + 1 unclipped) x 2 micro counts
+          EXPECT_EQ(configs, 30) << name;
         }
       },
       options);
