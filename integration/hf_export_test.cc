@@ -331,7 +331,7 @@ TEST(CheckTokenizerJson, MergesNameVocabularyTokens) {
 }
 
 // A deeply nested file (400 kB) is refused at the nesting limit in one pass; protobuf's parser alone
-// takes time quadratic in the depth (hours here). The test's timeout catches a hang.
+// takes time quadratic in the depth (half an hour or more here). The test's timeout catches a hang.
 TEST(CheckTokenizerJson, DeepNestingIsRefusedAtTheLimit) {
   std::string deep = kTokenizerJson;
   const std::string nested = std::string(200000, '[') + std::string(200000, ']');
