@@ -6,7 +6,11 @@
 // who computes what, not the order of any sum the dense tests prove unchanged: layerwise = fsdp
 // (also with clipping), layerwise = replicated with Muon and clipping off, and with AdamW
 // layerwise = distopt = fsdp; --muon_tp_mode=owner = duplicated (the same Newton-Schulz on the same
-// gathered matrix, once on its home or on every tp rank). Between tp 1 and tp 2 the row-parallel
+// gathered matrix, once on its home or on every tp rank). These tests run at dp 2, where a grad
+// element is the sum of two addends (one rounding in either order), so the modes agree whatever
+// their bucket layouts; at dp >= 3 the ring reduce-scatter's order depends on the shard an element
+// falls in, and the modes agree bitwise only over the same layout (an explicit --bucket_elems:
+// pretrain_test's ModesAgreeBitwiseAtThreeAndFourRanks). Between tp 1 and tp 2 the row-parallel
 // layers (attention output, fc2) and the vocab-parallel cross entropy add partial sums in another
 // order, so the runs agree within rounding only (budgets at TpTwoTracksTpOne).
 #include <cmath>

@@ -203,8 +203,11 @@
   X(NsForm, muon_ns_form, NsForm::kAuto, \
     "how Newton-Schulz is evaluated for Muon matrices whose long side is at least twice the " \
     "short one (an MLP's): direct (torch.optim.Muon's products), gram (on the Gram matrix: the " \
-    "same iteration rearranged, ~30% fewer FLOPs for [4h, h] at 5 steps; fp32 iteration only) " \
-    "or auto (gram for the fp32 iteration, direct for bf16)") \
+    "same iteration rearranged, ~30% fewer FLOPs for [4h, h] at 5 steps; fp32 iteration only; " \
+    "it rounds more: per call 14-94x the direct form's fp32 error on decaying spectra such as " \
+    "momentum's, 1.6e-5-1.0e-4 against 0.5-2.9e-6, ~1x on a Gaussian matrix, still far below " \
+    "bf16's; measured by bench/ns_rounding.py) or auto (gram for the fp32 iteration, direct for " \
+    "bf16)") \
   X(bool, overlap_grad_reduce, true, \
     "launch each bucket group's gradient reduce-scatter (all-reduce when replicated) during " \
     "backward as soon as its gradients are in; false launches them all after backward") \

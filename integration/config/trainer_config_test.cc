@@ -43,6 +43,30 @@ using ::orthoshard::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+// A config text and the substring of the error ValidateTrainerConfig must give it at world 2.
+struct RefusedText {
+  const char* text;
+  const char* message;
+};
+
+void ExpectRefused(std::initializer_list<RefusedText> cases) {
+  for (const RefusedText& c : cases) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(c.text, "c", &config)) << c.text;
+    EXPECT_THAT(ValidateTrainerConfig(config, 2),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.text;
+  }
+}
+
+void ExpectAccepted(std::initializer_list<const char*> texts) {
+  for (const char* text : texts) {
+    TrainerConfig config;
+    ASSERT_OK(ApplyConfigText(text, "c", &config)) << text;
+    EXPECT_OK(ValidateTrainerConfig(config, 2)) << text;
+  }
+}
+
 TEST(TrainerConfig, TextProtoSetsOnlyTheFieldsItNames) {
   TrainerConfig config;
   ASSERT_OK(ApplyConfigText("steps: 7\nmodel: \"small\"\nlr: 0.5\nresume: \"false\"\n", "c", &config));
@@ -274,68 +298,58 @@ TEST(TrainerConfig, NonFiniteMaxGradNormIsRejected) {
 // Every double that reaches an fp32 computation is bounded before launch, with the flag, the value
 // and the accepted range in the message; values at the bounds pass.
 TEST(TrainerConfig, FloatFlagsOutOfRangeAreRejected) {
-  struct Case {
-    const char* text;
-    const char* message;
-  };
-  for (const Case& c : std::initializer_list<Case>{
-           {"lr: 1e39", "--lr must be in (0, 2^64], got 1e+39"},
-           {"lr: 1e3", "--lr 1000 x --weight_decay 0.01 = 10 exceeds 2"},
-           {"lr: 1e3", "accepted --lr with this --weight_decay: (0, 200]"},
-           {"lr: 1e19 weight_decay: 0",
-            "--lr 1e+19: AdamW's first step size --lr / (1 - --adam_beta1 0.9) = 1e+20 exceeds "
-            "2^64"},
-           {"lr: 1e19 weight_decay: 0 adam_beta1: 0.5", "accepted --lr with this --adam_beta1: (0, "
-                                                        "9.22337e+18]"},
-           {"muon_lr: 1e3", "--muon_lr 1000 x --muon_weight_decay 0.01 = 10 exceeds 2"},
-           {"muon_lr: 1e39 muon_weight_decay: 0", "--muon_lr must be in (0, 2^39], got 1e+39"},
-           {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e15",
-            "--muon_lr 0.02 x the largest lr scale of --muon_scale_rule=spectral (1e+15 x 2^25, a "
-            "param of 2^50 elements) = 6.71089e+20 exceeds 2^64"},
-           {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e15",
-            "accepted --muon_lr x the rule's factor: (0, 2^39 = 5.49756e+11]"},
-           {"weight_decay: 1e300", "--weight_decay must be in [0, 2^64], got 1e+300"},
-           {"weight_decay: 1e3", "--lr 0.003 x --weight_decay 1000 = 3 exceeds 2"},
-           {"adam_eps: 1e39", "--adam_eps must be in [0, 2^64], got 1e+39 (added to sqrt(v) in "
-                              "fp32)"},
-           {"moe_aux_loss_coeff: 1e39", "--moe_aux_loss_coeff must be in [0, 2^32] or -1, got "
-                                        "1e+39 (a loss weight"},
-           {"moe_z_loss_coeff: 1e300", "--moe_z_loss_coeff must be in [0, 2^32] or -1, got 1e+300"},
-           {"muon_ns_coefficients: \"1e39,-4.775,2.0315\"",
-            "--muon_ns_coefficients: Newton-Schulz coefficients '1e39,-4.775,2.0315': "
-            "coefficient 1e+39 is outside the accepted [-1024, 1024]"},
-           {"muon_ns_coefficients: \"1e300,1,1\"", "coefficient 1e+300 is outside"},
-           {"muon_ns_coefficients: \"1e30,-4.775,2.0315\"", "coefficient 1e+30 is outside"},
-           {"muon_ns_coefficients: \"3.4445,-4.775,4\"",
-            "--muon_ns_coefficients: '3.4445,-4.775,4' with --muon_ns_steps 5: Newton-Schulz "
-            "iteration 2 of 5 (3.4445, -4.775, 4) can raise a singular value in [0, "},
-           {"muon_ns_coefficients: \"1000,0,0\"", "iteration 1 of 5 (1000, 0, 0) can raise a "
-                                                    "singular value in [0, 1] to 1000; accepted: "
-                                                    "schedules that keep them within [0, 16]"},
-           {"muon_ns_coefficients: \"aol\"",
-            "--muon_ns_coefficients: 'aol' with --muon_ns_steps 5: a table of 4 Newton-Schulz "
-            "iterations that restarts after its last (cycled) over 5 iterations"},
-           {"muon_ns_coefficients: \"aol\" muon_ns_steps: 8", "iteration 5 of 8 (4.0098, "},
-           {"muon_ns_coefficients: \"quintic\" muon_ns_steps: 6", "a multiple of 5 iterations"},
-       }) {
-    TrainerConfig config;
-    ASSERT_OK(ApplyConfigText(c.text, "c", &config)) << c.text;
-    EXPECT_THAT(ValidateTrainerConfig(config, 2),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
-        << c.text;
-  }
-  for (const char* text :
-       {"lr: 2 weight_decay: 1", "lr: 1.8e18 weight_decay: 0",
-        "muon_lr: 5.49e11 muon_weight_decay: 0", "adam_eps: 1e19",
-        "muon_ns_coefficients: \"polar_express\" muon_ns_steps: 99",
-        "muon_ns_coefficients: \"quintic\"", "muon_ns_coefficients: \"quintic\" muon_ns_steps: 95",
-        "muon_ns_coefficients: \"aol\" muon_ns_steps: 4",
-        "muon_ns_coefficients: \"2,-1.5,0.5;3,-3.2,1.2\" muon_ns_steps: 99",
-        "max_grad_norm: 1e300"}) {
-    TrainerConfig config;
-    ASSERT_OK(ApplyConfigText(text, "c", &config)) << text;
-    EXPECT_OK(ValidateTrainerConfig(config, 2)) << text;
-  }
+  ExpectRefused({
+      {"lr: 1e39", "--lr must be in (0, 2^64], got 1e+39"},
+      {"lr: 1e3", "--lr 1000 x --weight_decay 0.01 = 10 exceeds 2"},
+      {"lr: 1e3", "accepted --lr with this --weight_decay: (0, 200]"},
+      {"lr: 1e19 weight_decay: 0",
+       "--lr 1e+19: AdamW's first step size --lr / (1 - --adam_beta1 0.9) = 1e+20 exceeds "
+       "2^64"},
+      {"lr: 1e19 weight_decay: 0 adam_beta1: 0.5",
+       "accepted --lr with this --adam_beta1: (0, "
+       "9.22337e+18]"},
+      {"muon_lr: 1e3", "--muon_lr 1000 x --muon_weight_decay 0.01 = 10 exceeds 2"},
+      {"muon_lr: 1e39 muon_weight_decay: 0", "--muon_lr must be in (0, 2^39], got 1e+39"},
+      {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e15",
+       "--muon_lr 0.02 x the largest lr scale of --muon_scale_rule=spectral (1e+15 x 2^25, a "
+       "param of 2^50 elements) = 6.71089e+20 exceeds 2^64"},
+      {"muon_scale_rule: \"spectral\" muon_extra_scale: 1e15",
+       "accepted --muon_lr x the rule's factor: (0, 2^39 = 5.49756e+11]"},
+      {"weight_decay: 1e300", "--weight_decay must be in [0, 2^64], got 1e+300"},
+      {"weight_decay: 1e3", "--lr 0.003 x --weight_decay 1000 = 3 exceeds 2"},
+      {"adam_eps: 1e39",
+       "--adam_eps must be in [0, 2^64], got 1e+39 (added to sqrt(v) in "
+       "fp32)"},
+      {"moe_aux_loss_coeff: 1e39",
+       "--moe_aux_loss_coeff must be in [0, 2^32] or -1, got "
+       "1e+39 (a loss weight"},
+      {"moe_z_loss_coeff: 1e300", "--moe_z_loss_coeff must be in [0, 2^32] or -1, got 1e+300"},
+      {"muon_ns_coefficients: \"1e39,-4.775,2.0315\"",
+       "--muon_ns_coefficients: Newton-Schulz coefficients '1e39,-4.775,2.0315': "
+       "coefficient 1e+39 is outside the accepted [-1024, 1024]"},
+      {"muon_ns_coefficients: \"1e300,1,1\"", "coefficient 1e+300 is outside"},
+      {"muon_ns_coefficients: \"1e30,-4.775,2.0315\"", "coefficient 1e+30 is outside"},
+      {"muon_ns_coefficients: \"3.4445,-4.775,4\"",
+       "--muon_ns_coefficients: '3.4445,-4.775,4' with --muon_ns_steps 5: Newton-Schulz "
+       "iteration 2 of 5 (3.4445, -4.775, 4) can raise a singular value in [0, "},
+      {"muon_ns_coefficients: \"1000,0,0\"",
+       "iteration 1 of 5 (1000, 0, 0) can raise a "
+       "singular value in [0, 1] to 1000; accepted: "
+       "schedules that keep them within [0, 16]"},
+      {"muon_ns_coefficients: \"aol\"",
+       "--muon_ns_coefficients: 'aol' with --muon_ns_steps 5: a table of 4 Newton-Schulz "
+       "iterations that restarts after its last (cycled) over 5 iterations"},
+      {"muon_ns_coefficients: \"aol\" muon_ns_steps: 8", "iteration 5 of 8 (4.0098, "},
+      {"muon_ns_coefficients: \"quintic\" muon_ns_steps: 6", "a multiple of 5 iterations"},
+  });
+  ExpectAccepted({"lr: 2 weight_decay: 1", "lr: 1.8e18 weight_decay: 0",
+                  "muon_lr: 5.49e11 muon_weight_decay: 0", "adam_eps: 1e19",
+                  "muon_ns_coefficients: \"polar_express\" muon_ns_steps: 99",
+                  "muon_ns_coefficients: \"quintic\"",
+                  "muon_ns_coefficients: \"quintic\" muon_ns_steps: 95",
+                  "muon_ns_coefficients: \"aol\" muon_ns_steps: 4",
+                  "muon_ns_coefficients: \"2,-1.5,0.5;3,-3.2,1.2\" muon_ns_steps: 99",
+                  "max_grad_norm: 1e300"});
 }
 
 // Every double field of the table (trainer_config_fields.h) has a declared range that holds its
@@ -390,49 +404,37 @@ TEST(TrainerConfig, EveryDoubleFieldHasARangeAndIsRefusedOutsideIt) {
 // the config text), naming it and what it needs; the same flag in its mode, or left at its default
 // elsewhere, is accepted.
 TEST(TrainerConfig, GivenFlagsThatDoNothingAreRefused) {
-  struct Case {
-    const char* text;
-    const char* message;
-  };
-  for (const Case& c : std::initializer_list<Case>{
-           {"muon_tp_mode: \"owner\"", "--muon_tp_mode needs --tp > 1 and --optimizer=muon"},
-           {"tp: 2 global_batch: 8 optimizer: \"adamw\" muon_tp_mode: \"duplicated\"",
-            "--muon_tp_mode needs --tp > 1 and --optimizer=muon"},
-           {"fsdp_grad_syncs_in_flight: 1", "--fsdp_grad_syncs_in_flight needs --dist=fsdp; it "
-                                            "does nothing here: drop it"},
-           {"fsdp_grad_accum: \"full\"", "--fsdp_grad_accum needs --dist=fsdp"},
-           {"reshard_after_forward: false", "--reshard_after_forward needs --dist=fsdp"},
-           {"prefetch_params: true", "--prefetch_params needs --dist=fsdp"},
-           {"dist: \"replicated\" overlap_param_gather: false",
-            "--overlap_param_gather needs --dist=layerwise, distopt or fsdp"},
-           {"recompute_layers: -1", "--recompute_layers needs --recompute=full or "
-                                    "--recompute=selective"},
-           {"muon_extra_scale: 2", "--muon_extra_scale needs --muon_scale_rule=spectral"},
-           {"optimizer: \"adamw\" route: \"*experts*=adamw\"", "--route needs --optimizer=muon"},
-           {"decay_steps: 10", "--decay_steps needs --schedule=wsd"},
-           {"grad_reduce_in_fp32: true", "--grad_reduce_in_fp32 needs --precision=bf16"},
-           {"ep: 1", "need a mixture-of-experts model, but 'tiny' is dense"},
-           {"moe_aux_loss_coeff: -1", "need a mixture-of-experts model, but 'tiny' is dense"},
-       }) {
-    TrainerConfig config;
-    ASSERT_OK(ApplyConfigText(c.text, "c", &config)) << c.text;
-    EXPECT_THAT(ValidateTrainerConfig(config, 2),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
-        << c.text;
-  }
-  for (const char* text :
-       {"tp: 2 global_batch: 8 muon_tp_mode: \"duplicated\"",
-        "dist: \"fsdp\" fsdp_grad_syncs_in_flight: 2 fsdp_grad_accum: \"full\" "
-        "reshard_after_forward: false prefetch_params: false",
-        "dist: \"layerwise\" overlap_param_gather: false",
-        "recompute: \"full\" recompute_layers: -1",
-        "muon_scale_rule: \"spectral\" muon_extra_scale: 2", "route: \"*norm*=adamw\"",
-        "schedule: \"wsd\" decay_steps: 10", "precision: \"bf16\" grad_reduce_in_fp32: false",
-        "model: \"moe-tiny\" ep: 1 moe_aux_loss_coeff: -1"}) {
-    TrainerConfig config;
-    ASSERT_OK(ApplyConfigText(text, "c", &config)) << text;
-    EXPECT_OK(ValidateTrainerConfig(config, 2)) << text;
-  }
+  ExpectRefused({
+      {"muon_tp_mode: \"owner\"", "--muon_tp_mode needs --tp > 1 and --optimizer=muon"},
+      {"tp: 2 global_batch: 8 optimizer: \"adamw\" muon_tp_mode: \"duplicated\"",
+       "--muon_tp_mode needs --tp > 1 and --optimizer=muon"},
+      {"fsdp_grad_syncs_in_flight: 1",
+       "--fsdp_grad_syncs_in_flight needs --dist=fsdp; it "
+       "does nothing here: drop it"},
+      {"fsdp_grad_accum: \"full\"", "--fsdp_grad_accum needs --dist=fsdp"},
+      {"reshard_after_forward: false", "--reshard_after_forward needs --dist=fsdp"},
+      {"prefetch_params: true", "--prefetch_params needs --dist=fsdp"},
+      {"dist: \"replicated\" overlap_param_gather: false",
+       "--overlap_param_gather needs --dist=layerwise, distopt or fsdp"},
+      {"recompute_layers: -1",
+       "--recompute_layers needs --recompute=full or "
+       "--recompute=selective"},
+      {"muon_extra_scale: 2", "--muon_extra_scale needs --muon_scale_rule=spectral"},
+      {"optimizer: \"adamw\" route: \"*experts*=adamw\"", "--route needs --optimizer=muon"},
+      {"decay_steps: 10", "--decay_steps needs --schedule=wsd"},
+      {"grad_reduce_in_fp32: true", "--grad_reduce_in_fp32 needs --precision=bf16"},
+      {"ep: 1", "need a mixture-of-experts model, but 'tiny' is dense"},
+      {"moe_aux_loss_coeff: -1", "need a mixture-of-experts model, but 'tiny' is dense"},
+  });
+  ExpectAccepted({"tp: 2 global_batch: 8 muon_tp_mode: \"duplicated\"",
+                  "dist: \"fsdp\" fsdp_grad_syncs_in_flight: 2 fsdp_grad_accum: \"full\" "
+                  "reshard_after_forward: false prefetch_params: false",
+                  "dist: \"layerwise\" overlap_param_gather: false",
+                  "recompute: \"full\" recompute_layers: -1",
+                  "muon_scale_rule: \"spectral\" muon_extra_scale: 2", "route: \"*norm*=adamw\"",
+                  "schedule: \"wsd\" decay_steps: 10",
+                  "precision: \"bf16\" grad_reduce_in_fp32: false",
+                  "model: \"moe-tiny\" ep: 1 moe_aux_loss_coeff: -1"});
   TrainerConfig config;  // the same values, not given: the defaults of every mode
   config.muon_tp_mode = optimizers::MuonTpMode::kDuplicated;
   config.fsdp_grad_syncs_in_flight = 3;
