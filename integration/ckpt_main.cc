@@ -39,7 +39,7 @@ using ::orthoshard::model::ModelParam;
 using ::orthoshard::model::Gpt;
 namespace {
 
-// What an export without --tokenizer cannot do (docs/checkpoints.md#hugging-face-export).
+// What an export without --tokenizer cannot do (docs/huggingface.md#hugging-face-export).
 std::string TokenizerlessExportNote(int64_t eod) {
   return absl::StrCat(
       "ckpt: note: export without --tokenizer: no tokenizer files, so "
