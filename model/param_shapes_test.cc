@@ -1,5 +1,6 @@
 #include "model/param_shapes.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,17 @@ SavedModel Saved(const char* preset) {
   return saved;
 }
 
+// A checkpoint of `preset` whose recorded config `change` edits is refused with `message`.
+void ExpectRefusedWhenChanged(const char* preset, const std::function<void(GptConfig&)>& change,
+                              const std::string& message) {
+  SavedModel saved = Saved(preset);
+  const std::vector<SavedParam> params = ParamsOf(saved.config);
+  change(saved.config);
+  EXPECT_THAT(CheckSavedParams(saved, params),
+              StatusIs(absl::StatusCode::kInvalidArgument, message))
+      << preset;
+}
+
 TEST(GptParamShapesTest, CountsMatchGptParamCount) {
   for (const char* preset : {"tiny", "small", "gpt2-124m", "tinyllama-1.1b", "moe-tiny",
                              "moe-tiny-shared", "moe-small"}) {
@@ -52,13 +64,9 @@ TEST(CheckSavedParamsTest, AcceptsTheParamsOfItsConfig) {
 
 // (a) A vocabulary far larger than the embedding (the crafted manifest of issue 41).
 TEST(CheckSavedParamsTest, RefusesAVocabularyTheEmbeddingContradicts) {
-  SavedModel saved = Saved("tiny");
-  const std::vector<SavedParam> params = ParamsOf(saved.config);
-  saved.config.vocab_size = 99999999999999;
-  EXPECT_THAT(CheckSavedParams(saved, params),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "vocab_size 99999999999999 contradicts param 'embedding.weight' [256, 64], "
-                       "which the config makes [99999999999999, 64]"));
+  ExpectRefusedWhenChanged("tiny", [](GptConfig& c) { c.vocab_size = 99999999999999; },
+                           "vocab_size 99999999999999 contradicts param 'embedding.weight' "
+                           "[256, 64], which the config makes [99999999999999, 64]");
 }
 
 // (b) More blocks than the checkpoint holds.
@@ -142,13 +150,9 @@ TEST(CheckSavedParamsTest, RefusesOtherContradictions) {
 }
 
 TEST(CheckSavedParamsTest, RefusesAnExpertCountTheTensorsContradict) {
-  SavedModel saved = Saved("moe-tiny");
-  const std::vector<SavedParam> params = ParamsOf(saved.config);
-  saved.config.num_experts = 16;
-  EXPECT_THAT(CheckSavedParams(saved, params),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "num_experts 16 contradicts param 'layers.0.mlp.router.weight' [8, 64], "
-                       "which the config makes [16, 64]"));
+  ExpectRefusedWhenChanged("moe-tiny", [](GptConfig& c) { c.num_experts = 16; },
+                           "num_experts 16 contradicts param 'layers.0.mlp.router.weight' [8, 64], "
+                           "which the config makes [16, 64]");
 }
 
 }  // namespace
