@@ -200,32 +200,6 @@ absl::StatusOr<PreparedInfo> ReadPreparedInfo(const std::string& dir);
 // ("prepared dataset 'd/train.bin': 4000 tokens, 'd/dataset.json' says 4800: ...").
 absl::StatusOr<TokenDataset> LoadPreparedSplit(const PreparedInfo& info, const PreparedSplit& split);
 
-// Loads a dataset from a one-string description, as a `--data` flag gives it:
-//   "synthetic" or "synthetic:<tokens>"  MakeSyntheticCorpus({seed, tokens}) (default 1M tokens)
-//   "text:<path>"                        LoadTextFile
-//   "nanogpt:<path>"                     LoadNanoGptFile
-//   "megatron:<prefix>"                  LoadMegatronDataset
-//   "prepared:<dir>"                     LoadPreparedSplit of its train split
-// No vocabulary check here: the caller compares max_token with its model's vocabulary.
-// Errors: kInvalidArgument for an unknown kind or a bad token count ("data spec 'csv:x': expected
-// synthetic[:TOKENS], text:PATH, nanogpt:PATH, megatron:PREFIX or prepared:DIR"); otherwise as the
-// loader called.
-absl::StatusOr<TokenDataset> LoadDatasetSpec(absl::string_view spec, uint64_t seed);
-
-// The held-out split a spec's data brings along: a prepared directory's val split (LoadPreparedSplit),
-// or nullopt for other data and a prepared directory without one (the caller then splits the
-// training data, SplitTrainEval). Errors: as ReadPreparedInfo and LoadPreparedSplit.
-absl::StatusOr<std::optional<TokenDataset>> LoadEvalSplitOf(absl::string_view spec);
-
-// The vocabulary and EOD token a spec's data comes with, read without loading the tokens
-// (prepared: dataset.json; text and synthetic: 256 and none; others: 0 and none). Errors: as
-// ReadPreparedInfo.
-absl::StatusOr<TokenDataset> DescribeDatasetSpec(absl::string_view spec);
-
-// The bytes LoadDatasetSpec(spec)'s tokens take in each process: the synthetic corpus is generated
-// into memory; files are mapped, so their pages are the machine's shared page cache, not a rank's.
-int64_t DatasetSpecResidentBytes(absl::string_view spec);
-
 // Splits off the last `eval_fraction` of the tokens (rounded up) as a held-out eval set; the rest is
 // the training set (both views of `data`'s tokens; document_ends cut and shifted to each part).
 // Errors: kInvalidArgument for a fraction outside (0, 1) or when either part would have fewer than

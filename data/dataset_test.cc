@@ -1,3 +1,4 @@
+#include "data/data_spec.h"
 #include "data/dataset.h"
 
 #include <cmath>
@@ -282,6 +283,33 @@ TEST(LoadDatasetSpec, EveryKind) {
   }
   EXPECT_THAT(LoadDatasetSpec("nanogpt:" + TempPath("none.bin"), 0),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
+}
+
+// A spec is parsed once into its kind; every kind's name parses back to it, and a bad spec is
+// refused with LoadDatasetSpec's message.
+TEST(ParseDataSpec, EveryKindAndItsArgument) {
+  for (DataKind kind : {DataKind::kSynthetic, DataKind::kText, DataKind::kNanoGpt,
+                        DataKind::kMegatron, DataKind::kPrepared}) {
+    const std::string spec = absl::StrCat(DataKindName(kind), ":5000");
+    ASSERT_OK_AND_ASSIGN(const DataSpec parsed, ParseDataSpec(spec));
+    EXPECT_EQ(parsed.kind, kind) << spec;
+    if (kind == DataKind::kSynthetic) {
+      EXPECT_EQ(parsed.synthetic_tokens, 5000);
+      EXPECT_EQ(parsed.path, "");
+    } else {
+      EXPECT_EQ(parsed.path, "5000") << spec;
+      EXPECT_EQ(parsed.synthetic_tokens, std::nullopt) << spec;
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(const DataSpec bare, ParseDataSpec("synthetic"));
+  EXPECT_EQ(bare.synthetic_tokens, std::nullopt);
+  ASSERT_OK_AND_ASSIGN(const DataSpec colon_path, ParseDataSpec("prepared:/a:b"));
+  EXPECT_EQ(colon_path.path, "/a:b");  // only the first colon separates
+  for (const char* spec : {"Text:x", "prepared", "prepared:", "synthetic:", "synthetic:1e6"}) {
+    EXPECT_THAT(ParseDataSpec(spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("data spec '", spec, "': expected"))));
+  }
 }
 
 TEST(SplitTrainEval, DocumentEndsFollowTheParts) {

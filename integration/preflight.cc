@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "data/data_spec.h"
 #include "data/dataset.h"
 #include "integration/training_data.h"
 #include "model/gpt_config.h"

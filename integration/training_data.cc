@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "data/data_spec.h"
 
 namespace orthoshard::integration {
 
@@ -62,8 +63,8 @@ absl::StatusOr<ResolvedModel> ResolveModel(const TrainerConfig& config) {
     }
     model.config.vocab_size = config.vocab_size;
     model.vocab_source = "--vocab_size";
-  } else if (described.vocab_size > 0 &&
-             !(config.data.rfind("synthetic", 0) == 0 || config.data.rfind("text:", 0) == 0)) {
+  } else if (const absl::StatusOr<data::DataSpec> spec = data::ParseDataSpec(config.data);
+             described.vocab_size > 0 && spec.ok() && spec->kind == data::DataKind::kPrepared) {
     // A prepared dataset brings its tokenizer's vocabulary. Byte-level data (256 ids) keeps the
     // preset's vocabulary, which is at least that.
     model.config.vocab_size = described.vocab_size;
