@@ -22,6 +22,10 @@ const char* ReduceOpName(ReduceOp op) {
   return "unknown";
 }
 
+absl::Duration HangFailureBound(absl::Duration timeout) {
+  return timeout + kPeerFailurePoll + kFailureReportWindow;
+}
+
 const char* OpKindName(OpKind kind) {
   switch (kind) {
     case OpKind::kAllReduce:

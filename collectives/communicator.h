@@ -22,7 +22,15 @@
 //   - Wait(timeout) returns OK once this rank's part of the collective completed; it does not
 //     imply that other ranks have finished theirs. Every Work must be waited on, in any order.
 //   - A failed or timed-out collective leaves the communicator unusable: every later launch may
-//     fail. Destroy it (destruction returns within the configured timeout) and fail the job.
+//     fail, and once one fails for this reason its error ends with the first failure's message
+//     (which names the collective and the ranks blamed). Destroy it (destruction returns within
+//     the configured timeout) and fail the job.
+//   - A rank whose collective failed, or whose Wait(timeout) with at least timeout() ran out, has
+//     given up on it and says so in the group's store. Under Gloo a rank blocked in Wait on that
+//     collective or a later one fails it within kPeerFailurePoll of that report instead of waiting
+//     out its own timeout (so a hung rank ends the wait of every peer within HangFailureBound).
+//     Each failure then waits up to kFailureReportWindow for the other ranks' reports, to name
+//     which ranks reported a failure of their own and which stayed silent (the likely lost ones).
 //   - Error codes from Wait: kDeadlineExceeded when `timeout` passed first; kUnavailable when the
 //     engine reported a failure (a peer died, closed the connection or timed out). Messages name
 //     the collective and its sequence number, and the ranks that had not launched it when that can
@@ -143,6 +151,23 @@ struct AllToAllOp {
 using CollectiveOp =
     std::variant<AllReduceOp, ReduceScatterOp, AllGatherOp, BroadcastOp, AllToAllOp>;
 OpKind KindOf(const CollectiveOp& op);
+
+// How often a rank blocked in Wait (Gloo) asks the group's store whether a peer gave up on the
+// collective it waits for or an earlier one (the file comment); each ask is one store round trip.
+inline constexpr absl::Duration kPeerFailurePoll = absl::Milliseconds(500);
+
+// How long a failed collective's Wait waits for the other ranks' failure reports before it returns
+// (the report names the silent ranks). Every rank still waiting on the collective reports within
+// kPeerFailurePoll of the first report; the rest is headroom for a loaded machine.
+inline constexpr absl::Duration kFailureReportWindow = absl::Seconds(3);
+
+// When a rank hangs (SIGSTOP, a stuck device: alive, its connections open, sending nothing), every
+// other rank blocked in Wait on a collective that needs it has returned an error within
+// HangFailureBound(t) of entering its Wait, where t is the communicator's timeout() and the first
+// of them waits with a timeout of t: the first gives up when t passed, the others within
+// kPeerFailurePoll of its report, each after kFailureReportWindow. That is
+// t + kPeerFailurePoll + kFailureReportWindow (Gloo; under NCCL each waits out its own t).
+absl::Duration HangFailureBound(absl::Duration timeout);
 
 // Handle to a launched collective (or group of collectives). Not thread-safe.
 class Work {

@@ -43,6 +43,7 @@ internal_collectives::Engine GlooEngine(const GlooOptions& options) {
   // So reduce-scatter and all-gather run as rings over its send/recv: (N - 1)/N of the buffer on
   // the wire per rank instead of an all-reduce's 2 (N - 1)/N.
   engine.traits.ring_collectives = true;
+  engine.traits.resumable_wait = true;
   engine.timeout = options.timeout;
   const std::chrono::milliseconds rendezvous_timeout = ToChrono(options.rendezvous_timeout);
   const std::chrono::milliseconds timeout = ToChrono(options.timeout);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A rank of a 2-rank `pretrain --model=moe-tiny --ep=2` is lost while the ranks exchange tokens:
 # SIGKILLed, then (a new job) SIGSTOPped. The survivor must fail on its own within the distributed
-# timeout (plus the launcher's 15 s grace for the stopped rank), with an error naming the expert
-# all-to-all and rank 1; the launcher exits non-zero and no rank process is left behind.
+# timeout (the stopped rank is then killed by the launcher as soon as rank 0 exited), with an error
+# naming the expert all-to-all and rank 1; the launcher exits non-zero and no rank process is left.
 #
 # Where the survivor blocks depends on where rank 1 was stopped: in its next collective that rank 1
 # never launched. Each micro-batch runs 20 all-to-alls (4 layers: counts, dispatch and combine

@@ -353,9 +353,10 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   for (int i = 1; i < argc; ++i) options.args.emplace_back(argv[i]);
   options.nprocs = nprocs;
   // When a rank dies, the others notice within seconds (a broken connection) or, when it hangs
-  // without dying (SIGSTOP, a stuck device), within --distributed_timeout_s; either way they fail
-  // naming it and exit. The grace period covers the time a rank needs after that (its error path
-  // and exit), not the timeout again: a hung rank ends the job in about the timeout + 15 s.
+  // without dying (SIGSTOP, a stuck device), within collectives::HangFailureBound of
+  // --distributed_timeout_s; either way they fail naming it and exit. The grace period covers the
+  // time a rank needs after that (its error path and exit), not the timeout again; a rank found
+  // stopped once the others ended is killed without it (LaunchOptions::grace_period).
   options.grace_period = absl::Seconds(15);
   if (IsTerminal(stdout)) options.env.push_back({kTtyEnv, "1"});
   std::string json;
@@ -391,6 +392,10 @@ int LaunchSelf(int argc, char** argv, int nprocs) {
   const bool stopped = stop_signal &&
                        std::all_of(result->rank_exit_codes.begin(), result->rank_exit_codes.end(),
                                    [&](int c) { return c == code; });
+  if (!result->stopped_ranks.empty()) {
+    std::fprintf(stderr, "pretrain: %s\n",
+                 collectives::DescribeStopped(result->stopped_ranks).c_str());
+  }
   if (code != 0 && !stopped) {
     std::fprintf(stderr, "pretrain: rank %d failed first with %s\n", result->first_failed_rank,
                  collectives::DescribeExitCode(code).c_str());

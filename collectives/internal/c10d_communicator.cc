@@ -6,127 +6,22 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "collectives/internal/failure_reports.h"
 #include "collectives/internal/ring.h"
 #include "common/status_macros.h"
 
 namespace orthoshard::collectives::internal_collectives {
 namespace {
-
-std::string ProgressKey(int rank) { return absl::StrCat("progress/", rank); }
-
-// State a Work needs after launch, shared so a Work may outlive its communicator.
-struct Shared {
-  c10::intrusive_ptr<c10d::Store> store;
-  int rank = 0;
-  int size = 1;
-  GroupNaming naming;  // how messages name ranks
-  // How long Diagnose waits after a timeout: the survivors of a hang time out at different
-  // moments (each on its own collective's clock), so the wait grows with the collective timeout.
-  absl::Duration report_wait = absl::Seconds(3);
-  std::atomic<bool> failed{false};
-
-  // Best effort, after collective #seq failed or timed out on this rank: which peers to blame.
-  // Reports this rank's failure in the store, then waits up to `wait` for the others to report one
-  // too, and names (1) the peers whose published launch progress is behind #seq ("; not launched by
-  // rank 1 (last launched #33)", or "; every rank launched it"), (2) the peers that reported a
-  // failure of their own ("; rank 2 reported failing in #33": casualties, not causes), and (3) the
-  // peers at or behind #seq that stayed silent ("; rank 1 reported no failure within 3s (lost?)").
-  // A peer that dies or hangs (SIGSTOP) mid-collective has usually launched it already, so only (3)
-  // names it; and a survivor whose collective broke because another survivor gave up and exited
-  // sees that survivor in (1), so only (2) clears it. A silent peer that launched a later
-  // collective is named after the others ("; nor did rank 0 (launched #34)").
-  std::string Diagnose(int64_t seq, absl::Duration wait) const {
-    struct Peer {
-      int64_t launched = 0;  // last launched collective, 0 if none
-      int64_t failed = 0;    // the collective it reported failing in, 0 if none
-    };
-    std::vector<Peer> peers(size);
-    auto read_int = [this](const std::string& key) -> int64_t {
-      if (!store->check({key})) return 0;
-      const std::vector<uint8_t> value = store->get(key);
-      int64_t n = 0;
-      return absl::SimpleAtoi(std::string(value.begin(), value.end()), &n) ? n : 0;
-    };
-    std::vector<int64_t> launched_at_failure(size, 0);  // "not launched by" is as of the failure
-    try {
-      store->setTimeout(std::chrono::milliseconds(2000));
-      for (int r = 0; r < size; ++r) {
-        if (r != rank) launched_at_failure[r] = read_int(ProgressKey(r));
-      }
-      store->set(FailedKey(rank), std::to_string(seq));
-      const absl::Time deadline = absl::Now() + wait;
-      while (true) {
-        bool waiting = false;  // for a peer that may still report
-        for (int r = 0; r < size; ++r) {
-          if (r == rank) continue;
-          peers[r].launched = read_int(ProgressKey(r));
-          peers[r].failed = read_int(FailedKey(r));
-          waiting |= peers[r].failed == 0;
-        }
-        if (!waiting || absl::Now() >= deadline) break;
-        absl::SleepFor(absl::Milliseconds(50));
-      }
-    } catch (const std::exception& e) {
-      return absl::StrCat("; the store is unreachable, so the missing rank is unknown (", WhatOf(e),
-                          ")");
-    }
-    // silent: no failure reported, at or behind #seq (the likely lost ones); ahead: no failure
-    // reported but a later collective launched, so alive at that point (Gloo launches are
-    // asynchronous: a rank may launch #seq+1 and then hang before sending #seq's data).
-    std::vector<std::string> missing, reported, silent, ahead;
-    for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
-      const Peer& p = peers[r];
-      const int64_t launched = launched_at_failure[r];
-      if (launched < seq) {
-        missing.push_back(launched == 0
-                              ? NameRank(naming, r, "no collective launched")
-                              : NameRank(naming, r, absl::StrCat("last launched #", launched)));
-      }
-      if (p.failed != 0) {
-        reported.push_back(absl::StrCat(NameRank(naming, r), " in #", p.failed));
-      } else if (p.launched <= seq) {
-        silent.push_back(NameRank(naming, r));
-      } else {
-        ahead.push_back(NameRank(naming, r, absl::StrCat("launched #", p.launched)));
-      }
-    }
-    std::string out = missing.empty()
-                          ? "; every rank launched it"
-                          : absl::StrCat("; not launched by ", absl::StrJoin(missing, ", "));
-    if (!reported.empty()) {
-      absl::StrAppend(&out, "; failures reported by ", absl::StrJoin(reported, ", "));
-    }
-    const std::string within = absl::StrCat(" within ", absl::FormatDuration(wait));
-    if (!silent.empty()) {
-      absl::StrAppend(&out, "; ", absl::StrJoin(silent, ", "), " reported no failure", within,
-                      " (lost?)");
-      if (!ahead.empty()) absl::StrAppend(&out, "; nor did ", absl::StrJoin(ahead, ", "));
-    } else if (!ahead.empty()) {
-      absl::StrAppend(&out, "; ", absl::StrJoin(ahead, ", "), " reported no failure", within,
-                      " (lost?)");
-    }
-    return out;
-  }
-
-  static std::string FailedKey(int r) { return absl::StrCat("failed/", r); }
-
-  // "" for a world communicator, else "tp group 1 [2, 3]: ", the start of every message.
-  std::string Prefix() const { return naming.label.empty() ? "" : naming.label + ": "; }
-};
 
 struct PendingOp {
   std::string name;                     // e.g. "reduce_scatter #6"
@@ -137,45 +32,25 @@ struct PendingOp {
 
 class C10dWork : public Work {
  public:
-  C10dWork(std::shared_ptr<Shared> shared, std::vector<PendingOp> ops)
-      : shared_(std::move(shared)), ops_(std::move(ops)) {}
+  C10dWork(std::shared_ptr<GroupState> group, std::vector<PendingOp> ops, bool resumable_wait)
+      : group_(std::move(group)), ops_(std::move(ops)), resumable_wait_(resumable_wait) {}
 
   absl::Status Wait(absl::Duration timeout) override {
     if (done_) return result_;
     const absl::Time deadline = absl::Now() + timeout;
     for (; next_ < ops_.size(); ++next_) {
-      PendingOp& op = ops_[next_];
-      if (!op.work) continue;
-      try {
-        op.work->wait(ToChrono(deadline - absl::Now()));
-      } catch (const std::exception& e) {
-        const std::string what = WhatOf(e);
-        const bool completed = op.work->isCompleted();  // before the diagnosis's wait
-        // A broken connection reaches every survivor within moments; a timeout reaches each when
-        // its own collective's clock runs out, so the others get longer to report one.
-        const bool timed_out = !completed || absl::StrContains(what, "timed out") ||
-                               absl::StrContains(what, "Timed out");
-        const std::string blame =
-            shared_->Diagnose(op.seq, timed_out ? shared_->report_wait : absl::Seconds(3));
-        if (!completed) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              shared_->Prefix(), op.name, " did not complete within ",
-              absl::FormatDuration(timeout), " on ", NameRank(shared_->naming, shared_->rank),
-              blame));
-        }
-        return Fail(absl::UnavailableError(
-            absl::StrCat(shared_->Prefix(), op.name, " failed on ",
-                         NameRank(shared_->naming, shared_->rank), ": ", what, blame)));
-      }
+      if (!ops_[next_].work) continue;
+      absl::Status waited = WaitFor(ops_[next_], deadline, timeout);
+      if (!waited.ok()) return waited;
     }
     for (PendingOp& op : ops_) {
       if (!op.finish) continue;
       try {
         op.finish();
       } catch (const std::exception& e) {
-        return Fail(absl::InternalError(
-            absl::StrCat(shared_->Prefix(), op.name, ": finishing step failed on ",
-                         NameRank(shared_->naming, shared_->rank), ": ", WhatOf(e))));
+        return Fail(absl::InternalError(absl::StrCat(group_->Prefix(), op.name,
+                                                     ": finishing step failed on ", Self(), ": ",
+                                                     WhatOf(e))));
       }
     }
     done_ = true;
@@ -184,15 +59,58 @@ class C10dWork : public Work {
   }
 
  private:
+  std::string Self() const { return NameRank(group_->naming(), group_->rank()); }
+
+  // Waits for `op` until `deadline`. A resumable engine wait is cut into slices of
+  // kPeerFailurePoll, between which a peer that gave up on #op.seq (or earlier) fails it at once.
+  absl::Status WaitFor(PendingOp& op, absl::Time deadline, absl::Duration timeout) {
+    while (true) {
+      const absl::Duration left = deadline - absl::Now();
+      try {
+        op.work->wait(ToChrono(resumable_wait_ ? std::min(left, kPeerFailurePoll) : left));
+        return absl::OkStatus();
+      } catch (const std::exception& e) {
+        const bool completed = op.work->isCompleted();  // before the diagnosis's wait
+        if (!completed && resumable_wait_ && absl::Now() < deadline) {
+          const std::string peer = group_->PeerGaveUp(op.seq);
+          if (peer.empty()) continue;
+          const std::string blame = group_->Diagnose(op.seq, kFailureReportWindow, true);
+          return Fail(absl::UnavailableError(absl::StrCat(
+              group_->Prefix(), op.name, " failed on ", Self(), ": ", peer,
+              ", so it cannot complete", blame)));
+        }
+        return Failed(op, e, completed, timeout);
+      }
+    }
+  }
+
+  // The error of `op`'s engine wait, which threw `e`: kDeadlineExceeded when it had not completed
+  // within `timeout` (a failure, and given up on, when `timeout` is at least the communicator's:
+  // the engine's own timeout has then passed too), else kUnavailable.
+  absl::Status Failed(const PendingOp& op, const std::exception& e, bool completed,
+                      absl::Duration timeout) {
+    const bool gave_up = completed || timeout >= group_->timeout();
+    const std::string blame = group_->Diagnose(op.seq, kFailureReportWindow, gave_up);
+    if (!completed) {
+      absl::Status late = absl::DeadlineExceededError(
+          absl::StrCat(group_->Prefix(), op.name, " did not complete within ",
+                       absl::FormatDuration(timeout), " on ", Self(), blame));
+      return gave_up ? Fail(std::move(late)) : late;
+    }
+    return Fail(absl::UnavailableError(absl::StrCat(group_->Prefix(), op.name, " failed on ",
+                                                    Self(), ": ", WhatOf(e), blame)));
+  }
+
   absl::Status Fail(absl::Status status) {
-    shared_->failed = true;
+    group_->RecordFailure(status);
     done_ = true;
     result_ = std::move(status);
     return result_;
   }
 
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<GroupState> group_;
   std::vector<PendingOp> ops_;
+  bool resumable_wait_ = false;  // EngineTraits::resumable_wait
   size_t next_ = 0;
   bool done_ = false;
   absl::Status result_;
@@ -279,26 +197,20 @@ class C10dCommunicator : public Communicator {
   C10dCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
                    int rank, int size, Engine engine, GroupNaming naming)
       : backend_(std::move(backend)), timeout_(engine.timeout), traits_(engine.traits) {
-    shared_ = std::make_shared<Shared>();
-    shared_->store = store;
-    shared_->rank = rank;
-    shared_->size = size;
-    shared_->naming = naming;
-    // At most 10 s: a launcher's grace after the first failure (pretrain's: 15 s) must outlast it.
-    shared_->report_wait = std::clamp(timeout_, absl::Seconds(3), absl::Seconds(10));
+    shared_ = std::make_shared<GroupState>(store, rank, size, naming, timeout_);
     origin_.store = std::move(store);
     origin_.engine = std::move(engine);
     origin_.naming = std::move(naming);
     if (traits_.ring_collectives && size > 1) {
       ring_ = std::make_unique<RingEngine>(backend_, rank, size, timeout_,
-                                           RingEngine::kDefaultPieceBytes, shared_->naming);
+                                           RingEngine::kDefaultPieceBytes, shared_->naming());
     }
   }
 
   C10dOrigin& origin() { return origin_; }
 
-  int rank() const override { return shared_->rank; }
-  int size() const override { return shared_->size; }
+  int rank() const override { return shared_->rank(); }
+  int size() const override { return shared_->size(); }
   std::string backend_name() const override { return traits_.name; }
   absl::Duration timeout() const override { return timeout_; }
   at::Device device() const override { return traits_.device; }
@@ -328,14 +240,15 @@ class C10dCommunicator : public Communicator {
       try {
         std::visit([&](auto& o) { Enqueue(o, op); }, ops[i]);
       } catch (const std::exception& e) {
-        shared_->failed = true;
-        return absl::InvalidArgumentError(absl::StrCat(shared_->Prefix(), op.name, ": ",
-                                                       traits_.name, " refused the launch: ",
-                                                       WhatOf(e)));
+        absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
+            shared_->Prefix(), op.name, ": ", traits_.name, " refused the launch: ", WhatOf(e)));
+        shared_->RecordFailure(refused);
+        return refused;
       }
       pending.push_back(std::move(op));
     }
-    return std::unique_ptr<Work>(new C10dWork(shared_, std::move(pending)));
+    return std::unique_ptr<Work>(
+        new C10dWork(shared_, std::move(pending), traits_.resumable_wait));
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Barrier(const BarrierOptions& options) override {
@@ -350,23 +263,27 @@ class C10dCommunicator : public Communicator {
       c10d_options.timeout = ToChrono(timeout_);
       op.work = backend_->barrier(c10d_options);
     } catch (const std::exception& e) {
-      shared_->failed = true;
-      return absl::UnavailableError(
+      absl::Status failed = absl::UnavailableError(
           absl::StrCat(shared_->Prefix(), op.name, ": launch failed: ", WhatOf(e)));
+      shared_->RecordFailure(failed);
+      return failed;
     }
     Count(OpKind::kBarrier, 0, 0);
     std::vector<PendingOp> pending;
     pending.push_back(std::move(op));
-    return std::unique_ptr<Work>(new C10dWork(shared_, std::move(pending)));
+    return std::unique_ptr<Work>(
+        new C10dWork(shared_, std::move(pending), traits_.resumable_wait));
   }
 
  private:
+  // Errors: kFailedPrecondition once a collective failed, ending with that first failure.
   absl::Status CheckUsable() const {
-    if (shared_->failed) {
+    if (shared_->failed()) {
       return absl::FailedPreconditionError(absl::StrCat(
           shared_->Prefix(), traits_.name, " communicator of ",
-          NameRank(shared_->naming, shared_->rank),
-          " is unusable after an earlier collective failed; destroy it and fail the job"));
+          NameRank(shared_->naming(), shared_->rank()),
+          " is unusable after an earlier collective failed (destroy it and fail the job): ",
+          shared_->FirstFailure().message()));
     }
     return absl::OkStatus();
   }
@@ -380,8 +297,8 @@ class C10dCommunicator : public Communicator {
     if (store_lost_) return;
     try {
       const std::string value = absl::StrCat(seq);
-      shared_->store->set(ProgressKey(shared_->rank),
-                          std::vector<uint8_t>(value.begin(), value.end()));
+      shared_->store()->set(ProgressKey(shared_->rank()),
+                            std::vector<uint8_t>(value.begin(), value.end()));
     } catch (const std::exception&) {
       store_lost_ = true;
     }
@@ -398,13 +315,13 @@ class C10dCommunicator : public Communicator {
   // (N - 1)/N of `bytes` times `passes`: what one rank of a ring sends for a tensor of `bytes`
   // (1 pass: reduce-scatter, all-gather, broadcast; 2: all-reduce).
   int64_t RingShare(int64_t bytes, int passes) const {
-    const int n = shared_->size;
+    const int n = shared_->size();
     return n > 1 ? passes * (bytes / n) * (n - 1) : 0;
   }
 
   absl::Status Validate(const CollectiveOp& any, const std::string& what) const {
-    const int size = shared_->size;
-    const int rank = shared_->rank;
+    const int size = shared_->size();
+    const int rank = shared_->rank();
     if (const auto* op = std::get_if<AllReduceOp>(&any)) {
       RETURN_IF_ERROR(CheckTensor(op->tensor, what + " tensor", traits_));
       return CheckAvg(op->options.op, op->tensor, what);
@@ -463,15 +380,15 @@ class C10dCommunicator : public Communicator {
                                                                      : c10d::ReduceOp::SUM;
     if (tensor.numel() > 0) pending.work = EngineAllReduce(tensor, engine_op);
     if (op.options.op == ReduceOp::kAvg && !native_avg) {
-      const int size = shared_->size;
+      const int size = shared_->size();
       pending.finish = [tensor, size]() mutable { tensor.div_(size); };
     }
   }
 
   void Enqueue(ReduceScatterOp& op, PendingOp& pending) {
     const std::vector<int64_t> sizes =
-        *ResolveShardSizes(op.options.shard_sizes, op.input.numel(), shared_->size);
-    const int rank = shared_->rank;
+        *ResolveShardSizes(op.options.shard_sizes, op.input.numel(), shared_->size());
+    const int rank = shared_->rank();
     const int64_t element = static_cast<int64_t>(op.input.element_size());
     Count(OpKind::kReduceScatter, Bytes(op.input),
           ring_ ? RingEngine::ReduceScatterSentElements(sizes, rank) * element
@@ -480,7 +397,7 @@ class C10dCommunicator : public Communicator {
     for (int r = 0; r < rank; ++r) offset += sizes[r];
     if (traits_.native_reduce_scatter) return NativeReduceScatter(op, sizes, offset, pending);
     at::Tensor input = op.input.view({-1});
-    const int size = shared_->size;
+    const int size = shared_->size();
     const bool avg = op.options.op == ReduceOp::kAvg;
     if (input.numel() > 0) {
       // The ring reduces shard r into place on rank r, and divides it there for AVG (so that an
@@ -501,11 +418,11 @@ class C10dCommunicator : public Communicator {
   }
 
   void Enqueue(AllGatherOp& op, PendingOp& pending) {
-    const int size = shared_->size;
+    const int size = shared_->size();
     const std::vector<int64_t> sizes =
         *ResolveShardSizes(op.options.shard_sizes, op.output.numel(), size);
     Count(OpKind::kAllGather, Bytes(op.output),
-          ring_ ? RingEngine::AllGatherSentElements(sizes, shared_->rank) *
+          ring_ ? RingEngine::AllGatherSentElements(sizes, shared_->rank()) *
                       static_cast<int64_t>(op.output.element_size())
                 : RingShare(Bytes(op.output), 1));
     const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
@@ -552,8 +469,8 @@ class C10dCommunicator : public Communicator {
   // All-to-all by the engine (c10d's alltoall_base, rows along dim 0), always with explicit splits.
   // Wire bytes: every input row but those of this rank's own split, which is a local copy.
   void Enqueue(AllToAllOp& op, PendingOp& pending) {
-    const int size = shared_->size;
-    const int rank = shared_->rank;
+    const int size = shared_->size();
+    const int rank = shared_->rank();
     std::vector<int64_t> input_splits =
         *ResolveSplitSizes(op.options.input_split_sizes, op.input.size(0), size, "input");
     std::vector<int64_t> output_splits =
@@ -572,8 +489,8 @@ class C10dCommunicator : public Communicator {
   // (NCCL's in-place form), else through a staging buffer copied in Wait.
   void NativeReduceScatter(ReduceScatterOp& op, const std::vector<int64_t>& sizes, int64_t offset,
                            PendingOp& pending) {
-    const int size = shared_->size;
-    const int rank = shared_->rank;
+    const int size = shared_->size();
+    const int rank = shared_->rank();
     const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
     if (largest == 0) return;
     const bool avg = op.options.op == ReduceOp::kAvg;
@@ -620,7 +537,7 @@ class C10dCommunicator : public Communicator {
     return backend_->allreduce(tensors, options);
   }
 
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<GroupState> shared_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   absl::Duration timeout_;
   bool store_lost_ = false;  // a progress write failed; no more are tried

@@ -32,6 +32,11 @@ struct EngineTraits {
   // Reduce-scatter and all-gather as rings over the engine's send/recv (internal/ring.h) instead of
   // its all-reduce and all-gather: the ideal wire bytes where the engine has no reduce-scatter.
   bool ring_collectives = false;
+  // c10d's Work::wait(timeout) may be called again after it timed out (Gloo's collectives and the
+  // ring's Works: c10d's base Work). Then Wait waits in slices of kPeerFailurePoll and gives up
+  // early once a peer gave up on the collective (communicator.h). NCCL's wait with a timeout marks
+  // the work timed out, so it is called once, with the whole timeout.
+  bool resumable_wait = false;
 };
 
 // How a communicator names its ranks in messages. A world communicator (empty `global_ranks`) says

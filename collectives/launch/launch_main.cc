@@ -33,6 +33,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "launch: %s\n", result.status().ToString().c_str());
     return 1;
   }
+  if (!result->stopped_ranks.empty()) {
+    std::fprintf(stderr, "launch: %s\n",
+                 orthoshard::collectives::DescribeStopped(result->stopped_ranks).c_str());
+  }
   if (result->exit_code != 0) {
     std::fprintf(stderr, "launch: rank %d failed first with %s\n", result->first_failed_rank,
                  orthoshard::collectives::DescribeExitCode(result->exit_code).c_str());

@@ -300,6 +300,37 @@ class Run {
     }
   }
 
+  // Whether rank `c` is stopped by a signal (state 'T' in /proc/PID/stat; the state follows the
+  // command name, which may itself contain ") ", so it is read after the last ')').
+  static bool IsStopped(const Child& c) {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(c.pid));
+    std::FILE* f = std::fopen(path, "r");
+    if (f == nullptr) return false;
+    char buffer[512];
+    const size_t n = std::fread(buffer, 1, sizeof(buffer) - 1, f);
+    std::fclose(f);
+    const std::string stat(buffer, n);
+    const size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+  }
+
+  // After a failure (or a forwarded signal): when every rank still running is stopped, none of
+  // them will exit by itself, so the grace ends now: they are SIGKILLed and named.
+  void KillIfOnlyStoppedRemain() {
+    if (kill_at_ == absl::InfiniteFuture() || !AnyRunning()) return;
+    std::vector<int> stopped;
+    for (int rank = 0; rank < static_cast<int>(children_.size()); ++rank) {
+      const Child& c = children_[rank];
+      if (!c.running) continue;
+      if (!IsStopped(c)) return;
+      stopped.push_back(rank);
+    }
+    result_.stopped_ranks = stopped;
+    KillAll(SIGKILL);
+    result_.killed_after_failure = true;
+  }
+
   bool AnyRunning() const {
     for (const Child& c : children_) {
       if (c.running) return true;
@@ -331,6 +362,7 @@ class Run {
         }
       }
       Reap();
+      KillIfOnlyStoppedRemain();
       const absl::Time now = absl::Now();
       if (AnyRunning() && now >= kill_at_) {
         KillAll(SIGKILL);
@@ -399,6 +431,15 @@ std::string DescribeExitCode(int code) {
                         *known.cause != '\0' ? ": " : "", known.cause, ")");
   }
   return absl::StrCat("exit code ", code, " (killed by signal ", sig, ")");
+}
+
+std::string DescribeStopped(const std::vector<int>& stopped_ranks) {
+  if (stopped_ranks.empty()) return "";
+  const bool one = stopped_ranks.size() == 1;
+  return absl::StrCat(one ? "rank " : "ranks ", absl::StrJoin(stopped_ranks, ", "),
+                      one ? " was" : " were",
+                      " stopped (SIGSTOP or SIGTSTP: state T) after the other ranks ended; killed ",
+                      one ? "it" : "them");
 }
 
 absl::StatusOr<LaunchResult> LaunchLocal(const LaunchOptions& options) {

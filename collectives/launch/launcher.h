@@ -28,7 +28,10 @@ struct LaunchOptions {
   // store on `master_port`.
   bool host_store = true;
   int master_port = 29500;  // used only without host_store
-  // After the first rank fails, the others get this long to exit before they are SIGKILLed.
+  // After the first rank fails, the others get this long to exit before they are SIGKILLed. The
+  // grace ends early once every rank still running is stopped (state T in /proc/PID/stat: SIGSTOP,
+  // SIGTSTP), which would never exit by itself: those are SIGKILLed at once (stopped_ranks). A
+  // rank held by a debugger (state t) keeps its grace.
   absl::Duration grace_period = absl::Seconds(5);
   // Bound on the whole run: when it passes, every rank is SIGKILLed.
   absl::Duration timeout = absl::InfiniteDuration();
@@ -46,7 +49,15 @@ struct LaunchResult {
   int first_failed_rank = -1;         // rank that produced exit_code, -1 if none failed
   std::vector<int> rank_exit_codes;   // per rank, same encoding
   bool killed_after_failure = false;  // some ranks were SIGKILLed after the grace period
+  // Ranks found stopped (state T) when every other rank had ended after a failure, and SIGKILLed
+  // then without waiting out the grace period (their exit code: 128 + SIGKILL). Ascending.
+  std::vector<int> stopped_ranks;
 };
+
+// The job's line for the ranks it found stopped and killed: "ranks 1, 2 were stopped (SIGSTOP or
+// SIGTSTP: state T) after the other ranks ended; killed them" ("rank 1 was ... killed it"), or ""
+// when `stopped_ranks` is empty.
+std::string DescribeStopped(const std::vector<int>& stopped_ranks);
 
 // A rank's exit code in LaunchResult's encoding, for the job's last line: "exit code 3", or for
 // 128 + a signal the signal's name and its likely cause, e.g. "exit code 135 (killed by SIGBUS: a

@@ -124,6 +124,28 @@ TEST(LauncherTest, ReturnsFirstNonZeroExitCodeAndKillsTheRestAfterGrace) {
   EXPECT_THAT(result.rank_exit_codes, ElementsAre(128 + SIGKILL, 3, 128 + SIGKILL));
 }
 
+// A stopped rank never exits by itself: once every other rank has ended after a failure, the
+// launcher kills it at once and names it, instead of waiting out the grace period (here 10 min,
+// beyond the run's 30 s bound: waiting it out fails with kDeadlineExceeded).
+TEST(LauncherTest, KillsAStoppedRankOnceTheOthersEndedAndNamesIt) {
+  Captured captured;
+  LaunchOptions options = Options("stop", 3, &captured);
+  options.grace_period = absl::Minutes(10);
+  ASSERT_OK_AND_ASSIGN(LaunchResult result, LaunchLocal(options));
+  EXPECT_EQ(result.exit_code, 3);
+  EXPECT_EQ(result.first_failed_rank, 0);
+  EXPECT_THAT(result.rank_exit_codes, ElementsAre(3, 128 + SIGKILL, 1));
+  EXPECT_THAT(result.stopped_ranks, ElementsAre(1));
+  EXPECT_TRUE(result.killed_after_failure);
+  EXPECT_EQ(DescribeStopped(result.stopped_ranks),
+            "rank 1 was stopped (SIGSTOP or SIGTSTP: state T) after the other ranks ended; killed "
+            "it");
+  EXPECT_EQ(DescribeStopped({}), "");
+  EXPECT_EQ(DescribeStopped({1, 2}),
+            "ranks 1, 2 were stopped (SIGSTOP or SIGTSTP: state T) after the other ranks ended; "
+            "killed them");
+}
+
 TEST(LauncherTest, ForwardsSigtermToEveryRank) {
   Captured captured;
   LaunchOptions options = Options("wait_signal", 2, &captured);

@@ -632,9 +632,17 @@ absl::Status KilledRank(Communicator& comm) {
   RETURN_IF_ERROR(ExpectError(killed, absl::StatusCode::kUnavailable,
                               {"all_reduce #2 failed on rank", "not launched by"}, "peer killed"));
   RETURN_IF_ERROR(ExpectNamesRank(killed, victim, "last launched #1", "peer killed"));
+  // Every later launch repeats the first failure, which names the collective and the lost rank.
   auto later = comm.AllReduce(t);
-  return ExpectError(later.status(), absl::StatusCode::kFailedPrecondition,
-                     {"unusable after an earlier collective failed"}, "launch after failure");
+  RETURN_IF_ERROR(ExpectError(later.status(), absl::StatusCode::kFailedPrecondition,
+                              {"unusable after an earlier collective failed",
+                               "(destroy it and fail the job): all_reduce #2 failed on rank"},
+                              "launch after failure"));
+  RETURN_IF_ERROR(ExpectNamesRank(later.status(), victim, "last launched #1",
+                                  "launch after failure"));
+  return ExpectError(comm.Barrier().status(), absl::StatusCode::kFailedPrecondition,
+                     {"unusable after an earlier collective failed", "all_reduce #2 failed on rank"},
+                     "barrier after failure");
 }
 
 // The last rank never launches all-to-all #2 (it sleeps past the timeout, then leaves): the others

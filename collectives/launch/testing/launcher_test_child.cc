@@ -2,6 +2,8 @@
 //   print: prints two stdout lines (the second without a newline) and one stderr line, exits 0.
 //   env: prints the rendezvous variables it received.
 //   fail: rank 1 exits with 3 at once; the others sleep until killed.
+//   stop: rank 1 stops itself (SIGSTOP); rank 0 exits with 3 after 200 ms, the others with 1 after
+//         500 ms.
 //   wait_signal: prints "ready", waits for SIGTERM, prints "got SIGTERM" and exits with 7.
 //   connect: connects to PROBE_ADDR (a numeric address) at MASTER_PORT and to 127.0.0.1 there,
 //            printing "ADDR: connected" or "ADDR: <why not>" for each.
@@ -72,6 +74,11 @@ int main(int argc, char** argv) {
     if (rank == 1) return 3;
     sleep(60);
     return 0;
+  }
+  if (std::strcmp(argv[1], "stop") == 0) {
+    if (rank == 1) raise(SIGSTOP);
+    usleep(rank == 0 ? 200000 : 500000);
+    return rank == 0 ? 3 : 1;
   }
   if (std::strcmp(argv[1], "self") == 0) {
     if (std::optional<int> launched =
