@@ -66,9 +66,10 @@ class FsdpMatchesLayerwise : public ::testing::TestWithParam<Config> {};
 // without micro-batches; at 3 ranks also with AdamW matrices of at least the bucket size, each in a
 // bucket of its own (every mode lays out the same buckets: with that only under fsdp, its
 // reduce-scatters would sum 3 ranks' terms in other orders than layerwise's, and the checksums
-// differ); an eval every 2 steps (forward passes without backward gather and release too). Memory: a fsdp rank keeps 1/N of what a layerwise rank keeps of params and grads (the
-// ranks' shards add up to the whole buffers exactly) and the same optimizer state, and nothing
-// full-size between steps beyond its transient peak.
+// differ); an eval every 2 steps (forward passes without backward gather and release too).
+// Memory: a fsdp rank keeps 1/N of what a layerwise rank keeps of params and grads (the ranks'
+// shards add up to the whole buffers exactly) and the same optimizer state, and nothing full-size
+// between steps beyond its transient peak.
 TEST_P(FsdpMatchesLayerwise, BitwiseWithAShardOfTheMemory) {
   const Config c = GetParam();
   std::vector<std::string> runs;
