@@ -45,11 +45,14 @@ constexpr int64_t kWidth = 16;  // C
 constexpr int64_t kVocab = 48;  // V
 
 // params: emb [V, C] (layer 0, read by the head too), per block l = 1..depth: w [C, C] (Muon) and
-// g [C] (Adam), head.g [C] (layer depth + 1).
+// g [C] (Adam), head.g [C] (layer depth + 1); untied: the head's own out [V, C] after head.g.
 struct Stack {
   int depth = 0;
   std::vector<ParamSpec> specs;
   std::vector<int> layers;
+  bool tied = true;
+  int64_t bucket_size = 64;           // layout::LayoutOptions::bucket_size
+  bool isolate_large_params = false;  // layout::LayoutOptions::isolate_large_params
   int head() const { return depth + 1; }
 };
 
@@ -78,6 +81,21 @@ Stack MakeStack(int depth) {
   return s;
 }
 
+// The stack with an untied head, whose AdamW buffer holds (in backprop order) out, head.g, every
+// block's gain and emb, and a bucket size between all the gains together ((depth + 1) x 64
+// elements, each gain 64-aligned) and emb's V x C = 768 elements: Megatron's packing puts every
+// gain in emb's bucket.
+Stack MakeUntiedStack(int depth, bool isolate_large_params) {
+  Stack s = MakeStack(depth);
+  s.specs[0].shared_embedding = false;
+  s.specs.push_back(Spec("out", {kVocab, kWidth}, ParamRole::kAdam));
+  s.layers.push_back(depth + 1);
+  s.tied = false;
+  s.bucket_size = 512;
+  s.isolate_large_params = isolate_large_params;
+  return s;
+}
+
 std::vector<at::Tensor> MakeParams(const Stack& s) {
   std::vector<at::Tensor> params;
   for (size_t i = 0; i < s.specs.size(); ++i) {
@@ -93,8 +111,13 @@ std::vector<at::Tensor> MakeParams(const Stack& s) {
   return params;
 }
 
-at::Tensor RunLayer(const LayerHooks* hooks, int layer, const std::function<at::Tensor()>& body) {
+// Called with each layer's index after its pre-forward hook, before it computes.
+using LayerObserver = std::function<void(int layer)>;
+
+at::Tensor RunLayer(const LayerHooks* hooks, int layer, const std::function<at::Tensor()>& body,
+                    const LayerObserver* observe = nullptr) {
   if (hooks != nullptr) hooks->pre_forward(layer);
+  if (observe != nullptr) (*observe)(layer);
   at::Tensor out = body();
   if (hooks != nullptr) hooks->post_forward(layer, out);
   return out;
@@ -102,24 +125,29 @@ at::Tensor RunLayer(const LayerHooks* hooks, int layer, const std::function<at::
 
 // Sum of (logits - 0.1)^2 over this rank's micro-batch `micro`, divided by `norm`.
 at::Tensor Loss(const Stack& s, const std::vector<at::Tensor>& p, int rank, int micro, double norm,
-                const LayerHooks* hooks) {
+                const LayerHooks* hooks, const LayerObserver* observe = nullptr) {
   const at::Tensor tokens = at::arange(kBatch, at::kLong)
                                 .mul(5 + 2 * rank + 3 * micro)
                                 .add(rank + micro)
                                 .remainder(kVocab);
-  at::Tensor h = RunLayer(hooks, 0, [&] { return at::index_select(p[0], 0, tokens); });  // [B, C]
+  at::Tensor h = RunLayer(
+      hooks, 0, [&] { return at::index_select(p[0], 0, tokens); }, observe);  // [B, C]
   for (int l = 1; l <= s.depth; ++l) {
-    h = RunLayer(hooks, l, [&] { return h.mm(p[2 * l - 1].t()).tanh().mul(p[2 * l]).add(h); });
+    h = RunLayer(
+        hooks, l, [&] { return h.mm(p[2 * l - 1].t()).tanh().mul(p[2 * l]).add(h); }, observe);
   }
+  const at::Tensor& gain = p[2 * s.depth + 1];
+  const at::Tensor& out = s.tied ? p[0] : p.back();
   const at::Tensor logits =  // [B, V]
-      RunLayer(hooks, s.head(), [&] { return h.mul(p.back()).mm(p[0].t()); });
+      RunLayer(hooks, s.head(), [&] { return h.mul(gain).mm(out.t()); }, observe);
   return logits.sub(0.1).pow(2).sum().div(norm);
 }
 
 layout::FullParamLayout Plan(const Stack& s, int world) {
   layout::LayoutOptions options;
   options.dp = world;
-  options.bucket_size = 64;
+  options.bucket_size = s.bucket_size;
+  options.isolate_large_params = s.isolate_large_params;
   absl::StatusOr<layout::FullParamLayout> plan = layout::ComputeFullParamLayout(s.specs, options);
   EXPECT_OK(plan.status());
   return *plan;
@@ -142,7 +170,9 @@ absl::StatusOr<std::unique_ptr<Run>> MakeRun(const Stack& s, Communicator& comm,
   ASSIGN_OR_RETURN(run->ddp, DistributedDataParallel::Create(Plan(s, comm.size()), run->params,
                                                              &comm, nullptr, config));
   ASSIGN_OR_RETURN(run->hooks,
-                   run->ddp->MakeLayerHooks(s.layers, {{0, s.head()}},
+                   run->ddp->MakeLayerHooks(s.layers,
+                                            s.tied ? std::vector<std::pair<int, int>>{{0, s.head()}}
+                                                   : std::vector<std::pair<int, int>>{},
                                             lookup ? std::vector<int>{0} : std::vector<int>{}));
   return run;
 }
@@ -344,6 +374,78 @@ absl::Status CheckShardedAccumulation(const Stack& s, Communicator& comm) {
         absl::StrCat("lookup layer out of range gave ", bad_lookup.status().ToString()));
   }
   return absl::OkStatus();
+}
+
+// What one sharded step of an untied stack held: per forward layer, whether emb's bucket group
+// was gathered (launched or waited, not yet released) while the layer ran, and the transient
+// bytes then; and the step's transient peak.
+struct UntiedStep {
+  std::vector<bool> embedding_gathered;  // [layer]
+  std::vector<int64_t> transient_bytes;  // [layer]
+  int64_t peak = 0;
+};
+
+absl::StatusOr<UntiedStep> RunUntiedStep(const Stack& s, Communicator& comm) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Run> run, MakeRun(s, comm, Sharded(), /*lookup=*/true));
+  const std::pair<int, const layout::ParamPlacement*> emb = Plan(s, comm.size()).Find("emb");
+  const int emb_group = run->ddp->bucket_groups().GroupOfBucket(emb.first, emb.second->bucket);
+  UntiedStep out;
+  const LayerObserver observe = [&](int layer) {
+    bool gathered = false;
+    for (const SyncEvent& e : run->events) {
+      if (e.buffer != emb.first || e.group != emb_group) continue;
+      if (e.kind == SyncEvent::Kind::kParamGatherLaunched ||
+          e.kind == SyncEvent::Kind::kParamGatherWaited) {
+        gathered = true;
+      } else if (e.kind == SyncEvent::Kind::kParamsReleased) {
+        gathered = false;
+      }
+    }
+    out.embedding_gathered.resize(layer + 1);
+    out.transient_bytes.resize(layer + 1);
+    out.embedding_gathered[layer] = gathered;
+    out.transient_bytes[layer] = run->ddp->memory().transient_bytes;
+  };
+  run->ddp->ZeroGradBuffers();
+  run->ddp->ResetPeakMemory();
+  run->ddp->set_is_last_microbatch(true);
+  Loss(s, run->params, comm.rank(), 0, kBatch, &run->hooks, &observe).backward();
+  RETURN_IF_ERROR(run->ddp->FinishGradSync());
+  RETURN_IF_ERROR(run->ddp->bucket_groups().StartParamSync());
+  out.peak = run->ddp->memory().peak_transient_bytes;
+  return out;
+}
+
+// An untied embedding (TinyLlama's case): Megatron's packing puts every block's gain in the
+// embedding's bucket, so every block's forward holds the embedding gathered;
+// isolate_large_params gives it (and the head's out) a bucket of its own, gathered for layer 0's
+// forward only, and each block's forward then holds at least the embedding's fp32 bytes less
+// (the gains' bucket loses exactly emb's 768 elements here: every offset is a multiple of 128),
+// and so does the step's peak (the head's backward prefetches the gains' group).
+TEST(ShardedMemoryUntiedTest, ABlocksForwardGathersNoUntiedEmbedding) {
+  for (const int world : {1, 2}) {
+    collectives::testing::RunOnRanks(world, [](Communicator& comm) {
+      constexpr int kDepth = 4;
+      ASSERT_OK_AND_ASSIGN(const UntiedStep packed,
+                           RunUntiedStep(MakeUntiedStack(kDepth, false), comm));
+      ASSERT_OK_AND_ASSIGN(const UntiedStep isolated,
+                           RunUntiedStep(MakeUntiedStack(kDepth, true), comm));
+      ASSERT_EQ(packed.embedding_gathered.size(), kDepth + 2u);
+      ASSERT_EQ(isolated.embedding_gathered.size(), kDepth + 2u);
+      EXPECT_TRUE(isolated.embedding_gathered[0]);
+      constexpr int64_t kEmbeddingBytes = kVocab * kWidth * 4;
+      for (int l = 1; l <= kDepth; ++l) {
+        EXPECT_TRUE(packed.embedding_gathered[l]) << "layer " << l;
+        EXPECT_FALSE(isolated.embedding_gathered[l]) << "layer " << l;
+        EXPECT_LE(isolated.transient_bytes[l] + kEmbeddingBytes, packed.transient_bytes[l])
+            << "layer " << l;
+      }
+      std::printf("rank %d of %d: transient peak %lld packed, %lld isolated\n", comm.rank(),
+                  comm.size(), static_cast<long long>(packed.peak),
+                  static_cast<long long>(isolated.peak));
+      EXPECT_LE(isolated.peak + kEmbeddingBytes, packed.peak);
+    });
+  }
 }
 
 class ShardedMemoryTest : public ::testing::TestWithParam<int> {};

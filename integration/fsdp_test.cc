@@ -55,15 +55,21 @@ struct Config {
   int ranks;
   const char* optimizer;
   int micro_batches;
+  // --target_buckets=0: buckets of --bucket_elems alone, below the largest AdamW matrices (tiny's
+  // fc1 [384, 64], qkv [192, 64], fc2 [64, 192]), which then get a bucket each in every mode.
+  bool large_params_alone = false;
 };
 
 class FsdpMatchesLayerwise : public ::testing::TestWithParam<Config> {};
 
 // 1, 2, 3 and 4 ranks; Muon (whole matrices on their owners, clipping on) and AdamW, with and
-// without micro-batches; an eval every 2 steps (forward passes without backward gather and release
-// too). Memory: a fsdp rank keeps 1/N of what a layerwise rank keeps of params and grads (the
-// ranks' shards add up to the whole buffers exactly) and the same optimizer state, and nothing
-// full-size between steps beyond its transient peak.
+// without micro-batches; at 3 ranks also with AdamW matrices of at least the bucket size, each in a
+// bucket of its own (every mode lays out the same buckets: with that only under fsdp, its
+// reduce-scatters would sum 3 ranks' terms in other orders than layerwise's, and the checksums
+// differ); an eval every 2 steps (forward passes without backward gather and release too).
+// Memory: a fsdp rank keeps 1/N of what a layerwise rank keeps of params and grads (the ranks'
+// shards add up to the whole buffers exactly) and the same optimizer state, and nothing full-size
+// between steps beyond its transient peak.
 TEST_P(FsdpMatchesLayerwise, BitwiseWithAShardOfTheMemory) {
   const Config c = GetParam();
   std::vector<std::string> runs;
@@ -72,7 +78,8 @@ TEST_P(FsdpMatchesLayerwise, BitwiseWithAShardOfTheMemory) {
         {"--steps=4", "--eval_every=2", "--eval_batches=1", "--check_every=0", "--global_batch=24",
          "--warmup_steps=1", absl::StrCat("--nproc_per_node=", c.ranks),
          absl::StrCat("--optimizer=", c.optimizer),
-         absl::StrCat("--micro_batches=", c.micro_batches), "--bucket_elems=8192", dist});
+         absl::StrCat("--micro_batches=", c.micro_batches), "--bucket_elems=8192",
+         c.large_params_alone ? "--target_buckets=0" : "--target_buckets=4", dist});
     ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
     runs.push_back(LastLine(run.out));
   }
@@ -104,10 +111,11 @@ INSTANTIATE_TEST_SUITE_P(RanksOptimizers, FsdpMatchesLayerwise,
                          ::testing::Values(Config{1, "muon", 1}, Config{2, "muon", 1},
                                            Config{2, "adamw", 2}, Config{3, "muon", 2},
                                            Config{3, "adamw", 1}, Config{4, "muon", 1},
-                                           Config{4, "adamw", 2}),
+                                           Config{4, "adamw", 2}, Config{3, "adamw", 1, true}),
                          [](const ::testing::TestParamInfo<Config>& info) {
                            return absl::StrCat(info.param.ranks, "Ranks_", info.param.optimizer,
-                                               "_micro", info.param.micro_batches);
+                                               "_micro", info.param.micro_batches,
+                                               info.param.large_params_alone ? "_LargeAlone" : "");
                          });
 
 // --fsdp_grad_accum=sharded: at one micro-batch the same ops as full accumulation (bitwise

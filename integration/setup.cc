@@ -114,6 +114,12 @@ layout::LayoutOptions LayoutOptionsOf(const TrainerConfig& c, int dp) {
   // each bf16 gradient (buffers/param_and_grad_buffer.h). grad_reduce_in_fp32=false: bf16 grads.
   out.grad_dtype = c.grad_reduce_in_fp32 ? DType::kFloat32 : std::optional<DType>{};
   out.muon_strategy = SpecOf(c.dist).muon_strategy;
+  // fsdp gathers whole buckets: a param of at least the bucket size in a bucket of its own keeps
+  // an untied embedding out of the gathers of the blocks' norm gains. Every mode lays out the
+  // same buckets: a bucket's shards fix the order in which the ranks' terms of each element are
+  // summed (and the clip norm's partial sums), so the modes agree bitwise at equal --bucket_elems
+  // only on equal layouts.
+  out.isolate_large_params = true;
   // 0 = auto: 64 Ki elements (fsdp's size from the model replaces it in Build: FsdpBucketElems).
   if (c.bucket_elems == 0) out.bucket_size = kDefaultBucketElems;
   return out;

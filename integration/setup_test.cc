@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 #include "common/dtype.h"
@@ -230,6 +231,48 @@ TEST(Setup, FsdpBucketsSplitEveryBlock) {
     }
     EXPECT_GE(buckets.size(), 2u) << "block " << l;
   }
+}
+
+// TinyLlama (on the meta device: shapes, no memory) under fsdp at dp 2: its untied embedding and
+// head ([32000, 2048], 65.5M elements each) are larger than fsdp's bucket (half a block, 22.0M
+// elements), so each gets a bucket of its own in the AdamW buffer; the blocks' norm gains, which
+// every block's forward gathers, then share a bucket with neither (before, every gain shared the
+// embedding's bucket, and each block's forward gathered the embedding too).
+TEST(Setup, FsdpGivesAParamOfTheBucketSizeABucketOfItsOwn) {
+  ASSERT_OK_AND_ASSIGN(const model::GptConfig llama, model::GptPreset("tinyllama-1.1b"));
+  ASSERT_OK_AND_ASSIGN(const model::Gpt gpt, model::Gpt::CreateUninitialized(
+                                                 llama, at::kFloat, at::Device(at::kMeta)));
+  const std::vector<ModelParam>& params = gpt.params();
+  std::vector<layout::ParamSpec> specs;
+  for (const ModelParam& p : params) {
+    layout::ParamSpec spec;
+    spec.name = p.name;
+    spec.shape = std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end());
+    spec.role = p.kind == model::ParamKind::kHidden ? layout::ParamRole::kMuon
+                                                     : layout::ParamRole::kAdam;
+    specs.push_back(std::move(spec));
+  }
+  TrainerConfig c;
+  c.dist = DistMode::kFsdp;
+  layout::LayoutOptions options = LayoutOptionsOf(c, 2);
+  EXPECT_TRUE(options.isolate_large_params);
+  options.bucket_size = FsdpBucketElems(params);  // as Build sets it for --bucket_elems=0
+  options.target_buckets = 0;
+  EXPECT_EQ(*options.bucket_size, 22022144);  // (qkv, proj, fc1, fc2 of a block + 2 gains) / 2
+  ASSERT_OK_AND_ASSIGN(const layout::FullParamLayout plan,
+                       layout::ComputeFullParamLayout(specs, options));
+  const auto [buffer, embedding] = plan.Find("embedding.weight");
+  ASSERT_NE(embedding, nullptr);
+  const auto [head_buffer, head] = plan.Find("output_layer.weight");
+  ASSERT_NE(head, nullptr);
+  ASSERT_EQ(head_buffer, buffer);
+  int gains = 0;
+  for (const layout::ParamPlacement& p : plan.buffers[buffer].params) {
+    if (&p != embedding) EXPECT_NE(p.bucket, embedding->bucket) << p.name;
+    if (&p != head) EXPECT_NE(p.bucket, head->bucket) << p.name;
+    gains += absl::StrContains(p.name, "norm") ? 1 : 0;
+  }
+  EXPECT_EQ(gains, 2 * llama.num_layers + 1);
 }
 
 // --route is planned against the model's params before launch (on the meta device), as Build

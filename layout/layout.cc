@@ -124,7 +124,8 @@ void EmitShardAlignedBucket(const std::vector<ParamSpec>& specs, const ShardPack
 
 // ZeRO-1 byte-level layout, as Megatron's DistributedOptimizer lays out a buffer: backprop order,
 // 64-aligned param starts, a bucket closes once it holds >= bucket_size elements, bucket ends
-// padded to lcm(dp, 128), a shared embedding isolated in a bucket of its own.
+// padded to lcm(dp, 128), a shared embedding isolated in a bucket of its own (with
+// isolate_large_params, every param of >= bucket_size elements too).
 void PlanDistOpt(const BufferInput& input, PerBufferParamLayout* out) {
   const std::vector<ParamSpec>& specs = *input.specs;
   const int64_t end_divisor = BucketEndDivisor(input.dp);
@@ -140,7 +141,10 @@ void PlanDistOpt(const BufferInput& input, PerBufferParamLayout* out) {
   };
   for (auto it = input.indices.rbegin(); it != input.indices.rend(); ++it) {
     const ParamSpec& spec = specs[*it];
-    if (spec.shared_embedding) close_bucket();
+    const bool alone = spec.shared_embedding ||
+                       (input.isolate_large_params && input.bucket_size.has_value() &&
+                        spec.numel() >= *input.bucket_size);
+    if (alone) close_bucket();
     const int64_t start = Pad64(cursor);
     const int64_t numel = spec.numel();
     out->params.push_back(ParamPlacement{spec.name, *it, start, start + numel,
@@ -149,8 +153,7 @@ void PlanDistOpt(const BufferInput& input, PerBufferParamLayout* out) {
     out->unpadded_numel += numel;
     cursor = start + numel;
     open = true;
-    if (spec.shared_embedding ||
-        (input.bucket_size.has_value() && cursor - bucket_start >= *input.bucket_size)) {
+    if (alone || (input.bucket_size.has_value() && cursor - bucket_start >= *input.bucket_size)) {
       close_bucket();
     }
   }
@@ -335,6 +338,7 @@ absl::StatusOr<FullParamLayout> ComputeFullParamLayout(const std::vector<ParamSp
     input.dp = buffer.dp;
     input.bucket_size = BufferBucketSize(params, indices, options);
     input.padding_tolerance = options.padding_tolerance;
+    input.isolate_large_params = options.isolate_large_params;
     switch (buffer.strategy) {
       case Strategy::kDistOpt:
         internal_layout::PlanDistOpt(input, &buffer);

@@ -159,6 +159,13 @@ struct LayoutOptions {
   int target_buckets = 0;
   // 25 MiB of fp32: PyTorch DDP's default bucket_cap_mb. >= 1.
   int64_t max_bucket_size = int64_t{25} << 18;
+  // Strategy::kDistOpt buffers, with bucket_size set: a param of at least the buffer's soft
+  // minimum bucket size (after target_buckets) gets a bucket of its own, as a shared embedding
+  // does, instead of closing the bucket that the smaller params before it in backprop order
+  // opened. Sharded residency (fsdp) gathers whole buckets, so without it the gather of a small
+  // param (an untied embedding's neighbours: every block's norm gains) gathers the large one too.
+  // false: Megatron's packing.
+  bool isolate_large_params = false;
   // Gradient dtype of every buffer; std::nullopt means the param dtype.
   std::optional<DType> grad_dtype = DType::kFloat32;
 };

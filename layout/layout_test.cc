@@ -234,6 +234,54 @@ TEST(DistOptTest, BucketClosesAtBucketSizeAndSharedEmbeddingIsAlone) {
   EXPECT_EQ(b.Find("embedding")->bucket, 2);
 }
 
+// An untied model's AdamW buffer: embedding, a norm gain per block, the head (forward order), and
+// a param of exactly the bucket size between the gains. Megatron's packing closes a bucket after a
+// param that fills it, so the last gains share the embedding's bucket (fsdp would gather the
+// embedding with them); isolate_large_params gives each param of >= bucket_size elements a bucket
+// of its own, and leaves the gains together.
+TEST(DistOptTest, IsolateLargeParamsGivesEachABucketOfItsOwn) {
+  const std::vector<ParamSpec> params = {Adam("embedding", {1000}), Adam("n0", {10}),
+                                         Adam("mid", {500}), Adam("n1", {10}), Adam("n2", {10}),
+                                         Adam("head", {1000})};
+  LayoutOptions options;
+  options.dp = 2;
+  options.bucket_size = 500;
+  const PerBufferParamLayout packed = PlanOne(params, options);
+  // Backprop order: {head}, {n2, n1, mid}, {n0, embedding}; bucket ends padded to lcm(2, 128).
+  ASSERT_EQ(packed.buckets.size(), 3u);
+  EXPECT_EQ(packed.Find("head")->bucket, 0);
+  for (const char* name : {"n2", "n1", "mid"}) EXPECT_EQ(packed.Find(name)->bucket, 1) << name;
+  EXPECT_EQ(packed.Find("n0")->bucket, 2);
+  EXPECT_EQ(packed.Find("embedding")->bucket, 2);
+  EXPECT_EQ(packed.Find("mid")->start, 1152);  // n2 at 1024, n1 at 1088
+  EXPECT_EQ(packed.Find("embedding")->start, 1728);  // n0 at 1664 (1652 padded to 128)
+  EXPECT_EQ(packed.numel(), 2816);
+
+  options.isolate_large_params = true;
+  const PerBufferParamLayout alone = PlanOne(params, options);
+  // {head}, {n2, n1}, {mid}, {n0}, {embedding}.
+  ASSERT_EQ(alone.buckets.size(), 5u);
+  EXPECT_EQ(alone.Find("head")->bucket, 0);
+  EXPECT_EQ(alone.Find("n2")->bucket, 1);
+  EXPECT_EQ(alone.Find("n1")->bucket, 1);
+  EXPECT_EQ(alone.Find("mid")->bucket, 2);
+  EXPECT_EQ(alone.Find("n0")->bucket, 3);
+  EXPECT_EQ(alone.Find("embedding")->bucket, 4);
+  for (const char* name : {"head", "mid", "embedding"}) {
+    const ParamPlacement& p = *alone.Find(name);
+    EXPECT_EQ(p.start, alone.buckets[p.bucket].start) << name;
+  }
+  // A param one element below the bucket size packs as before.
+  std::vector<ParamSpec> below = params;
+  below[2].shape = {499};
+  const PerBufferParamLayout some = PlanOne(below, options);
+  EXPECT_EQ(some.Find("mid")->bucket, some.Find("n1")->bucket);
+  EXPECT_NE(some.Find("embedding")->bucket, some.Find("n0")->bucket);
+  // Without a bucket size (one bucket) there is nothing to isolate from.
+  options.bucket_size = std::nullopt;
+  EXPECT_EQ(PlanOne(params, options).buckets.size(), 1u);
+}
+
 TEST(LayoutTest, BuffersSplitByKey) {
   ParamSpec expert = Muon("expert", 8, 8);
   expert.expert = true;

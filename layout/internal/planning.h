@@ -38,6 +38,7 @@ struct BufferInput {
   int dp = 1;
   std::optional<int64_t> bucket_size;  // soft minimum bucket numel; nullopt = one bucket
   double padding_tolerance = 0.001;    // kLayerwise: LayoutOptions::padding_tolerance
+  bool isolate_large_params = false;   // kDistOpt: LayoutOptions::isolate_large_params
 };
 
 // Each fills out->params, out->buckets and out->unpadded_numel (key, strategy and dp are set by the
