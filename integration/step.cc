@@ -74,14 +74,16 @@ absl::Status RunModelPass(Setup& s, const std::function<absl::Status()>& pass) {
   return status;
 }
 
-// The passes of one step's micro-batches, for the schedule to order: the forward keeps its loss
-// for the backward; the backward adds the micro-batch's part of the step's loss to `loss_sum`.
+// The passes of one step's micro-batches, for the schedule to order: the forward keeps its loss and
+// the objective its backward runs on; the backward adds the micro-batch's part of the step's loss to
+// `loss_sum`. Nothing here depends on the order of other micro-batches' passes.
 class StepPasses final : public MicroBatchPasses {
  public:
   StepPasses(Setup& s, const Communicator& comm, ExpertStep& experts,
              const std::vector<MicroBatch>& batches, int64_t step, StepCost& cost)
       : s_(s), comm_(comm), experts_(experts), batches_(batches), cost_(cost),
         losses_(batches.size()),
+        objectives_(batches.size()),
         // The scale that makes the dp ranks' mean gradient (pre-scaled by 1/dp) the gradient of
         // the step's loss: the mean of the micro-batches' means, or with --eod_mask_loss the sum
         // over every dp rank's counted targets divided by their number (the same on every rank:
@@ -99,6 +101,12 @@ class StepPasses final : public MicroBatchPasses {
       ASSIGN_OR_RETURN(losses_[m], MicroBatchLoss(s_, batches_[m], comm_.device(),
                                                   s_.per_token_loss ? LossReduction::kSum
                                                                     : LossReduction::kMean));
+      // What backward runs on, taken now: MoE adds the weighted auxiliary losses of this
+      // micro-batch, which the model records per forward (the next forward replaces them, and a
+      // pipeline schedule runs other forwards before this backward). Nothing for a dense model.
+      const double micro_scale = 1.0 / static_cast<double>(batches_.size());
+      objectives_[m] = experts_.AddAuxLosses(
+          losses_[m].mul(s_.per_token_loss ? per_token_scale_ : micro_scale), micro_scale);
       return absl::OkStatus();
     }));
     cost_.forward_s += absl::ToDoubleSeconds(absl::Now() - start);
@@ -109,15 +117,11 @@ class StepPasses final : public MicroBatchPasses {
     const absl::Time start = absl::Now();
     s_.ddp->set_is_last_microbatch(syncs_grads);
     const at::Tensor loss = std::move(losses_[m]);
+    const at::Tensor objective = std::move(objectives_[m]);
     {
       RECORD_USER_SCOPE("step/backward");
       RETURN_IF_ERROR(RunModelPass(s_, [&]() -> absl::Status {
-        const double micro_scale = 1.0 / static_cast<double>(batches_.size());
-        // MoE: plus the weighted auxiliary losses of this micro-batch (nothing for a dense model).
-        experts_
-            .AddAuxLosses(loss.mul(s_.per_token_loss ? per_token_scale_ : micro_scale),
-                          micro_scale)
-            .backward();
+        objective.backward();
         return absl::OkStatus();
       }));
     }
@@ -138,7 +142,8 @@ class StepPasses final : public MicroBatchPasses {
   ExpertStep& experts_;
   const std::vector<MicroBatch>& batches_;
   StepCost& cost_;
-  std::vector<at::Tensor> losses_;  // a forward's loss, until its backward
+  std::vector<at::Tensor> losses_;      // a forward's loss, until its backward
+  std::vector<at::Tensor> objectives_;  // what its backward runs on (loss, scaled, + MoE aux)
   const double per_token_scale_;
   double loss_sum_ = 0;
 };
