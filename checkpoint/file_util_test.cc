@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -17,10 +18,7 @@ namespace {
 using ::orthoshard::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
+using ::orthoshard::testing::TempDir;
 
 TEST(ReadFileToString, ReadsARegularFile) {
   const std::string path = TempDir() + "/regular.txt";

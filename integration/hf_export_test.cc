@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,10 +27,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::Pair;
 
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
+using ::orthoshard::testing::TempDir;
 
 std::string WriteTemp(const std::string& name, const std::string& contents) {
   const std::string path = TempDir() + "/" + name;

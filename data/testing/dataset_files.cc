@@ -7,13 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 
 namespace orthoshard::data::testing {
 
 std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+  return absl::StrCat(::orthoshard::testing::TempDir(), "/", name);
 }
 
 void WriteFile(const std::string& path, const std::string& bytes) {

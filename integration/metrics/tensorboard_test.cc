@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,10 +22,7 @@ namespace {
 using ::orthoshard::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
+using ::orthoshard::testing::TempDir;
 
 void WriteAll(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

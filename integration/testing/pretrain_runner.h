@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/testing/temp_dir.h"
+
 namespace orthoshard::integration::testing {
 
 struct RunResult {
@@ -16,8 +18,8 @@ struct RunResult {
   std::string out, err;
 };
 
-// $TEST_TMPDIR.
-std::string TempDir();
+// $TEST_TMPDIR (common/testing/temp_dir.h).
+using ::orthoshard::testing::TempDir;
 
 // The whole file, or "" when it cannot be read.
 std::string ReadFile(const std::string& path);
