@@ -176,6 +176,20 @@ TEST(Setup, EveryDistModeSetsWhatItsRowSays) {
   EXPECT_FALSE(SpecOf(DistMode::kReplicated).sharded_step);
 }
 
+// The layout's view of `params`: the hidden matrices routed to Muon, every other param to AdamW.
+std::vector<layout::ParamSpec> SpecsOf(const std::vector<ModelParam>& params) {
+  std::vector<layout::ParamSpec> specs;
+  for (const ModelParam& p : params) {
+    layout::ParamSpec spec;
+    spec.name = p.name;
+    spec.shape = std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end());
+    spec.role = p.kind == model::ParamKind::kHidden ? layout::ParamRole::kMuon
+                                                     : layout::ParamRole::kAdam;
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
 // A GPT block whose fc1 holds as much as qkv + proj (4h^2 = 3h^2 + h^2, the classic 4h MLP): with
 // fsdp's automatic bucket size (half a block) the layer-wise layout at dp 2 puts every block in
 // two or more bucket groups, each Muon matrix whole in one shard; 64 Ki buckets grown by
@@ -205,15 +219,7 @@ TEST(Setup, FsdpBucketsSplitEveryBlock) {
   add("output", {256, h}, model::ParamKind::kOutput, kBlocks + 1);  // not a block: not counted
   EXPECT_EQ(FsdpBucketElems(params), (12 * h * h + 2 * h) / 2);
 
-  std::vector<layout::ParamSpec> specs;
-  for (const ModelParam& p : params) {
-    layout::ParamSpec spec;
-    spec.name = p.name;
-    spec.shape = std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end());
-    spec.role = p.kind == model::ParamKind::kHidden ? layout::ParamRole::kMuon
-                                                     : layout::ParamRole::kAdam;
-    specs.push_back(std::move(spec));
-  }
+  const std::vector<layout::ParamSpec> specs = SpecsOf(params);
   TrainerConfig c;
   c.dist = DistMode::kFsdp;
   layout::LayoutOptions options = LayoutOptionsOf(c, 2);
@@ -243,15 +249,7 @@ TEST(Setup, FsdpGivesAParamOfTheBucketSizeABucketOfItsOwn) {
   ASSERT_OK_AND_ASSIGN(const model::Gpt gpt, model::Gpt::CreateUninitialized(
                                                  llama, at::kFloat, at::Device(at::kMeta)));
   const std::vector<ModelParam>& params = gpt.params();
-  std::vector<layout::ParamSpec> specs;
-  for (const ModelParam& p : params) {
-    layout::ParamSpec spec;
-    spec.name = p.name;
-    spec.shape = std::vector<int64_t>(p.tensor.sizes().begin(), p.tensor.sizes().end());
-    spec.role = p.kind == model::ParamKind::kHidden ? layout::ParamRole::kMuon
-                                                     : layout::ParamRole::kAdam;
-    specs.push_back(std::move(spec));
-  }
+  const std::vector<layout::ParamSpec> specs = SpecsOf(params);
   TrainerConfig c;
   c.dist = DistMode::kFsdp;
   layout::LayoutOptions options = LayoutOptionsOf(c, 2);
