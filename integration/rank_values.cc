@@ -25,9 +25,9 @@ absl::Status RunGroup(Communicator& comm, std::vector<collectives::CollectiveOp>
 }
 
 absl::StatusOr<double> SumOverRanks(Communicator& comm, double value) {
-  at::Tensor t = at::full({1}, value, at::kDouble).to(comm.device());
+  at::Tensor t = ScalarOn(comm, value);
   RETURN_IF_ERROR(RunGroup(comm, {AllReduceOp{t, {ReduceOp::kSum}}}));
-  return t.cpu().item<double>();
+  return ValueOf(t);
 }
 
 }  // namespace orthoshard::integration
